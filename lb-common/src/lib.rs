@@ -1,0 +1,29 @@
+//! Map keys, values and constants shared by the eBPF programs and the agent.
+//!
+//! Every type here is `#[repr(C)]` with explicit padding so that the kernel,
+//! the eBPF object and user space agree byte for byte. Addresses and ports are
+//! in network byte order (see docs/datapath.md, "Byte order").
+#![no_std]
+
+pub mod backend;
+pub mod drop;
+pub mod maps;
+pub mod revnat;
+pub mod service;
+
+/// IP protocol numbers as they appear in `bpf_sock_addr.protocol` and IP headers.
+pub mod proto {
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+}
+
+/// Marks a type as plain old data for aya when built for user space.
+#[cfg(feature = "user")]
+macro_rules! user_pod {
+    ($($t:ty),* $(,)?) => { $( unsafe impl aya::Pod for $t {} )* };
+}
+#[cfg(not(feature = "user"))]
+macro_rules! user_pod {
+    ($($t:ty),* $(,)?) => {};
+}
+pub(crate) use user_pod;

@@ -1,0 +1,23 @@
+//! Map names (also their pin names) and default capacities.
+//!
+//! Names stay under 16 bytes: the kernel truncates object names to
+//! `BPF_OBJ_NAME_LEN - 1` characters.
+
+pub const LB4_SERVICES: &str = "LB4_SERVICES";
+pub const LB4_BACKENDS: &str = "LB4_BACKENDS";
+pub const LB4_REVNAT: &str = "LB4_REVNAT";
+pub const LB4_SOCK_REVNAT: &str = "LB4_SOCK_REVNAT";
+pub const LB_DROPS: &str = "LB_DROPS";
+
+/// All pinned maps, in the order `lbctl status` lists them.
+pub const ALL: [&str; 5] = [LB4_SERVICES, LB4_BACKENDS, LB4_REVNAT, LB4_SOCK_REVNAT, LB_DROPS];
+
+/// Default capacities. The agent can raise them at load time (`--map-size-*`).
+pub const DEFAULT_SERVICES_MAX: u32 = 65_536;
+pub const DEFAULT_BACKENDS_MAX: u32 = 65_536;
+pub const DEFAULT_REVNAT_MAX: u32 = 65_536;
+pub const DEFAULT_SOCK_REVNAT_MAX: u32 = 262_144;
+
+/// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
+/// Bump it on any change to a key or value type in this crate.
+pub const LAYOUT_VERSION: u32 = 1;

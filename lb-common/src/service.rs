@@ -1,0 +1,70 @@
+//! `LB4_SERVICES`: one master entry (slot 0) and one entry per backend slot.
+
+/// Scope of a service view. With a `Local` traffic policy a service has two
+/// views: all backends (external/cluster) and node-local backends only.
+pub const SCOPE_ALL: u8 = 0;
+pub const SCOPE_LOCAL: u8 = 1;
+
+/// Service type bits in `ServiceValue::flags`.
+pub const SVC_FLAG_CLUSTER_IP: u16 = 1 << 0;
+pub const SVC_FLAG_NODE_PORT: u16 = 1 << 1;
+pub const SVC_FLAG_LOAD_BALANCER: u16 = 1 << 2;
+pub const SVC_FLAG_EXTERNAL_IP: u16 = 1 << 3;
+/// The scope-0 entry has a scope-1 (node-local) sibling.
+pub const SVC_FLAG_TWO_SCOPES: u16 = 1 << 4;
+/// sessionAffinity: ClientIP.
+pub const SVC_FLAG_AFFINITY: u16 = 1 << 5;
+/// Address-only marker entry (port 0, proto 0): the VIP is known, so a connect
+/// to a port it does not expose is refused instead of routed.
+pub const SVC_FLAG_VIP_MARKER: u16 = 1 << 6;
+
+/// Backend selection algorithms (`ServiceValue::algorithm`).
+pub const ALG_RANDOM: u8 = 0;
+pub const ALG_MAGLEV: u8 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Service4Key {
+    /// Frontend address, network byte order.
+    pub address: u32,
+    /// Frontend port, network byte order.
+    pub dport: u16,
+    /// 0 for the master entry, 1.. for backend slots.
+    pub backend_slot: u16,
+    pub proto: u8,
+    pub scope: u8,
+    pub pad: [u8; 2],
+}
+
+impl Service4Key {
+    pub const fn new(address: u32, dport: u16, proto: u8, scope: u8, backend_slot: u16) -> Self {
+        Self { address, dport, backend_slot, proto, scope, pad: [0; 2] }
+    }
+
+    /// The same frontend at another slot.
+    pub const fn with_slot(&self, backend_slot: u16) -> Self {
+        Self { backend_slot, ..*self }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceValue {
+    /// Slot entries: the backend id. Master entry: 0.
+    pub backend_id: u32,
+    /// Stable id of the frontend (reverse NAT index).
+    pub service_id: u32,
+    /// Master entry: active backends, in slots 1..=count.
+    pub count: u16,
+    /// Master entry: terminating backends, in the slots after the active ones.
+    pub terminating_count: u16,
+    /// `SVC_FLAG_*`.
+    pub flags: u16,
+    /// `ALG_*`.
+    pub algorithm: u8,
+    pub pad: u8,
+    /// sessionAffinity timeout in seconds (when `SVC_FLAG_AFFINITY`).
+    pub affinity_timeout_s: u32,
+}
+
+crate::user_pod!(Service4Key, ServiceValue);

@@ -1,0 +1,37 @@
+//! Map definitions. Names are the pin names (see lb_common::maps); the agent
+//! may raise the capacities at load time.
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+};
+use lb_common::{
+    backend::Backend4,
+    drop::DROP_SLOTS,
+    maps::{DEFAULT_BACKENDS_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX},
+    revnat::{RevNat4, SockRevNat4Key, SockRevNat4Value},
+    service::{Service4Key, ServiceValue},
+};
+
+/// Agent-written maps are not preallocated: memory follows use, so capacities
+/// can be generous, and a deleted element is freed after an RCU grace period
+/// instead of being reused under a reader's feet.
+const BPF_F_NO_PREALLOC: u32 = 1;
+
+#[map]
+pub static LB4_SERVICES: HashMap<Service4Key, ServiceValue> =
+    HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static LB4_BACKENDS: HashMap<u32, Backend4> =
+    HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static LB4_REVNAT: HashMap<u32, RevNat4> = HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
+
+/// Written by the programs themselves; LRU so entries of closed sockets age out.
+#[map]
+pub static LB4_SOCK_REVNAT: LruHashMap<SockRevNat4Key, SockRevNat4Value> =
+    LruHashMap::pinned(DEFAULT_SOCK_REVNAT_MAX, 0);
+
+#[map]
+pub static LB_DROPS: PerCpuArray<u64> = PerCpuArray::pinned(DROP_SLOTS, 0);

@@ -1,0 +1,11 @@
+//! lbctl's views: each turns map contents into rows, then a table or JSON.
+pub mod drops;
+pub mod service_list;
+
+/// Output format of every lbctl command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    #[default]
+    Table,
+    Json,
+}

@@ -1,0 +1,181 @@
+//! `lbctl service list`, laid out like `cilium-dbg service list`:
+//!
+//! ```text
+//! ID   Frontend            Service Type   Backend
+//! 1    10.96.0.10:80/TCP   ClusterIP      1 => 10.244.1.2:8080/TCP (active)
+//!                                         2 => 10.244.1.3:8080/TCP (active)
+//! ```
+use serde::Serialize;
+
+use lb_common::{
+    backend::{BACKEND_STATE_ACTIVE, BACKEND_STATE_MAINTENANCE, BACKEND_STATE_TERMINATING},
+    service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
+};
+
+use crate::{
+    maps::{
+        convert::{ip4_from_map, port_from_map},
+        MapState,
+    },
+    model::Protocol,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceRow {
+    pub id: u32,
+    pub frontend: Endpoint,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub backends: Vec<BackendRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    pub address: String,
+    pub port: u16,
+    pub protocol: String,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}/{}", self.address, self.port, self.protocol)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BackendRow {
+    pub id: u32,
+    #[serde(flatten)]
+    pub endpoint: Endpoint,
+    pub state: &'static str,
+}
+
+fn proto_name(p: u8) -> String {
+    Protocol::from_number(p).map_or_else(|| format!("proto-{p}"), |p| p.as_str().to_string())
+}
+
+pub fn type_name(flags: u16) -> &'static str {
+    if flags & SVC_FLAG_CLUSTER_IP != 0 {
+        "ClusterIP"
+    } else if flags & SVC_FLAG_NODE_PORT != 0 {
+        "NodePort"
+    } else if flags & SVC_FLAG_LOAD_BALANCER != 0 {
+        "LoadBalancer"
+    } else if flags & SVC_FLAG_EXTERNAL_IP != 0 {
+        "ExternalIP"
+    } else {
+        "Unknown"
+    }
+}
+
+fn state_name(s: u8) -> &'static str {
+    match s {
+        BACKEND_STATE_ACTIVE => "active",
+        BACKEND_STATE_TERMINATING => "terminating",
+        BACKEND_STATE_MAINTENANCE => "maintenance",
+        _ => "unknown",
+    }
+}
+
+/// Rows sorted by service id; backends in slot order.
+pub fn rows(state: &MapState) -> Vec<ServiceRow> {
+    let mut rows: Vec<ServiceRow> = state
+        .frontends()
+        .map(|(key, master)| {
+            let backends = state
+                .slots_of(key)
+                .into_iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let active = i < master.count as usize;
+                    match state.backends.get(&id) {
+                        Some(b) => BackendRow {
+                            id,
+                            endpoint: Endpoint {
+                                address: ip4_from_map(b.address).to_string(),
+                                port: port_from_map(b.port),
+                                protocol: proto_name(b.proto),
+                            },
+                            // The slot region is what selection uses.
+                            state: if active { "active" } else { state_name(b.state.max(BACKEND_STATE_TERMINATING)) },
+                        },
+                        None => BackendRow {
+                            id,
+                            endpoint: Endpoint { address: "?".into(), port: 0, protocol: "?".into() },
+                            state: "missing",
+                        },
+                    }
+                })
+                .collect();
+            ServiceRow {
+                id: master.service_id,
+                frontend: Endpoint {
+                    address: ip4_from_map(key.address).to_string(),
+                    port: port_from_map(key.dport),
+                    protocol: proto_name(key.proto),
+                },
+                kind: type_name(master.flags),
+                backends,
+            }
+        })
+        .collect();
+    rows.sort_by_key(|r| r.id);
+    rows
+}
+
+pub fn render_table(rows: &[ServiceRow]) -> String {
+    let mut table = vec![["ID".to_string(), "Frontend".into(), "Service Type".into(), "Backend".into()]];
+    for r in rows {
+        let backends: Vec<String> = r
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("{} => {} ({})", i + 1, b.endpoint, b.state))
+            .collect();
+        let first = backends.first().cloned().unwrap_or_default();
+        table.push([r.id.to_string(), r.frontend.to_string(), r.kind.to_string(), first]);
+        for b in backends.iter().skip(1) {
+            table.push([String::new(), String::new(), String::new(), b.clone()]);
+        }
+    }
+    super::drops::align(&table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{maps::fake::FakeMaps, model::file::parse, reconcile::Reconciler};
+
+    #[test]
+    fn table_matches_golden_output() {
+        let model = parse(
+            r#"
+services:
+  - name: web
+    clusterIPs: [10.96.0.10]
+    ports: [{port: 80, targetPort: 8080}, {port: 53, protocol: UDP}]
+    backends: [{address: 10.244.1.2}, {address: 10.244.1.3, state: terminating}]
+  - name: empty
+    externalIPs: [192.0.2.1]
+    ports: [{port: 443}]
+"#,
+        )
+        .unwrap();
+        let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+        r.reconcile(&model).unwrap();
+        let out = render_table(&rows(r.state()));
+        let golden = "\
+ID   Frontend            Service Type   Backend
+1    192.0.2.1:443/TCP   ExternalIP
+2    10.96.0.10:80/TCP   ClusterIP      1 => 10.244.1.2:8080/TCP (active)
+                                        2 => 10.244.1.3:8080/TCP (terminating)
+3    10.96.0.10:53/UDP   ClusterIP      1 => 10.244.1.2:53/UDP (active)
+                                        2 => 10.244.1.3:53/UDP (terminating)
+";
+        assert_eq!(out, golden, "\n{out}");
+        let json = serde_json::to_value(rows(r.state())).unwrap();
+        assert_eq!(json[1]["frontend"]["address"], "10.96.0.10");
+        assert_eq!(json[1]["backends"][1]["state"], "terminating");
+        assert_eq!(json[1]["backends"][0]["port"], 8080);
+    }
+}

@@ -1,0 +1,115 @@
+//! Where things are pinned, and checks that pinned maps fit this build.
+use std::{
+    mem::size_of,
+    path::{Path, PathBuf},
+};
+
+use anyhow::bail;
+use aya::maps::MapData;
+use lb_common::{
+    backend::Backend4,
+    maps as names,
+    revnat::{RevNat4, SockRevNat4Key, SockRevNat4Value},
+    service::{Service4Key, ServiceValue},
+};
+
+/// Default pin directory; the layout version is part of the path because the
+/// kernel reuses a pin without checking its key and value sizes.
+pub fn default_pin_dir() -> PathBuf {
+    PathBuf::from(format!("/sys/fs/bpf/lb/v{}", names::LAYOUT_VERSION))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    pub services: u32,
+    pub backends: u32,
+    pub revnat: u32,
+    pub sock_revnat: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self {
+            services: names::DEFAULT_SERVICES_MAX,
+            backends: names::DEFAULT_BACKENDS_MAX,
+            revnat: names::DEFAULT_REVNAT_MAX,
+            sock_revnat: names::DEFAULT_SOCK_REVNAT_MAX,
+        }
+    }
+}
+
+impl MapSizes {
+    pub fn entries(&self) -> [(&'static str, u32); 4] {
+        [
+            (names::LB4_SERVICES, self.services),
+            (names::LB4_BACKENDS, self.backends),
+            (names::LB4_REVNAT, self.revnat),
+            (names::LB4_SOCK_REVNAT, self.sock_revnat),
+        ]
+    }
+}
+
+pub struct PinLayout {
+    dir: PathBuf,
+}
+
+impl PinLayout {
+    pub fn new(dir: &Path) -> Self {
+        Self { dir: dir.to_path_buf() }
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn links_dir(&self) -> PathBuf {
+        self.dir.join("links")
+    }
+
+    pub fn link(&self, hook: &str) -> PathBuf {
+        self.links_dir().join(hook)
+    }
+
+    /// Checks every already pinned map against this build's layout and the
+    /// requested sizes. Returns whether any map was pinned already.
+    pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
+        let expected: [(&str, usize, usize, Option<u32>); 5] = [
+            (names::LB4_SERVICES, size_of::<Service4Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
+            (names::LB4_BACKENDS, size_of::<u32>(), size_of::<Backend4>(), Some(sizes.backends)),
+            (names::LB4_REVNAT, size_of::<u32>(), size_of::<RevNat4>(), Some(sizes.revnat)),
+            (names::LB4_SOCK_REVNAT, size_of::<SockRevNat4Key>(), size_of::<SockRevNat4Value>(), Some(sizes.sock_revnat)),
+            (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), None),
+        ];
+        let mut any = false;
+        for (name, key, value, max) in expected {
+            let path = self.map(name);
+            if !path.exists() {
+                continue;
+            }
+            any = true;
+            let info = MapData::from_pin(&path)?.info()?;
+            if info.key_size() as usize != key || info.value_size() as usize != value {
+                bail!(
+                    "pinned map {} has key/value sizes {}/{} but this build expects {key}/{value}: \
+                     it was made by an incompatible version; run `lb-agent uninstall --pin-dir {}` first",
+                    path.display(),
+                    info.key_size(),
+                    info.value_size(),
+                    self.dir.display()
+                );
+            }
+            if let Some(max) = max {
+                if info.max_entries() != max {
+                    bail!(
+                        "pinned map {} holds {} entries but {max} were asked for: a pinned map cannot be resized; \
+                         keep the old size, or run `lb-agent uninstall --pin-dir {}` and start again",
+                        path.display(),
+                        info.max_entries(),
+                        self.dir.display()
+                    );
+                }
+            }
+        }
+        Ok(any)
+    }
+}

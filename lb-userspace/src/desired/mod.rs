@@ -1,0 +1,164 @@
+//! Desired state: what the maps must hold for a set of services, computed
+//! from the model, the stable ids and the current slot layout.
+pub mod ids;
+pub mod slots;
+
+use std::{collections::HashMap, net::IpAddr};
+
+use lb_common::{
+    backend::{Backend4, BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
+    revnat::RevNat4,
+    service::{
+        Service4Key, ServiceValue, ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP,
+        SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+    },
+};
+
+pub use ids::Ids;
+
+use crate::{
+    maps::{
+        convert::{ip4_to_map, port_to_map},
+        MapState,
+    },
+    model::{Algorithm, BackendState, Frontend, FrontendKind, Service},
+};
+
+/// Everything one frontend needs in the maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredFrontend {
+    /// Master key (slot 0).
+    pub key: Service4Key,
+    /// Master value, counts included.
+    pub value: ServiceValue,
+    /// Backend id of slot i+1.
+    pub slots: Vec<u32>,
+    pub revnat: RevNat4,
+}
+
+impl DesiredFrontend {
+    pub fn is_cluster_ip(&self) -> bool {
+        self.value.flags & SVC_FLAG_CLUSTER_IP != 0
+    }
+
+    /// The value of slot `slot` (1-based).
+    pub fn slot_value(&self, slot: usize) -> ServiceValue {
+        ServiceValue { backend_id: self.slots[slot - 1], service_id: self.value.service_id, ..Default::default() }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub frontends: Vec<DesiredFrontend>,
+    /// Every backend the frontends above name.
+    pub backends: HashMap<u32, Backend4>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DesiredError {
+    #[error(transparent)]
+    Ids(#[from] ids::IdsExhausted),
+    #[error("{0}: IPv6 frontends are not supported by this data path yet")]
+    Ipv6(IpAddr),
+}
+
+pub fn kind_flag(kind: FrontendKind) -> u16 {
+    match kind {
+        FrontendKind::ClusterIP => SVC_FLAG_CLUSTER_IP,
+        FrontendKind::NodePort => SVC_FLAG_NODE_PORT,
+        FrontendKind::LoadBalancer => SVC_FLAG_LOAD_BALANCER,
+        FrontendKind::ExternalIP => SVC_FLAG_EXTERNAL_IP,
+    }
+}
+
+fn state_byte(state: BackendState) -> u8 {
+    match state {
+        BackendState::Active => BACKEND_STATE_ACTIVE,
+        _ => BACKEND_STATE_TERMINATING,
+    }
+}
+
+/// Adds the desired entries of `services` to `out`.
+pub fn build<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    current: &MapState,
+    ids: &mut Ids,
+    out: &mut Desired,
+) -> Result<(), DesiredError> {
+    for service in services {
+        for fe in &service.frontends {
+            let desired = build_frontend(fe, current, ids, &mut out.backends)?;
+            out.frontends.push(desired);
+        }
+    }
+    Ok(())
+}
+
+fn build_frontend(
+    fe: &Frontend,
+    current: &MapState,
+    ids: &mut Ids,
+    backends: &mut HashMap<u32, Backend4>,
+) -> Result<DesiredFrontend, DesiredError> {
+    let IpAddr::V4(address) = fe.address else {
+        return Err(DesiredError::Ipv6(fe.address));
+    };
+    let proto = fe.protocol.number();
+    let key = Service4Key::new(ip4_to_map(address), port_to_map(fe.port), proto, SCOPE_ALL, 0);
+    let service_id = ids.service_id(&key)?;
+
+    let mut active = Vec::new();
+    let mut terminating = Vec::new();
+    for b in &fe.backends {
+        if b.state == BackendState::Maintenance {
+            continue;
+        }
+        let IpAddr::V4(baddr) = b.address else {
+            continue; // a v4 frontend only reaches v4 backends
+        };
+        let entry = Backend4 {
+            address: ip4_to_map(baddr),
+            port: port_to_map(b.port),
+            proto,
+            state: state_byte(b.state),
+            flags: if b.local { BACKEND_FLAG_LOCAL } else { 0 },
+            pad: [0; 3],
+        };
+        let id = ids.backend_id(&entry)?;
+        // The same endpoint in several services: the most usable state wins.
+        backends
+            .entry(id)
+            .and_modify(|e| e.state = e.state.min(entry.state))
+            .or_insert(entry);
+        match b.state {
+            BackendState::Active => active.push(id),
+            _ => terminating.push(id),
+        }
+    }
+    let previous = current.slots_of(&key);
+    let slots = slots::plan(&previous, &active, &terminating);
+
+    let mut flags = kind_flag(fe.kind);
+    if fe.affinity_timeout_s.is_some() {
+        flags |= SVC_FLAG_AFFINITY;
+    }
+    let value = ServiceValue {
+        backend_id: 0,
+        service_id,
+        count: active.len() as u16,
+        terminating_count: terminating.len() as u16,
+        flags,
+        algorithm: match fe.algorithm {
+            Algorithm::Random => ALG_RANDOM,
+            Algorithm::Maglev => ALG_MAGLEV,
+        },
+        pad: 0,
+        affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
+    };
+    Ok(DesiredFrontend {
+        key,
+        value,
+        slots,
+        revnat: RevNat4 { address: key.address, port: key.dport, pad: 0 },
+    })
+}

@@ -1,0 +1,69 @@
+//! In-memory maps for tests of the reconciler: same `LbMaps` contract as the
+//! BPF maps, records every operation, can be told to fail.
+use super::{Capacity, LbMaps, MapOp, MapState, MapWriteError};
+
+#[derive(Debug, Default)]
+pub struct FakeMaps {
+    pub state: MapState,
+    pub log: Vec<MapOp>,
+    pub capacity: Capacity,
+    /// Fail the n-th next operation (0 = the next one) with EIO.
+    pub fail_after: Option<usize>,
+}
+
+impl FakeMaps {
+    pub fn with_capacity(capacity: Capacity) -> Self {
+        Self { capacity, ..Default::default() }
+    }
+
+    /// Returns and clears the operation log.
+    pub fn take_log(&mut self) -> Vec<MapOp> {
+        std::mem::take(&mut self.log)
+    }
+}
+
+impl LbMaps for FakeMaps {
+    fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
+        if let Some(n) = self.fail_after.as_mut() {
+            if *n == 0 {
+                self.fail_after = None;
+                return Err(MapWriteError {
+                    map: op.map_name(),
+                    op: format!("{op:?}"),
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                });
+            }
+            *n -= 1;
+        }
+        let full = match op {
+            MapOp::UpsertService(k, _) => {
+                !self.state.services.contains_key(k) && self.state.services.len() >= self.capacity.services as usize
+            }
+            MapOp::UpsertBackend(id, _) => {
+                !self.state.backends.contains_key(id) && self.state.backends.len() >= self.capacity.backends as usize
+            }
+            MapOp::UpsertRevNat(id, _) => {
+                !self.state.revnat.contains_key(id) && self.state.revnat.len() >= self.capacity.revnat as usize
+            }
+            _ => false,
+        };
+        if full {
+            return Err(MapWriteError {
+                map: op.map_name(),
+                op: format!("{op:?}"),
+                source: std::io::Error::from_raw_os_error(libc::E2BIG),
+            });
+        }
+        self.state.apply(op);
+        self.log.push(*op);
+        Ok(())
+    }
+
+    fn dump(&self) -> anyhow::Result<MapState> {
+        Ok(self.state.clone())
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+}

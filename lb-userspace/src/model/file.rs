@@ -1,0 +1,495 @@
+//! The services file of standalone mode: a YAML list of services shaped like
+//! Kubernetes Services, with their backends inline.
+//!
+//! ```yaml
+//! services:
+//!   - name: web
+//!     namespace: default          # optional, "default"
+//!     clusterIPs: [10.96.0.10]
+//!     ports:
+//!       - name: http
+//!         port: 80
+//!         protocol: TCP           # TCP (default) or UDP
+//!         targetPort: 8080        # default: port
+//!     backends:
+//!       - address: 10.244.1.2
+//!       - address: 10.244.1.3
+//!         state: terminating      # active (default), terminating, maintenance
+//! ```
+//!
+//! Errors name the field (`services[1].ports[0].port`) and say how to fix it.
+//! Parsing is all-or-nothing: an invalid file never becomes a model, so the
+//! maps keep the last good state.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+use serde::Deserialize;
+
+use super::{Algorithm, Backend, BackendState, Frontend, FrontendKind, Model, Service, ServiceName};
+
+/// Most backends one frontend can have: slots are numbered with a u16.
+pub const MAX_BACKENDS_PER_FRONTEND: usize = u16::MAX as usize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicesFile {
+    #[serde(default)]
+    pub services: Vec<ServiceSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceSpec {
+    pub name: String,
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    #[serde(default, rename = "clusterIPs")]
+    pub cluster_ips: Vec<String>,
+    #[serde(default, rename = "externalIPs")]
+    pub external_ips: Vec<String>,
+    #[serde(default, rename = "loadBalancerIPs")]
+    pub load_balancer_ips: Vec<String>,
+    #[serde(default)]
+    pub ports: Vec<PortSpec>,
+    #[serde(default)]
+    pub backends: Vec<BackendSpec>,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// `None` or `ClientIP`, as in a Kubernetes Service.
+    #[serde(default)]
+    pub session_affinity: Option<String>,
+    #[serde(default)]
+    pub session_affinity_timeout_seconds: Option<u32>,
+}
+
+fn default_namespace() -> String {
+    "default".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PortSpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub port: u32,
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+    #[serde(default)]
+    pub target_port: Option<u32>,
+}
+
+fn default_protocol() -> String {
+    "TCP".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackendSpec {
+    pub address: String,
+    #[serde(default)]
+    pub state: BackendState,
+    /// The backend runs on this node.
+    #[serde(default)]
+    pub local: bool,
+}
+
+/// An invalid services file: which field, what is wrong, how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileError {
+    /// Path of the field, e.g. `services[1].ports[0].port`; empty for syntax errors.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for FileError {}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> FileError {
+    FileError { field: field.into(), message: message.into() }
+}
+
+/// Parses and validates a services file.
+pub fn parse(text: &str) -> Result<Model, FileError> {
+    let file: ServicesFile = serde_saphyr::from_str(text)
+        .map_err(|e| err("", format!("not a valid services file: {e}")))?;
+    to_model(&file)
+}
+
+pub fn to_model(file: &ServicesFile) -> Result<Model, FileError> {
+    let mut model = Model::default();
+    // frontend (address, port, protocol) → owner, to refuse the same address:port in two services
+    let mut frontend_owner: BTreeMap<(IpAddr, u16, u8), String> = BTreeMap::new();
+
+    for (i, spec) in file.services.iter().enumerate() {
+        let at = format!("services[{i}]");
+        let name = ServiceName::new(spec.namespace.clone(), spec.name.clone());
+        let service = to_service(&at, spec)?;
+        for fe in &service.frontends {
+            let key = (fe.address, fe.port, fe.protocol.number());
+            if let Some(prev) = frontend_owner.insert(key, format!("{at} ({name})")) {
+                return Err(err(
+                    at.clone(),
+                    format!(
+                        "{}:{}/{} is already a frontend of {prev}; give each service its own address or port",
+                        fe.address,
+                        fe.port,
+                        fe.protocol.as_str()
+                    ),
+                ));
+            }
+        }
+        if model.services.insert(name.clone(), service).is_some() {
+            return Err(err(
+                format!("{at}.name"),
+                format!("service {name} is defined twice; rename one or merge them"),
+            ));
+        }
+    }
+    Ok(model)
+}
+
+fn to_service(at: &str, spec: &ServiceSpec) -> Result<Service, FileError> {
+    if spec.name.trim().is_empty() {
+        return Err(err(format!("{at}.name"), "must not be empty; name the service"));
+    }
+    if spec.namespace.trim().is_empty() {
+        return Err(err(format!("{at}.namespace"), "must not be empty; leave it out for \"default\""));
+    }
+
+    let mut addresses = Vec::new();
+    for (field, list, kind) in [
+        ("clusterIPs", &spec.cluster_ips, FrontendKind::ClusterIP),
+        ("externalIPs", &spec.external_ips, FrontendKind::ExternalIP),
+        ("loadBalancerIPs", &spec.load_balancer_ips, FrontendKind::LoadBalancer),
+    ] {
+        for (j, text) in list.iter().enumerate() {
+            let field = format!("{at}.{field}[{j}]");
+            let address = parse_service_address(&field, text)?;
+            if addresses.iter().any(|(a, _)| *a == address) {
+                return Err(err(field, format!("{address} is listed twice; remove the duplicate")));
+            }
+            addresses.push((address, kind));
+        }
+    }
+    if addresses.is_empty() {
+        return Err(err(
+            at.to_string(),
+            "has no address; set clusterIPs (or externalIPs / loadBalancerIPs)",
+        ));
+    }
+    if spec.ports.is_empty() {
+        return Err(err(format!("{at}.ports"), "is empty; list at least one port"));
+    }
+
+    let affinity_timeout_s = match spec.session_affinity.as_deref() {
+        None | Some("None") => {
+            if spec.session_affinity_timeout_seconds.is_some() {
+                return Err(err(
+                    format!("{at}.sessionAffinityTimeoutSeconds"),
+                    "is set but sessionAffinity is not ClientIP; set sessionAffinity: ClientIP or remove it",
+                ));
+            }
+            None
+        }
+        // Kubernetes' default timeout: 3 hours (10800 s); at most one day.
+        Some("ClientIP") => match spec.session_affinity_timeout_seconds.unwrap_or(10_800) {
+            t @ 1..=86_400 => Some(t),
+            t => {
+                return Err(err(
+                    format!("{at}.sessionAffinityTimeoutSeconds"),
+                    format!("{t} is out of range; use 1 to 86400 seconds"),
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(err(
+                format!("{at}.sessionAffinity"),
+                format!("unknown value {other:?}; use None or ClientIP"),
+            ))
+        }
+    };
+
+    // Parsed and checked above so the file format is stable, but the data path
+    // does not implement these yet: refuse rather than silently ignore them.
+    if affinity_timeout_s.is_some() {
+        return Err(err(
+            format!("{at}.sessionAffinity"),
+            "ClientIP affinity is not implemented by this data path yet; remove it",
+        ));
+    }
+    if spec.algorithm != Algorithm::Random {
+        return Err(err(
+            format!("{at}.algorithm"),
+            "maglev is not implemented by this data path yet; use random or remove it",
+        ));
+    }
+
+    let mut backends_by_address: Vec<(IpAddr, &BackendSpec)> = Vec::new();
+    for (j, b) in spec.backends.iter().enumerate() {
+        let field = format!("{at}.backends[{j}].address");
+        let address: IpAddr = b.address.trim().parse().map_err(|_| {
+            err(field.clone(), format!("{:?} is not an IP address; write e.g. 10.244.1.2", b.address))
+        })?;
+        check_unicast(&field, address)?;
+        if backends_by_address.iter().any(|(a, _)| *a == address) {
+            return Err(err(field, format!("{address} is listed twice; remove the duplicate")));
+        }
+        backends_by_address.push((address, b));
+    }
+    if backends_by_address.len() > MAX_BACKENDS_PER_FRONTEND {
+        return Err(err(
+            format!("{at}.backends"),
+            format!(
+                "has {} backends, at most {MAX_BACKENDS_PER_FRONTEND} are supported; split the service",
+                backends_by_address.len()
+            ),
+        ));
+    }
+
+    let mut seen_ports = BTreeSet::new();
+    let mut seen_names = BTreeSet::new();
+    let mut frontends = Vec::new();
+    for (j, p) in spec.ports.iter().enumerate() {
+        let pat = format!("{at}.ports[{j}]");
+        let port = check_port(&format!("{pat}.port"), p.port)?;
+        let target = check_port(&format!("{pat}.targetPort"), p.target_port.unwrap_or(p.port))?;
+        let protocol = match p.protocol.as_str() {
+            "TCP" => super::Protocol::Tcp,
+            "UDP" => super::Protocol::Udp,
+            "SCTP" => {
+                return Err(err(
+                    format!("{pat}.protocol"),
+                    "SCTP is not supported by the socket load balancer; use TCP or UDP",
+                ))
+            }
+            other => {
+                return Err(err(format!("{pat}.protocol"), format!("unknown protocol {other:?}; use TCP or UDP")))
+            }
+        };
+        if !seen_ports.insert((port, protocol)) {
+            return Err(err(
+                format!("{pat}.port"),
+                format!("{port}/{} is listed twice; remove the duplicate", protocol.as_str()),
+            ));
+        }
+        if let Some(name) = &p.name {
+            if !seen_names.insert(name.clone()) {
+                return Err(err(format!("{pat}.name"), format!("port name {name:?} is used twice; port names must be unique")));
+            }
+        }
+        for (address, kind) in &addresses {
+            let mut backends: Vec<Backend> = backends_by_address
+                .iter()
+                .filter(|(a, _)| a.is_ipv4() == address.is_ipv4())
+                .map(|(a, b)| Backend { address: *a, port: target, state: b.state, local: b.local })
+                .collect();
+            backends.sort();
+            frontends.push(Frontend {
+                address: *address,
+                port,
+                protocol,
+                kind: *kind,
+                port_name: p.name.clone(),
+                algorithm: spec.algorithm,
+                affinity_timeout_s,
+                backends,
+            });
+        }
+    }
+    Ok(Service { frontends })
+}
+
+fn parse_service_address(field: &str, text: &str) -> Result<IpAddr, FileError> {
+    let address: IpAddr = text
+        .trim()
+        .parse()
+        .map_err(|_| err(field, format!("{text:?} is not an IP address; write e.g. 10.96.0.10")))?;
+    check_unicast(field, address)?;
+    if address.is_ipv6() {
+        return Err(err(
+            field,
+            format!("{address}: IPv6 service addresses are not supported yet (IPv4 only); remove it"),
+        ));
+    }
+    Ok(address)
+}
+
+fn check_unicast(field: &str, address: IpAddr) -> Result<(), FileError> {
+    let bad = match address {
+        IpAddr::V4(a) => a.is_unspecified() || a.is_multicast() || a.is_broadcast(),
+        IpAddr::V6(a) => a.is_unspecified() || a.is_multicast(),
+    };
+    if bad {
+        return Err(err(field, format!("{address} is not a unicast address; use a unicast address")));
+    }
+    Ok(())
+}
+
+fn check_port(field: &str, port: u32) -> Result<u16, FileError> {
+    match port {
+        1..=65535 => Ok(port as u16),
+        _ => Err(err(field, format!("{port} is not a valid port; use 1-65535"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+services:
+  - name: web
+    clusterIPs: [10.96.0.10]
+    ports:
+      - name: http
+        port: 80
+        targetPort: 8080
+      - name: dns
+        port: 53
+        protocol: UDP
+    backends:
+      - address: 10.244.1.2
+      - address: 10.244.1.3
+        state: terminating
+  - name: db
+    namespace: prod
+    clusterIPs: [10.96.0.20]
+    externalIPs: [192.0.2.10]
+    ports: [{port: 5432}]
+"#;
+
+    #[test]
+    fn parses_multi_port_service_into_one_frontend_per_address_and_port() {
+        let model = parse(GOOD).unwrap();
+        let web = &model.services[&ServiceName::new("default", "web")];
+        assert_eq!(web.frontends.len(), 2);
+        let http = &web.frontends[0];
+        assert_eq!(http.address, "10.96.0.10".parse::<IpAddr>().unwrap());
+        assert_eq!(http.port, 80);
+        assert_eq!(http.protocol, super::super::Protocol::Tcp);
+        assert_eq!(http.backends.len(), 2);
+        assert!(http.backends.iter().all(|b| b.port == 8080));
+        assert_eq!(http.backends[1].state, BackendState::Terminating);
+        let dns = &web.frontends[1];
+        assert_eq!((dns.port, dns.protocol), (53, super::super::Protocol::Udp));
+        assert!(dns.backends.iter().all(|b| b.port == 53), "targetPort defaults to port");
+
+        let db = &model.services[&ServiceName::new("prod", "db")];
+        assert_eq!(db.frontends.len(), 2);
+        assert_eq!(db.frontends[1].kind, FrontendKind::ExternalIP);
+        assert!(db.frontends[0].backends.is_empty());
+    }
+
+    #[test]
+    fn empty_file_is_an_empty_model() {
+        assert_eq!(parse("services: []").unwrap(), Model::default());
+    }
+
+    fn bad(yaml: &str) -> FileError {
+        parse(yaml).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn rejects_port_zero_naming_the_field() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 0}]}]");
+        assert_eq!(e.field, "services[0].ports[0].port");
+        assert!(e.message.contains("1-65535"), "{e}");
+    }
+
+    #[test]
+    fn rejects_out_of_range_target_port() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, targetPort: 70000}]}]");
+        assert_eq!(e.field, "services[0].ports[0].targetPort");
+    }
+
+    #[test]
+    fn rejects_bad_addresses_naming_the_field() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.300], ports: [{port: 80}]}]");
+        assert_eq!(e.field, "services[0].clusterIPs[0]");
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: nope}]}]",
+        );
+        assert_eq!(e.field, "services[0].backends[0].address");
+        let e = bad("services: [{name: a, clusterIPs: [0.0.0.0], ports: [{port: 80}]}]");
+        assert!(e.message.contains("unicast"), "{e}");
+        let e = bad("services: [{name: a, clusterIPs: ['fd00::1'], ports: [{port: 80}]}]");
+        assert!(e.message.contains("IPv6"), "{e}");
+    }
+
+    #[test]
+    fn rejects_unknown_protocol_and_sctp() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, protocol: ICMP}]}]");
+        assert_eq!(e.field, "services[0].ports[0].protocol");
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, protocol: SCTP}]}]");
+        assert!(e.message.contains("SCTP"), "{e}");
+    }
+
+    #[test]
+    fn rejects_duplicates() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}, {port: 80}]}]");
+        assert_eq!(e.field, "services[0].ports[1].port");
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}, {address: 10.0.0.1}]}]",
+        );
+        assert_eq!(e.field, "services[0].backends[1].address");
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}, {name: a, clusterIPs: [10.96.0.2], ports: [{port: 80}]}]",
+        );
+        assert_eq!(e.field, "services[1].name");
+    }
+
+    #[test]
+    fn rejects_the_same_frontend_in_two_services() {
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}, {name: b, clusterIPs: [10.96.0.1], ports: [{port: 80}]}]",
+        );
+        assert_eq!(e.field, "services[1]");
+        assert!(e.message.contains("services[0] (default/a)"), "{e}");
+    }
+
+    #[test]
+    fn rejects_missing_address_and_ports() {
+        let e = bad("services: [{name: a, ports: [{port: 80}]}]");
+        assert!(e.message.contains("clusterIPs"), "{e}");
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1]}]");
+        assert_eq!(e.field, "services[0].ports");
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_syntax_errors() {
+        let e = bad("services: [{name: a, clusterIP: 10.96.0.1, ports: [{port: 80}]}]");
+        assert!(e.message.contains("clusterIP"), "{e}");
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1, state: sleeping}]}]");
+        assert!(e.message.contains("sleeping"), "{e}");
+        let e = bad("services: [ {name: a");
+        assert!(e.field.is_empty());
+    }
+
+    #[test]
+    fn session_affinity_and_maglev_are_refused_until_implemented() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP}]");
+        assert!(e.message.contains("not implemented"), "{e}");
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], algorithm: maglev}]");
+        assert_eq!(e.field, "services[0].algorithm");
+    }
+
+    #[test]
+    fn session_affinity_values_are_checked() {
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: Cookie}]");
+        assert_eq!(e.field, "services[0].sessionAffinity");
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP, sessionAffinityTimeoutSeconds: 0}]");
+        assert_eq!(e.field, "services[0].sessionAffinityTimeoutSeconds");
+    }
+}

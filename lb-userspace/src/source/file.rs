@@ -1,0 +1,54 @@
+//! Standalone mode: the model comes from a YAML services file, re-read when
+//! it changes (inotify on its directory, so editors that replace the file by
+//! rename are seen too) or on SIGHUP.
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use notify::{EventKind, RecursiveMode, Watcher as _};
+use tokio::sync::mpsc;
+
+use crate::model::{file as services_file, Model};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read services file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("services file {path}: {source}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: services_file::FileError,
+    },
+}
+
+pub fn load(path: &Path) -> Result<Model, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
+    services_file::parse(&text).map_err(|source| LoadError::Invalid { path: path.to_path_buf(), source })
+}
+
+/// Sends `()` whenever the file may have changed. Keep the returned watcher alive.
+pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+    let (tx, rx) = mpsc::channel(16);
+    let file_name = path.file_name().context("services file path has no file name")?.to_owned();
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        let relevant = matches!(event.kind, EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_))
+            && event.paths.iter().any(|p| p.file_name() == Some(file_name.as_os_str()));
+        if relevant {
+            // A full channel already holds a pending reload: dropping this one loses nothing.
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching {}", dir.display()))?;
+    Ok((watcher, rx))
+}

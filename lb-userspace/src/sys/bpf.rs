@@ -1,0 +1,102 @@
+//! bpf(2) commands aya 0.14 keeps private: updating the program of a pinned
+//! cgroup link (BPF_LINK_UPDATE), reading a link's target (BPF_OBJ_GET_INFO_BY_FD)
+//! and listing the programs attached to a cgroup (BPF_PROG_QUERY).
+//! Layouts follow include/uapi/linux/bpf.h; each attr is zero-padded, as the
+//! kernel requires unused tail bytes to be zero.
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_QUERY: libc::c_long = 16;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// Attach types of the socket hooks (enum bpf_attach_type).
+pub const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+pub const BPF_CGROUP_UDP4_SENDMSG: u32 = 14;
+pub const BPF_CGROUP_UDP4_RECVMSG: u32 = 19;
+pub const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
+
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn new() -> Self {
+        Attr([0; 128])
+    }
+    fn put_u32(&mut self, off: usize, v: u32) {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn put_u64(&mut self, off: usize, v: u64) {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    fn get_u32(&self, off: usize) -> u32 {
+        u32::from_ne_bytes(self.0[off..off + 4].try_into().unwrap())
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Opens a pinned object (map, program or link).
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+    let mut attr = Attr::new();
+    attr.put_u64(0, c.as_ptr() as u64); // pathname
+    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Swaps the program of a link atomically: the hook is never empty.
+pub fn link_update(link: BorrowedFd<'_>, new_prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_raw_fd() as u32); // link_fd
+    attr.put_u32(4, new_prog.as_raw_fd() as u32); // new_prog_fd
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// What a cgroup link is attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CgroupLinkInfo {
+    pub link_id: u32,
+    pub prog_id: u32,
+    pub cgroup_id: u64,
+    pub attach_type: u32,
+}
+
+pub fn cgroup_link_info(link: BorrowedFd<'_>) -> io::Result<CgroupLinkInfo> {
+    // struct bpf_link_info: type, id, prog_id, then (8-aligned) union { cgroup { cgroup_id, attach_type } }.
+    let mut info = [0u64; 32];
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_raw_fd() as u32); // bpf_fd
+    attr.put_u32(4, std::mem::size_of_val(&info) as u32); // info_len
+    attr.put_u64(8, info.as_mut_ptr() as u64); // info
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(info.as_ptr().cast(), std::mem::size_of_val(&info)) };
+    let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().unwrap());
+    Ok(CgroupLinkInfo { link_id: u32_at(4), prog_id: u32_at(8), cgroup_id: u64_at(16), attach_type: u32_at(24) })
+}
+
+/// Ids of every program attached to `cgroup` for `attach_type` (effective or not).
+pub fn cgroup_prog_ids(cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<Vec<u32>> {
+    let mut ids = vec![0u32; 64];
+    let mut attr = Attr::new();
+    attr.put_u32(0, cgroup.as_raw_fd() as u32); // target_fd
+    attr.put_u32(4, attach_type);
+    attr.put_u64(16, ids.as_mut_ptr() as u64); // prog_ids
+    attr.put_u32(24, ids.len() as u32); // prog_cnt
+    bpf(BPF_PROG_QUERY, &mut attr)?;
+    ids.truncate(attr.get_u32(24) as usize);
+    Ok(ids)
+}

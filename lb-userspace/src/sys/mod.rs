@@ -1,0 +1,3 @@
+//! Thin wrappers over kernel interfaces that aya does not expose.
+pub mod bpf;
+pub mod fs;
