@@ -6,21 +6,34 @@
 //!   application back the service address.
 //!
 //! The map layout is documented in docs/datapath.md.
-#![no_std]
-#![no_main]
+//!
+//! On the host this binary is an empty stub, so `cargo build --workspace`
+//! and clippy work; the real object is built for bpfel-unknown-none.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
 
+#[cfg(target_arch = "bpf")]
 mod drop;
+#[cfg(target_arch = "bpf")]
 mod lb4;
+#[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
 mod sock;
 
-#[cfg(not(test))]
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
 /// Several helpers used here (socket cookies, `bpf_set_retval`) are GPL-only.
+#[cfg(target_arch = "bpf")]
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    eprintln!("lb-ebpf holds eBPF programs; lb-userspace's build script builds them for bpfel-unknown-none");
+}

@@ -1,0 +1,93 @@
+//! lb-probe: a client that runs inside a given cgroup and network namespace,
+//! dials an address some number of times and prints one JSON line per attempt.
+//!
+//!   lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]
+//!
+//! It joins the cgroup first (so the socket hooks apply to it), then the
+//! network namespace, both before creating any socket.
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use lb_testkit::probe::Attempt;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]";
+    if args.len() < 7 || args[1] != "--cgroup" || args[3] != "--netns" {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    }
+    let (cgroup, netns, mode) = (&args[2], &args[4], args[5].as_str());
+    let target: SocketAddr = args[6].parse().expect("ADDR:PORT");
+    let count: usize = args.get(7).map_or(1, |c| c.parse().expect("COUNT"));
+
+    std::fs::write(format!("{cgroup}/cgroup.procs"), "0").expect("joining the cgroup");
+    lb_testkit::netns::enter(netns).expect("entering the network namespace");
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for _ in 0..count {
+        let attempt = match mode {
+            "tcp" => tcp(target),
+            "udp" => udp(target, false),
+            "udp-connected" => udp(target, true),
+            _ => {
+                eprintln!("{usage}");
+                std::process::exit(2);
+            }
+        };
+        writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
+    }
+}
+
+fn failed(e: std::io::Error) -> Attempt {
+    Attempt { ok: false, errno: e.raw_os_error(), error: Some(e.to_string()), ..Default::default() }
+}
+
+fn tcp(target: SocketAddr) -> Attempt {
+    let mut s = match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut reply = String::new();
+    if let Err(e) = s.read_to_string(&mut reply) {
+        return failed(e);
+    }
+    Attempt {
+        ok: true,
+        reply: Some(reply.trim().to_string()),
+        peer: s.peer_addr().ok().map(|a| a.to_string()),
+        local: s.local_addr().ok().map(|a| a.to_string()),
+        ..Default::default()
+    }
+}
+
+fn udp(target: SocketAddr, connected: bool) -> Attempt {
+    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let sent = if connected {
+        s.connect(target).and_then(|_| s.send(b"ping"))
+    } else {
+        s.send_to(b"ping", target)
+    };
+    if let Err(e) = sent {
+        return failed(e);
+    }
+    let mut buf = [0u8; 256];
+    let (n, from) = match s.recv_from(&mut buf) {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    Attempt {
+        ok: true,
+        reply: Some(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
+        peer: if connected { s.peer_addr().ok().map(|a| a.to_string()) } else { None },
+        reply_from: Some(from.to_string()),
+        local: s.local_addr().ok().map(|a| a.to_string()),
+        ..Default::default()
+    }
+}

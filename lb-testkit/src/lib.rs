@@ -1,0 +1,65 @@
+//! Test kit for the load balancer: every test builds its own world and tears
+//! it down on success and on failure (guards that clean up in `Drop`).
+//!
+//! * `topology`: a client namespace and backend namespaces on a bridge that
+//!   lives in a hub namespace, never in the root namespace. The client has a
+//!   blackhole route for the service range, so an untranslated connect fails
+//!   locally instead of leaving the machine.
+//! * `cgroup`: a child cgroup v2 per test; only processes moved there see the hooks.
+//! * `agent`: lb-agent as a child process with its own pin directory.
+//! * `servers`: TCP/UDP servers in backend namespaces that answer with their name
+//!   and the peer address they saw.
+//! * `probe`: runs `lb-probe` (client inside the cgroup and client namespace).
+pub mod agent;
+pub mod cgroup;
+pub mod netns;
+pub mod probe;
+pub mod servers;
+pub mod topology;
+
+use std::time::{Duration, Instant};
+
+/// A short unique tag for names: test name + pid, cut to fit.
+pub fn unique(test: &str) -> String {
+    let short: String = test.chars().filter(|c| c.is_ascii_alphanumeric()).take(12).collect();
+    format!("{short}-{}", std::process::id())
+}
+
+/// Polls `cond` until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Path of a binary built next to the test executable (target/<profile>/NAME).
+pub fn sibling_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins` first (`cargo xtask test` does)",
+        path.display()
+    );
+    path
+}
+
+/// Runs a command, panicking with its output when it fails.
+pub fn run(cmd: &str, args: &[&str]) {
+    let out = std::process::Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

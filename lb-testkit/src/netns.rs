@@ -1,0 +1,40 @@
+//! Named network namespaces (`ip netns`), removed on drop.
+use std::{fs::File, io, os::fd::AsRawFd as _};
+
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn create(name: &str) -> Self {
+        // A namespace left by a crashed run of the same pid would make `add` fail.
+        let _ = std::process::Command::new("ip").args(["netns", "del", name]).output();
+        crate::run("ip", &["netns", "add", name]);
+        let ns = Self { name: name.to_string() };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `ip -n NAME ARGS...`
+    pub fn ip(&self, args: &[&str]) {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        crate::run("ip", &full);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// Moves the calling thread into the named network namespace. Sockets made
+/// afterwards by this thread live there.
+pub fn enter(name: &str) -> io::Result<()> {
+    let f = File::open(format!("/run/netns/{name}"))?;
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! Runs lb-probe inside the test's cgroup and client namespace.
+use std::{path::Path, process::Command};
+
+use serde::{Deserialize, Serialize};
+
+/// One connection attempt, as lb-probe reports it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Attempt {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errno: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The server's answer: "<backend name> <peer it saw>".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    /// getpeername() of the client socket.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// Source address of the UDP reply, as recvfrom() reports it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_from: Option<String>,
+    /// getsockname() of the client socket.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+}
+
+impl Attempt {
+    /// Name of the backend that answered.
+    pub fn backend(&self) -> Option<&str> {
+        self.reply.as_deref().and_then(|r| r.split_whitespace().next())
+    }
+
+    /// Client address as the backend saw it.
+    pub fn seen_client(&self) -> Option<&str> {
+        self.reply.as_deref().and_then(|r| r.split_whitespace().nth(1))
+    }
+}
+
+pub fn run(cgroup: &Path, netns: &str, mode: &str, target: &str, count: usize) -> Vec<Attempt> {
+    let out = Command::new(crate::sibling_bin("lb-probe"))
+        .arg("--cgroup")
+        .arg(cgroup)
+        .args(["--netns", netns, mode, target, &count.to_string()])
+        .output()
+        .expect("running lb-probe");
+    assert!(out.status.success(), "lb-probe failed: {}", String::from_utf8_lossy(&out.stderr));
+    let attempts: Vec<Attempt> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("probe json"))
+        .collect();
+    assert_eq!(attempts.len(), count, "probe printed {} results for {count} attempts", attempts.len());
+    attempts
+}

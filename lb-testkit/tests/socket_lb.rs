@@ -1,0 +1,286 @@
+//! Socket load balancing on the real kernel: real programs attached to a
+//! child cgroup, real connect()/sendto() from a client namespace to backends
+//! in other namespaces. Needs root (CI runs as root).
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use lb_testkit::{
+    agent::{Agent, PinDir},
+    cgroup::ChildCgroup,
+    probe::{self, Attempt},
+    servers::{self, Server},
+    topology::{Topology, CLIENT_IP},
+    unique,
+};
+
+const VIP: &str = "10.96.0.10";
+
+/// One test's world: namespaces, cgroup, pin directory, services file.
+struct World {
+    tag: String,
+    topo: Topology,
+    cgroup: ChildCgroup,
+    pins: PinDir,
+    services: PathBuf,
+}
+
+impl World {
+    fn new(test: &str, backends: usize) -> Self {
+        let tag = unique(test);
+        let services = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
+        Self {
+            topo: Topology::new(&tag, backends),
+            cgroup: ChildCgroup::create(&tag),
+            pins: PinDir::create(&tag),
+            services,
+            tag,
+        }
+    }
+
+    fn write_services(&self, yaml: &str) {
+        // Write-then-rename, as editors and config management do.
+        let tmp = self.services.with_extension("tmp");
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, &self.services).unwrap();
+    }
+
+    fn start_agent(&self) -> Agent {
+        Agent::start(&self.services, &self.cgroup.path, &self.pins.path)
+    }
+
+    fn tcp_servers(&self, port: u16) -> Vec<Server> {
+        (0..self.topo.backends.len())
+            .map(|i| {
+                let addr = format!("{}:{port}", Topology::backend_ip(i)).parse().unwrap();
+                servers::tcp(&self.topo.backends[i].name, addr, &format!("b{}", i + 1))
+            })
+            .collect()
+    }
+
+    fn probe(&self, mode: &str, target: &str, count: usize) -> Vec<Attempt> {
+        probe::run(&self.cgroup.path, &self.topo.client.name, mode, target, count)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.services);
+        let _ = &self.tag;
+    }
+}
+
+/// A ClusterIP service on VIP:80 → backends (by index) on port 8080.
+fn service_yaml(backends: &[usize], extra: &str) -> String {
+    let list: Vec<String> =
+        backends.iter().map(|i| format!("{{address: {}}}", Topology::backend_ip(*i))).collect();
+    format!(
+        "services:\n  - name: web\n    clusterIPs: [{VIP}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{}]\n{extra}",
+        list.join(", ")
+    )
+}
+
+fn count_backends(attempts: &[Attempt]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for a in attempts {
+        assert!(a.ok, "attempt failed: {a:?}");
+        *counts.entry(a.backend().unwrap().to_string()).or_default() += 1;
+    }
+    counts
+}
+
+#[test]
+fn tcp_connect_to_vip_reaches_backend_in_other_netns_and_backend_sees_client_address() {
+    let w = World::new("tcp_connect_reaches_backend", 1);
+    let _servers = w.tcp_servers(8080);
+    w.write_services(&service_yaml(&[0], ""));
+    let _agent = w.start_agent();
+
+    let attempts = w.probe("tcp", &format!("{VIP}:80"), 5);
+    for a in &attempts {
+        assert!(a.ok, "{a:?}");
+        assert_eq!(a.backend(), Some("b1"));
+        // No SNAT: the backend saw the client's own address and port.
+        assert_eq!(a.seen_client(), a.local.as_deref(), "{a:?}");
+        assert!(a.seen_client().unwrap().starts_with(&format!("{CLIENT_IP}:")), "{a:?}");
+        // getpeername() on the client still shows the service address.
+        assert_eq!(a.peer.as_deref(), Some("10.96.0.10:80"));
+    }
+}
+
+#[test]
+fn tcp_connects_spread_uniformly_over_three_backends_chi_square_p001() {
+    let w = World::new("tcp_uniform_chi_square", 3);
+    let _servers = w.tcp_servers(8080);
+    w.write_services(&service_yaml(&[0, 1, 2], ""));
+    let _agent = w.start_agent();
+
+    let n = 3000;
+    let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), n));
+    assert_eq!(counts.len(), 3, "every backend must be chosen: {counts:?}");
+    let expected = n as f64 / 3.0;
+    let chi2: f64 = counts.values().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
+    // Critical value of chi-square with 2 degrees of freedom at p = 0.001.
+    assert!(chi2 < 13.816, "distribution {counts:?} is not uniform (chi2 = {chi2:.2})");
+}
+
+#[test]
+fn removing_a_backend_stops_new_connections_to_it_and_adding_one_starts_them() {
+    let w = World::new("remove_add_backend", 3);
+    let _servers = w.tcp_servers(8080);
+    w.write_services(&service_yaml(&[0, 1], ""));
+    let mut agent = w.start_agent();
+
+    let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), 200));
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["b1", "b2"], "{counts:?}");
+
+    w.write_services(&service_yaml(&[1], ""));
+    assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)), "{}", agent.log_text());
+    let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), 200));
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["b2"], "removed b1 still chosen: {counts:?}");
+
+    w.write_services(&service_yaml(&[1, 2], ""));
+    assert!(agent.wait_for_log("reconciled", 3, Duration::from_secs(10)), "{}", agent.log_text());
+    let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), 200));
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["b2", "b3"], "added b3 not chosen: {counts:?}");
+}
+
+#[test]
+fn service_without_backends_refuses_connect_with_econnrefused_and_counts_drop() {
+    let w = World::new("no_backend_econnrefused", 1);
+    w.write_services(&service_yaml(&[], ""));
+    let agent = w.start_agent();
+
+    assert_eq!(agent.drops("no-backend"), 0);
+    for a in w.probe("tcp", &format!("{VIP}:80"), 3) {
+        assert!(!a.ok);
+        assert_eq!(a.errno, Some(libc_econnrefused()), "{a:?}");
+    }
+    assert_eq!(agent.drops("no-backend"), 3);
+
+    // A port the service does not expose is refused too, with its own reason.
+    for a in w.probe("tcp", &format!("{VIP}:81"), 2) {
+        assert_eq!(a.errno, Some(libc_econnrefused()), "{a:?}");
+    }
+    assert_eq!(agent.drops("no-service-port"), 2);
+    // UDP to a service without backends: sendto() fails the same way.
+    let mut yaml = service_yaml(&[], "");
+    yaml = yaml.replace("[{port: 80, targetPort: 8080}]", "[{port: 80, targetPort: 8080}, {port: 53, protocol: UDP}]");
+    w.write_services(&yaml);
+    let mut agent = agent;
+    assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)));
+    let a = &w.probe("udp", &format!("{VIP}:53"), 1)[0];
+    assert_eq!(a.errno, Some(libc_econnrefused()), "{a:?}");
+    assert_eq!(agent.drops("no-backend"), 4);
+}
+
+fn libc_econnrefused() -> i32 {
+    111
+}
+
+fn udp_world(test: &str) -> (World, Vec<Server>, Agent) {
+    let w = World::new(test, 2);
+    let servers = (0..2)
+        .map(|i| {
+            let addr = format!("{}:5353", Topology::backend_ip(i)).parse().unwrap();
+            servers::udp(&w.topo.backends[i].name, addr, &format!("b{}", i + 1))
+        })
+        .collect();
+    w.write_services(&format!(
+        "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {}}}, {{address: {}}}]\n",
+        Topology::backend_ip(0),
+        Topology::backend_ip(1)
+    ));
+    let agent = w.start_agent();
+    (w, servers, agent)
+}
+
+#[test]
+fn unconnected_udp_reply_source_is_the_vip() {
+    let (w, _servers, _agent) = udp_world("udp_unconnected_reply_vip");
+    let attempts = w.probe("udp", &format!("{VIP}:53"), 20);
+    for a in &attempts {
+        assert!(a.ok, "{a:?}");
+        // recvfrom() reports the service address, not the backend's.
+        assert_eq!(a.reply_from.as_deref(), Some("10.96.0.10:53"), "{a:?}");
+        // No SNAT: the backend saw the client's address (the unconnected
+        // socket itself is bound to 0.0.0.0, so compare address and port apart).
+        let port = a.local.as_deref().unwrap().rsplit(':').next().unwrap();
+        assert_eq!(a.seen_client(), Some(format!("{CLIENT_IP}:{port}").as_str()), "{a:?}");
+    }
+    let names: std::collections::BTreeSet<_> = attempts.iter().filter_map(|a| a.backend()).collect();
+    assert_eq!(names.len(), 2, "both UDP backends used over 20 sockets: {names:?}");
+}
+
+#[test]
+fn connected_udp_getpeername_returns_the_vip() {
+    let (w, _servers, _agent) = udp_world("udp_connected_getpeername");
+    for a in w.probe("udp-connected", &format!("{VIP}:53"), 5) {
+        assert!(a.ok, "{a:?}");
+        assert_eq!(a.peer.as_deref(), Some("10.96.0.10:53"), "{a:?}");
+        assert_eq!(a.reply_from.as_deref(), Some("10.96.0.10:53"), "{a:?}");
+    }
+}
+
+#[test]
+fn agent_sigkill_keeps_connects_working_and_restart_stacks_no_second_program() {
+    let w = World::new("agent_sigkill_restart", 2);
+    let _servers = w.tcp_servers(8080);
+    w.write_services(&service_yaml(&[0, 1], ""));
+    let mut agent = w.start_agent();
+    let before = agent.lbctl_json(&["service", "list"]);
+
+    agent.kill();
+    let attempts = w.probe("tcp", &format!("{VIP}:80"), 200);
+    assert!(attempts.iter().all(|a| a.ok), "connects failed with the agent dead");
+
+    agent.restart();
+    // Exactly one program per hook on the cgroup: the restart swapped the
+    // program inside the pinned link instead of attaching a second one.
+    for (hook, progs) in lb::datapath::attached_programs(&w.cgroup.path).unwrap() {
+        assert_eq!(progs.len(), 1, "hook {hook} has programs {progs:?}");
+    }
+    assert!(agent.log_text().contains("action=Updated"), "{}", agent.log_text());
+    // Same entries (ids, slots) and not one write on restart.
+    assert_eq!(agent.lbctl_json(&["service", "list"]), before);
+    assert!(agent.log_text().contains("writes=0"), "{}", agent.log_text());
+    assert!(w.probe("tcp", &format!("{VIP}:80"), 50).iter().all(|a| a.ok));
+}
+
+#[test]
+fn invalid_services_file_is_reported_by_field_and_maps_keep_last_good_state() {
+    let w = World::new("invalid_file_keeps_state", 1);
+    let _servers = w.tcp_servers(8080);
+    w.write_services(&service_yaml(&[0], ""));
+    let mut agent = w.start_agent();
+    let before = agent.lbctl_json(&["service", "list"]);
+
+    w.write_services(&service_yaml(&[0], "").replace("port: 80,", "port: 0,"));
+    assert!(
+        agent.wait_for_log("services[0].ports[0].port", 1, Duration::from_secs(10)),
+        "error does not name the field:\n{}",
+        agent.log_text()
+    );
+    assert!(agent.log_text().contains("keeping the last good state"));
+    assert_eq!(agent.lbctl_json(&["service", "list"]), before);
+    assert!(w.probe("tcp", &format!("{VIP}:80"), 5).iter().all(|a| a.ok));
+}
+
+#[test]
+fn lbctl_service_list_matches_configured_services() {
+    let w = World::new("lbctl_service_list", 2);
+    w.write_services(&format!(
+        "services:\n  - name: web\n    clusterIPs: [{VIP}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{{address: 10.250.0.11}}, {{address: 10.250.0.12, state: terminating}}]\n  - name: dns\n    clusterIPs: [10.96.0.53]\n    ports: [{{port: 53, protocol: UDP}}]\n    backends: [{{address: 10.250.0.12}}]\n"
+    ));
+    let agent = w.start_agent();
+    let table = agent.lbctl(&["service", "list"]);
+    let expected = "\
+ID   Frontend            Service Type   Backend
+1    10.96.0.53:53/UDP   ClusterIP      1 => 10.250.0.12:53/UDP (active)
+2    10.96.0.10:80/TCP   ClusterIP      1 => 10.250.0.11:8080/TCP (active)
+                                        2 => 10.250.0.12:8080/TCP (terminating)
+";
+    assert_eq!(table, expected, "\n{table}");
+    let json = agent.lbctl_json(&["service", "list"]);
+    assert_eq!(json[1]["frontend"]["address"], VIP);
+    assert_eq!(json[1]["type"], "ClusterIP");
+    assert_eq!(json[1]["backends"].as_array().unwrap().len(), 2);
+}

@@ -1,0 +1,297 @@
+//! The reconcile pipeline against the fake maps: minimal writes, stable ids,
+//! safe ordering, capacity and failure handling, and convergence for any
+//! sequence of models.
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::{IpAddr, Ipv4Addr},
+};
+
+use lb::{
+    maps::{fake::FakeMaps, state::is_marker, Capacity, MapOp, MapState},
+    model::{Backend, BackendState, Frontend, FrontendKind, Model, Protocol, Service, ServiceName},
+    reconcile::{ReconcileError, Reconciler},
+};
+use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
+use proptest::prelude::*;
+
+fn backend(i: u8, state: BackendState) -> Backend {
+    Backend { address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, i)), port: 8080, state, local: false }
+}
+
+fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
+    Service {
+        frontends: vec![Frontend {
+            address: IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + vip)),
+            port,
+            protocol: Protocol::Tcp,
+            kind: FrontendKind::ClusterIP,
+            port_name: None,
+            algorithm: Default::default(),
+            affinity_timeout_s: None,
+            backends: backends.iter().map(|b| backend(*b, BackendState::Active)).collect(),
+        }],
+    }
+}
+
+fn name(i: u32) -> ServiceName {
+    ServiceName::new("default", format!("svc-{i}"))
+}
+
+/// `n` services with 3 backends each.
+fn cluster(n: u32) -> Model {
+    let mut m = Model::default();
+    for i in 0..n {
+        let b = (i % 200) as u8;
+        m.services.insert(name(i), service(i, 80, &[b, b + 1, b + 2]));
+    }
+    m
+}
+
+fn reconciled(model: &Model) -> Reconciler<FakeMaps> {
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(model).unwrap();
+    r.maps_mut().take_log();
+    r
+}
+
+/// What any reader may rely on, checked after every reconcile.
+fn assert_consistent(state: &MapState) {
+    let mut referenced = HashSet::new();
+    let mut cluster_ips = HashSet::new();
+    for (k, v) in state.frontends() {
+        let total = v.count as u16 + v.terminating_count as u16;
+        for slot in 1..=total {
+            let s = state.services.get(&k.with_slot(slot)).unwrap_or_else(|| panic!("slot {slot} of {k:?} missing"));
+            assert!(state.backends.contains_key(&s.backend_id), "slot names missing backend {}", s.backend_id);
+            referenced.insert(s.backend_id);
+        }
+        assert!(!state.services.contains_key(&k.with_slot(total + 1)), "stray slot after {k:?}");
+        assert!(state.revnat.contains_key(&v.service_id), "no revnat for {k:?}");
+        if v.flags & SVC_FLAG_CLUSTER_IP != 0 {
+            cluster_ips.insert(k.address);
+        }
+    }
+    let backends: HashSet<u32> = state.backends.keys().copied().collect();
+    assert_eq!(backends, referenced, "backends not referenced by any slot");
+    let markers: HashSet<u32> =
+        state.services.iter().filter(|(k, v)| is_marker(k, v)).map(|(k, _)| k.address).collect();
+    assert_eq!(markers, cluster_ips, "VIP markers must match ClusterIP addresses");
+    let ids: HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
+    assert_eq!(ids.len(), state.frontends().count(), "service ids unique");
+    assert_eq!(state.revnat.len(), ids.len(), "stray revnat entries");
+}
+
+#[test]
+fn adding_one_backend_at_1000_services_writes_backend_slot_and_master_only() {
+    let mut model = cluster(1000);
+    let mut r = reconciled(&model);
+    model.services.insert(name(500), service(500, 80, &[100, 101, 102, 250]));
+    let stats = r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    assert_eq!(stats.services_changed, 1);
+    assert!(matches!(log.as_slice(), [MapOp::UpsertBackend(..), MapOp::UpsertService(s, _), MapOp::UpsertService(m, _)]
+        if s.backend_slot == 4 && m.backend_slot == 0), "{log:?}");
+    assert_consistent(r.state());
+}
+
+#[test]
+fn removing_a_middle_backend_moves_the_last_slot_into_the_hole() {
+    let mut model = cluster(100);
+    let mut r = reconciled(&model);
+    // svc-7 has backends 7, 8, 9 in slots 1..3; drop 8.
+    model.services.insert(name(7), service(7, 80, &[7, 9]));
+    r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    assert_eq!(log.len(), 3, "{log:?}");
+    assert!(matches!(log[0], MapOp::UpsertService(k, _) if k.backend_slot == 2), "hole filled first: {log:?}");
+    assert!(matches!(log[1], MapOp::UpsertService(k, v) if k.backend_slot == 0 && v.count == 2), "then the master: {log:?}");
+    assert!(matches!(log[2], MapOp::DeleteService(k) if k.backend_slot == 3), "then the old last slot: {log:?}");
+    // Backend 8 is still used by svc-6 and svc-8, so it stays.
+    assert_consistent(r.state());
+}
+
+#[test]
+fn removing_a_backend_nobody_else_uses_deletes_it_last() {
+    let mut model = Model::default();
+    model.services.insert(name(1), service(1, 80, &[1, 2]));
+    let mut r = reconciled(&model);
+    model.services.insert(name(1), service(1, 80, &[1]));
+    r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    assert!(matches!(log.as_slice(), [MapOp::UpsertService(..), MapOp::DeleteService(_), MapOp::DeleteBackend(_)]), "{log:?}");
+}
+
+#[test]
+fn backend_turning_terminating_touches_only_its_service() {
+    let mut model = cluster(50);
+    let mut r = reconciled(&model);
+    let mut svc = service(3, 80, &[3, 4]);
+    svc.frontends[0].backends.push(backend(5, BackendState::Terminating));
+    model.services.insert(name(3), svc);
+    r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    let vip3 = u32::from_ne_bytes(Ipv4Addr::from(0x0a60_0003u32).octets());
+    for op in &log {
+        if let MapOp::UpsertService(k, _) | MapOp::DeleteService(k) = op {
+            assert_eq!(k.address, vip3, "touched another service: {op:?}");
+        }
+    }
+    assert!(log.len() <= 4, "{log:?}");
+    let master = r.state().frontends().find(|(k, _)| k.address == vip3).unwrap().1;
+    assert_eq!((master.count, master.terminating_count), (2, 1));
+    assert_consistent(r.state());
+}
+
+#[test]
+fn restarted_reconciler_with_same_model_writes_nothing() {
+    let model = cluster(300);
+    let r = reconciled(&model);
+    let maps = FakeMaps { state: r.state().clone(), ..Default::default() };
+    let mut again = Reconciler::restore(maps).unwrap();
+    let stats = again.reconcile(&model).unwrap();
+    assert!(stats.full_sync);
+    assert_eq!(stats.ops, 0, "{:?}", again.maps_mut().take_log());
+}
+
+#[test]
+fn ids_stay_stable_when_other_services_come_and_go() {
+    let mut model = cluster(20);
+    let mut r = reconciled(&model);
+    let ids_before: BTreeMap<_, _> = r.state().frontends().map(|(k, v)| (*k, v.service_id)).collect();
+    let backends_before = r.state().backends.clone();
+
+    model.services.remove(&name(0));
+    model.services.remove(&name(10));
+    model.services.insert(name(99), service(99, 80, &[50, 51]));
+    r.reconcile(&model).unwrap();
+    for (k, v) in r.state().frontends() {
+        if let Some(before) = ids_before.get(k) {
+            assert_eq!(*before, v.service_id, "service id of {k:?} changed");
+        }
+    }
+    for (id, b) in &r.state().backends {
+        if let Some(before) = backends_before.get(id) {
+            assert_eq!(before, b, "backend id {id} now names another backend");
+        }
+    }
+    // A new frontend never gets a freed id (no reuse before wrapping).
+    let new_id = r.state().frontends().map(|(_, v)| v.service_id).max().unwrap();
+    assert!(new_id > *ids_before.values().max().unwrap());
+    assert_consistent(r.state());
+}
+
+#[test]
+fn change_that_does_not_fit_is_refused_before_any_write() {
+    let model = cluster(10);
+    let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity { services: 60, backends: 100, revnat: 100 })).unwrap();
+    r.reconcile(&model).unwrap(); // 10 × (master + 3 slots) + 10 markers = 50 entries
+    r.maps_mut().take_log();
+    let before = r.state().clone();
+    let bigger = cluster(13);
+    let err = r.reconcile(&bigger).unwrap_err();
+    assert!(matches!(err, ReconcileError::Capacity { map: "LB4_SERVICES", max: 60, .. }), "{err}");
+    assert!(err.to_string().contains("--map-size-services"), "{err}");
+    assert!(r.maps_mut().take_log().is_empty(), "nothing written");
+    assert_eq!(r.state(), &before);
+    // The old model still applies cleanly afterwards.
+    assert_eq!(r.reconcile(&model).unwrap().ops, 0);
+}
+
+#[test]
+fn write_failure_midway_is_repaired_by_the_next_reconcile() {
+    let mut model = cluster(10);
+    let mut r = reconciled(&model);
+    for i in 0..10 {
+        model.services.insert(name(i), service(i, 80, &[200, 201]));
+    }
+    r.maps_mut().fail_after = Some(7);
+    let err = r.reconcile(&model).unwrap_err();
+    assert!(matches!(err, ReconcileError::Apply { applied: 7, .. }), "{err}");
+    let stats = r.reconcile(&model).unwrap();
+    assert!(stats.full_sync, "a failed apply forces a full sync");
+    assert_consistent(r.state());
+    assert_eq!(r.maps().state, *r.state(), "mirror equals the maps");
+    assert_eq!(summary(r.state()), summary(reconciled(&model).state()), "converged to what a fresh apply serves");
+}
+
+#[test]
+fn vip_marker_lives_exactly_as_long_as_a_cluster_ip_frontend_uses_the_address() {
+    let mut model = Model::default();
+    model.services.insert(name(1), service(1, 80, &[1]));
+    model.services.insert(name(2), service(1, 443, &[2]));
+    let mut r = reconciled(&model);
+    let marker_present = |r: &Reconciler<FakeMaps>| {
+        r.state().services.values().any(|v| v.flags & SVC_FLAG_VIP_MARKER != 0)
+    };
+    assert!(marker_present(&r));
+    model.services.remove(&name(1));
+    r.reconcile(&model).unwrap();
+    assert!(marker_present(&r), "port 443 still uses the address");
+    model.services.remove(&name(2));
+    r.reconcile(&model).unwrap();
+    assert!(!marker_present(&r));
+    assert!(r.state().services.is_empty() && r.state().backends.is_empty() && r.state().revnat.is_empty());
+}
+
+fn arb_model() -> impl Strategy<Value = Model> {
+    // Up to 6 services on 4 addresses × 2 ports, backends from a pool of 6, mixed states.
+    let svc = (0u32..4, prop::sample::select(vec![80u16, 443]), prop::collection::btree_map(0u8..6, 0u8..3, 0..5));
+    prop::collection::btree_map(0u32..6, svc, 0..6).prop_map(|services| {
+        let mut m = Model::default();
+        let mut used = HashSet::new();
+        for (i, (vip, port, backends)) in services {
+            if !used.insert((vip, port)) {
+                continue; // one owner per frontend, as the parsers guarantee
+            }
+            let mut s = service(vip, port, &[]);
+            s.frontends[0].backends = backends
+                .into_iter()
+                .map(|(b, st)| {
+                    backend(b, [BackendState::Active, BackendState::Terminating, BackendState::Maintenance][st as usize])
+                })
+                .collect();
+            m.services.insert(name(i), s);
+        }
+        m
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Applying any sequence of models leaves the maps equal to what a fresh
+    /// agent would write for the last one, consistent at every step.
+    #[test]
+    fn any_sequence_of_models_converges_to_the_last_one(models in prop::collection::vec(arb_model(), 1..8)) {
+        let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+        for m in &models {
+            r.reconcile(m).unwrap();
+            assert_consistent(r.state());
+            prop_assert_eq!(&r.maps().state, r.state());
+        }
+        let last = models.last().unwrap();
+        let fresh = reconciled(last);
+        // Ids and slot order may differ by history; compare what each frontend serves.
+        prop_assert_eq!(summary(r.state()), summary(fresh.state()));
+        prop_assert_eq!(r.reconcile(last).unwrap().ops, 0, "steady state writes nothing");
+    }
+}
+
+/// frontend → (sorted active backends, sorted terminating backends), by address.
+fn summary(state: &MapState) -> BTreeMap<(u32, u16), (Vec<(u32, u16)>, Vec<(u32, u16)>)> {
+    state
+        .frontends()
+        .map(|(k, v)| {
+            let slots = state.slots_of(k);
+            let addr = |id: &u32| {
+                let b = state.backends[id];
+                (b.address, b.port)
+            };
+            let mut active: Vec<_> = slots[..v.count as usize].iter().map(addr).collect();
+            let mut term: Vec<_> = slots[v.count as usize..].iter().map(addr).collect();
+            active.sort();
+            term.sort();
+            ((k.address, k.dport), (active, term))
+        })
+        .collect()
+}

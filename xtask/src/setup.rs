@@ -1,0 +1,177 @@
+//! Installs what building and testing need, idempotently, saying what it does:
+//! Debian packages (the rustc-web toolchain with its prebuilt `core` for
+//! bpfel-unknown-none, LLVM 22, iproute2), bpf-linker 0.13 built against that
+//! LLVM, and a bpffs mount. See ../shared/TOOLCHAIN.md for why these pieces.
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{bail, Context as _};
+
+const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "rust-web-llvm",
+    "llvm-22-dev",
+    "zlib1g-dev",
+    "libzstd-dev",
+    "bpftool",
+    "iproute2",
+    "gcc",
+    "libc6-dev",
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn run() -> anyhow::Result<()> {
+    if super::unsafe_geteuid() != 0 {
+        bail!("setup installs packages and mounts bpffs: run as root");
+    }
+    apt()?;
+    bpf_linker()?;
+    bpffs()?;
+    cgroup2()?;
+    eprintln!("xtask: setup complete");
+    Ok(())
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"))
+}
+
+/// PATH with $CARGO_HOME/bin first, where `cargo install` puts bpf-linker.
+pub fn path_with_cargo_bin() -> std::ffi::OsString {
+    let mut paths = vec![cargo_home().join("bin")];
+    if let Some(p) = std::env::var_os("PATH") {
+        paths.extend(std::env::split_paths(&p));
+    }
+    std::env::join_paths(paths).expect("PATH")
+}
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn apt() -> anyhow::Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        eprintln!("xtask: apt packages present ({})", APT_PACKAGES.len());
+        return Ok(());
+    }
+    eprintln!("xtask: installing apt packages: {}", missing.join(" "));
+    let mut update = Command::new("apt-get");
+    update.arg("update");
+    super::run(update)?;
+    let mut install = Command::new("apt-get");
+    install
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    super::run(install)
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    let current = Command::new("bpf-linker")
+        .arg("--version")
+        .env("PATH", path_with_cargo_bin())
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    if current.as_deref().is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {
+        eprintln!("xtask: bpf-linker {BPF_LINKER_VERSION} present");
+        return Ok(());
+    }
+    eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} against Debian's LLVM 22 (about a minute)");
+    // Its default feature wants LLVM 23, which Debian does not ship.
+    let mut c = super::cmd(
+        "cargo",
+        &[
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ],
+    );
+    c.env("LLVM_PREFIX", "/usr/lib/llvm-22").current_dir(std::env::temp_dir());
+    super::run(c)
+}
+
+fn mounted(fstype: &str) -> anyhow::Result<Vec<String>> {
+    let mounts = std::fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+    Ok(mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && f[2] == fstype).then(|| f[1].to_string())
+        })
+        .collect())
+}
+
+fn bpffs() -> anyhow::Result<()> {
+    if mounted("bpf")?.iter().any(|m| m == "/sys/fs/bpf") {
+        eprintln!("xtask: bpffs mounted at /sys/fs/bpf");
+        return Ok(());
+    }
+    eprintln!("xtask: mounting bpffs at /sys/fs/bpf");
+    std::fs::create_dir_all("/sys/fs/bpf").ok();
+    let mut c = Command::new("mount");
+    c.args(["-t", "bpf", "bpf", "/sys/fs/bpf"]);
+    super::run(c)
+}
+
+fn cgroup2() -> anyhow::Result<()> {
+    match mounted("cgroup2")?.first() {
+        Some(m) => {
+            eprintln!("xtask: cgroup2 mounted at {m}");
+            Ok(())
+        }
+        None => bail!("no cgroup2 file system is mounted; the socket hooks need cgroup v2 (mount -t cgroup2 none /sys/fs/cgroup)"),
+    }
+}
+
+/// Removes what a crashed test may have left: network namespaces, child
+/// cgroups and pin directories named by the test kit (lbt-*, lbtest-*).
+pub fn sweep_leftovers() {
+    let mut found = Vec::new();
+    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if name.starts_with("lbt-") {
+                let _ = Command::new("ip").args(["netns", "del", name]).status();
+                found.push(format!("netns {name}"));
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("lbtest-") {
+                let _ = std::fs::remove_dir_all(e.path());
+                found.push(format!("pins {}", e.path().display()));
+            }
+        }
+    }
+    if let Ok(cgroups) = mounted("cgroup2") {
+        for root in cgroups {
+            if let Ok(entries) = std::fs::read_dir(&root) {
+                for e in entries.flatten() {
+                    if e.file_name().to_string_lossy().starts_with("lbtest-") {
+                        let _ = std::fs::remove_dir(e.path());
+                        found.push(format!("cgroup {}", e.path().display()));
+                    }
+                }
+            }
+        }
+    }
+    if !found.is_empty() {
+        eprintln!("xtask: removed leftovers of failed tests: {}", found.join(", "));
+    }
+}
