@@ -23,4 +23,17 @@ pub struct Backend4 {
     pub pad: [u8; 3],
 }
 
-crate::user_pod!(Backend4);
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Backend6 {
+    /// Network byte order.
+    pub address: [u8; 16],
+    /// Network byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub state: u8,
+    pub flags: u8,
+    pub pad: [u8; 3],
+}
+
+crate::user_pod!(Backend4, Backend6);

@@ -7,12 +7,27 @@ pub const LB4_SERVICES: &str = "LB4_SERVICES";
 pub const LB4_BACKENDS: &str = "LB4_BACKENDS";
 pub const LB4_REVNAT: &str = "LB4_REVNAT";
 pub const LB4_SOCK_REVNAT: &str = "LB4_SOCK_REVNAT";
+pub const LB6_SERVICES: &str = "LB6_SERVICES";
+pub const LB6_BACKENDS: &str = "LB6_BACKENDS";
+pub const LB6_REVNAT: &str = "LB6_REVNAT";
+pub const LB6_SOCK_REVNAT: &str = "LB6_SOCK_REVNAT";
 pub const LB_DROPS: &str = "LB_DROPS";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 5] = [LB4_SERVICES, LB4_BACKENDS, LB4_REVNAT, LB4_SOCK_REVNAT, LB_DROPS];
+pub const ALL: [&str; 9] = [
+    LB4_SERVICES,
+    LB4_BACKENDS,
+    LB4_REVNAT,
+    LB4_SOCK_REVNAT,
+    LB6_SERVICES,
+    LB6_BACKENDS,
+    LB6_REVNAT,
+    LB6_SOCK_REVNAT,
+    LB_DROPS,
+];
 
-/// Default capacities. The agent can raise them at load time (`--map-size-*`).
+/// Default capacities, per address family. The agent can change them at load
+/// time (`--map-size-*`).
 pub const DEFAULT_SERVICES_MAX: u32 = 65_536;
 pub const DEFAULT_BACKENDS_MAX: u32 = 65_536;
 pub const DEFAULT_REVNAT_MAX: u32 = 65_536;

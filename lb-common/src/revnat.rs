@@ -37,4 +37,31 @@ pub struct SockRevNat4Value {
     pub service_id: u32,
 }
 
-crate::user_pod!(RevNat4, SockRevNat4Key, SockRevNat4Value);
+/// `LB6_REVNAT`: service id → IPv6 frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RevNat6 {
+    pub address: [u8; 16],
+    pub port: u16,
+    pub pad: u16,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockRevNat6Key {
+    pub cookie: u64,
+    pub address: [u8; 16],
+    pub port: u16,
+    pub pad: [u8; 6],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockRevNat6Value {
+    pub address: [u8; 16],
+    pub port: u16,
+    pub pad: u16,
+    pub service_id: u32,
+}
+
+crate::user_pod!(RevNat4, SockRevNat4Key, SockRevNat4Value, RevNat6, SockRevNat6Key, SockRevNat6Value);

@@ -67,4 +67,28 @@ pub struct ServiceValue {
     pub affinity_timeout_s: u32,
 }
 
-crate::user_pod!(Service4Key, ServiceValue);
+/// IPv6 frontend; same layout rules as `Service4Key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Service6Key {
+    /// Frontend address, network byte order.
+    pub address: [u8; 16],
+    /// Frontend port, network byte order.
+    pub dport: u16,
+    pub backend_slot: u16,
+    pub proto: u8,
+    pub scope: u8,
+    pub pad: [u8; 2],
+}
+
+impl Service6Key {
+    pub const fn new(address: [u8; 16], dport: u16, proto: u8, scope: u8, backend_slot: u16) -> Self {
+        Self { address, dport, backend_slot, proto, scope, pad: [0; 2] }
+    }
+
+    pub const fn with_slot(&self, backend_slot: u16) -> Self {
+        Self { backend_slot, ..*self }
+    }
+}
+
+crate::user_pod!(Service4Key, Service6Key, ServiceValue);

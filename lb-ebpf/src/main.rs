@@ -1,8 +1,8 @@
 //! eBPF programs of the load balancer. One module per hook family:
 //!
-//! * `sock::forward4`: cgroup/connect4 and cgroup/sendmsg4 pick a backend and
+//! * `sock::forward`: cgroup/connect4/6 and cgroup/sendmsg4/6 pick a backend and
 //!   rewrite the socket's destination;
-//! * `sock::reverse4`: cgroup/recvmsg4 and cgroup/getpeername4 give the
+//! * `sock::reverse`: cgroup/recvmsg4/6 and cgroup/getpeername4/6 give the
 //!   application back the service address.
 //!
 //! The map layout is documented in docs/datapath.md.
@@ -15,7 +15,7 @@
 #[cfg(target_arch = "bpf")]
 mod drop;
 #[cfg(target_arch = "bpf")]
-mod lb4;
+mod lb;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]

@@ -1,15 +1,15 @@
 //! Map definitions. Names are the pin names (see lb_common::maps); the agent
-//! may raise the capacities at load time.
+//! may change the capacities at load time.
 use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    backend::Backend4,
+    backend::{Backend4, Backend6},
     drop::DROP_SLOTS,
     maps::{DEFAULT_BACKENDS_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX},
-    revnat::{RevNat4, SockRevNat4Key, SockRevNat4Value},
-    service::{Service4Key, ServiceValue},
+    revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    service::{Service4Key, Service6Key, ServiceValue},
 };
 
 /// Agent-written maps are not preallocated: memory follows use, so capacities
@@ -22,8 +22,7 @@ pub static LB4_SERVICES: HashMap<Service4Key, ServiceValue> =
     HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static LB4_BACKENDS: HashMap<u32, Backend4> =
-    HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
+pub static LB4_BACKENDS: HashMap<u32, Backend4> = HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static LB4_REVNAT: HashMap<u32, RevNat4> = HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
@@ -31,6 +30,20 @@ pub static LB4_REVNAT: HashMap<u32, RevNat4> = HashMap::pinned(DEFAULT_REVNAT_MA
 /// Written by the programs themselves; LRU so entries of closed sockets age out.
 #[map]
 pub static LB4_SOCK_REVNAT: LruHashMap<SockRevNat4Key, SockRevNat4Value> =
+    LruHashMap::pinned(DEFAULT_SOCK_REVNAT_MAX, 0);
+
+#[map]
+pub static LB6_SERVICES: HashMap<Service6Key, ServiceValue> =
+    HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static LB6_BACKENDS: HashMap<u32, Backend6> = HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static LB6_REVNAT: HashMap<u32, RevNat6> = HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static LB6_SOCK_REVNAT: LruHashMap<SockRevNat6Key, SockRevNat6Value> =
     LruHashMap::pinned(DEFAULT_SOCK_REVNAT_MAX, 0);
 
 #[map]

@@ -16,6 +16,7 @@ pub mod netns;
 pub mod probe;
 pub mod servers;
 pub mod topology;
+pub mod world;
 
 use std::time::{Duration, Instant};
 

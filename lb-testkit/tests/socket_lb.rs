@@ -1,72 +1,17 @@
 //! Socket load balancing on the real kernel: real programs attached to a
 //! child cgroup, real connect()/sendto() from a client namespace to backends
 //! in other namespaces. Needs root (CI runs as root).
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use lb_testkit::{
-    agent::{Agent, PinDir},
-    cgroup::ChildCgroup,
-    probe::{self, Attempt},
-    servers::{self, Server},
+    agent::Agent,
+    probe::Attempt,
+    servers::Server,
     topology::{Topology, CLIENT_IP},
-    unique,
+    world::World,
 };
 
 const VIP: &str = "10.96.0.10";
-
-/// One test's world: namespaces, cgroup, pin directory, services file.
-struct World {
-    tag: String,
-    topo: Topology,
-    cgroup: ChildCgroup,
-    pins: PinDir,
-    services: PathBuf,
-}
-
-impl World {
-    fn new(test: &str, backends: usize) -> Self {
-        let tag = unique(test);
-        let services = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
-        Self {
-            topo: Topology::new(&tag, backends),
-            cgroup: ChildCgroup::create(&tag),
-            pins: PinDir::create(&tag),
-            services,
-            tag,
-        }
-    }
-
-    fn write_services(&self, yaml: &str) {
-        // Write-then-rename, as editors and config management do.
-        let tmp = self.services.with_extension("tmp");
-        std::fs::write(&tmp, yaml).unwrap();
-        std::fs::rename(&tmp, &self.services).unwrap();
-    }
-
-    fn start_agent(&self) -> Agent {
-        Agent::start(&self.services, &self.cgroup.path, &self.pins.path)
-    }
-
-    fn tcp_servers(&self, port: u16) -> Vec<Server> {
-        (0..self.topo.backends.len())
-            .map(|i| {
-                let addr = format!("{}:{port}", Topology::backend_ip(i)).parse().unwrap();
-                servers::tcp(&self.topo.backends[i].name, addr, &format!("b{}", i + 1))
-            })
-            .collect()
-    }
-
-    fn probe(&self, mode: &str, target: &str, count: usize) -> Vec<Attempt> {
-        probe::run(&self.cgroup.path, &self.topo.client.name, mode, target, count)
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.services);
-        let _ = &self.tag;
-    }
-}
 
 /// A ClusterIP service on VIP:80 → backends (by index) on port 8080.
 fn service_yaml(backends: &[usize], extra: &str) -> String {
@@ -90,7 +35,7 @@ fn count_backends(attempts: &[Attempt]) -> BTreeMap<String, usize> {
 #[test]
 fn tcp_connect_to_vip_reaches_backend_in_other_netns_and_backend_sees_client_address() {
     let w = World::new("tcp_connect_reaches_backend", 1);
-    let _servers = w.tcp_servers(8080);
+    let _servers = w.tcp_servers(8080, false);
     w.write_services(&service_yaml(&[0], ""));
     let _agent = w.start_agent();
 
@@ -109,7 +54,7 @@ fn tcp_connect_to_vip_reaches_backend_in_other_netns_and_backend_sees_client_add
 #[test]
 fn tcp_connects_spread_uniformly_over_three_backends_chi_square_p001() {
     let w = World::new("tcp_uniform_chi_square", 3);
-    let _servers = w.tcp_servers(8080);
+    let _servers = w.tcp_servers(8080, false);
     w.write_services(&service_yaml(&[0, 1, 2], ""));
     let _agent = w.start_agent();
 
@@ -125,7 +70,7 @@ fn tcp_connects_spread_uniformly_over_three_backends_chi_square_p001() {
 #[test]
 fn removing_a_backend_stops_new_connections_to_it_and_adding_one_starts_them() {
     let w = World::new("remove_add_backend", 3);
-    let _servers = w.tcp_servers(8080);
+    let _servers = w.tcp_servers(8080, false);
     w.write_services(&service_yaml(&[0, 1], ""));
     let mut agent = w.start_agent();
 
@@ -178,12 +123,7 @@ fn libc_econnrefused() -> i32 {
 
 fn udp_world(test: &str) -> (World, Vec<Server>, Agent) {
     let w = World::new(test, 2);
-    let servers = (0..2)
-        .map(|i| {
-            let addr = format!("{}:5353", Topology::backend_ip(i)).parse().unwrap();
-            servers::udp(&w.topo.backends[i].name, addr, &format!("b{}", i + 1))
-        })
-        .collect();
+    let servers = w.udp_servers(5353, false);
     w.write_services(&format!(
         "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {}}}, {{address: {}}}]\n",
         Topology::backend_ip(0),
@@ -223,7 +163,7 @@ fn connected_udp_getpeername_returns_the_vip() {
 #[test]
 fn agent_sigkill_keeps_connects_working_and_restart_stacks_no_second_program() {
     let w = World::new("agent_sigkill_restart", 2);
-    let _servers = w.tcp_servers(8080);
+    let _servers = w.tcp_servers(8080, false);
     w.write_services(&service_yaml(&[0, 1], ""));
     let mut agent = w.start_agent();
     let before = agent.lbctl_json(&["service", "list"]);
@@ -248,7 +188,7 @@ fn agent_sigkill_keeps_connects_working_and_restart_stacks_no_second_program() {
 #[test]
 fn invalid_services_file_is_reported_by_field_and_maps_keep_last_good_state() {
     let w = World::new("invalid_file_keeps_state", 1);
-    let _servers = w.tcp_servers(8080);
+    let _servers = w.tcp_servers(8080, false);
     w.write_services(&service_yaml(&[0], ""));
     let mut agent = w.start_agent();
     let before = agent.lbctl_json(&["service", "list"]);

@@ -10,22 +10,25 @@
 //! 4. VIP markers and backends nobody references any more.
 //!
 //! Only entries whose value changes are written.
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
 
-use lb_common::service::{Service4Key, ServiceValue, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
+use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
 use crate::{
     desired::Desired,
     maps::{
         state::{is_marker, vip_marker_key},
-        MapOp, MapState,
+        Family, MapOp, MapState, ServiceValue, SvcKey,
     },
 };
 
 /// `replaced`: master keys of the frontends the desired state replaces (all
 /// frontends of the services being reconciled). `full`: also sweep entries no
 /// frontend accounts for (after a restart or a failed apply).
-pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desired, full: bool) -> Vec<MapOp> {
+pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired, full: bool) -> Vec<MapOp> {
     let mut first = Vec::new(); // backends, revnat, markers to add
     let mut frontends = Vec::new(); // per-frontend slot/master/slot-delete sequences
     let mut removals = Vec::new(); // removed frontends
@@ -33,7 +36,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desir
 
     // Backend references and ClusterIP users after this change, as deltas.
     let mut ref_delta: HashMap<u32, i64> = HashMap::new();
-    let mut vip_delta: HashMap<u32, i64> = HashMap::new();
+    let mut vip_delta: HashMap<IpAddr, i64> = HashMap::new();
 
     let mut ids: Vec<_> = desired.backends.keys().copied().collect();
     ids.sort_unstable();
@@ -44,7 +47,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desir
         }
     }
 
-    let new_keys: HashSet<Service4Key> = desired.frontends.iter().map(|f| f.key).collect();
+    let new_keys: HashSet<SvcKey> = desired.frontends.iter().map(|f| f.key).collect();
     for fe in &desired.frontends {
         if current.revnat.get(&fe.value.service_id) != Some(&fe.revnat) {
             first.push(MapOp::UpsertRevNat(fe.value.service_id, fe.revnat));
@@ -80,7 +83,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desir
         }
     }
 
-    let mut gone: Vec<Service4Key> = replaced.iter().filter(|k| !new_keys.contains(k)).copied().collect();
+    let mut gone: Vec<SvcKey> = replaced.iter().filter(|k| !new_keys.contains(k)).copied().collect();
     gone.sort_unstable();
     for key in &gone {
         remove_frontend(current, key, &mut removals, &mut ref_delta, &mut vip_delta);
@@ -97,7 +100,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desir
     }
 
     // VIP markers: present exactly while some ClusterIP frontend uses the address.
-    let mut addresses: Vec<u32> = vip_delta.keys().copied().collect();
+    let mut addresses: Vec<IpAddr> = vip_delta.keys().copied().collect();
     if full {
         addresses.extend(current.services.iter().filter(|(k, v)| is_marker(k, v)).map(|(k, _)| k.address));
         addresses.extend(desired.frontends.iter().filter(|f| f.is_cluster_ip()).map(|f| f.key.address));
@@ -125,7 +128,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desir
     for id in candidates {
         let refs = current.backend_refs(id) as i64 + ref_delta.get(&id).copied().unwrap_or(0);
         if refs <= 0 && current.backends.contains_key(&id) && !desired.backends.contains_key(&id) {
-            last.push(MapOp::DeleteBackend(id));
+            last.push(MapOp::DeleteBackend(id, Family::of(&current.backends[&id].address)));
         }
     }
 
@@ -138,10 +141,10 @@ pub fn diff(current: &MapState, replaced: &HashSet<Service4Key>, desired: &Desir
 
 fn remove_frontend(
     current: &MapState,
-    key: &Service4Key,
+    key: &SvcKey,
     out: &mut Vec<MapOp>,
     ref_delta: &mut HashMap<u32, i64>,
-    vip_delta: &mut HashMap<u32, i64>,
+    vip_delta: &mut HashMap<IpAddr, i64>,
 ) {
     let Some(master) = current.services.get(key) else {
         return;
@@ -158,7 +161,7 @@ fn remove_frontend(
             *ref_delta.entry(v.backend_id).or_default() -= 1;
         }
     }
-    out.push(MapOp::DeleteRevNat(master.service_id));
+    out.push(MapOp::DeleteRevNat(master.service_id, key.family()));
 }
 
 /// Full sync only: entries that no frontend accounts for, left by a crash
@@ -166,27 +169,27 @@ fn remove_frontend(
 /// master, a reverse-NAT entry of no frontend).
 fn sweep_strays(
     current: &MapState,
-    replaced: &HashSet<Service4Key>,
+    replaced: &HashSet<SvcKey>,
     desired: &Desired,
     out: &mut Vec<MapOp>,
     ref_delta: &mut HashMap<u32, i64>,
 ) {
-    let old_total = |k: &Service4Key| {
+    let old_total = |k: &SvcKey| {
         current.services.get(k).map_or(0, |m| m.count as usize + m.terminating_count as usize)
     };
     // Slots the main diff already writes or deletes, per master.
-    let mut covered: HashMap<Service4Key, usize> = HashMap::new();
+    let mut covered: HashMap<SvcKey, usize> = HashMap::new();
     for f in &desired.frontends {
         covered.insert(f.key, f.slots.len().max(old_total(&f.key)));
     }
     for k in replaced {
         covered.entry(*k).or_insert_with(|| old_total(k));
     }
-    let mut strays: Vec<(Service4Key, u32)> = current
+    let mut strays: Vec<(SvcKey, u32)> = current
         .services
         .iter()
-        .filter(|(k, _)| k.backend_slot > 0)
-        .filter(|(k, _)| k.backend_slot as usize > covered.get(&k.with_slot(0)).copied().unwrap_or(0))
+        .filter(|(k, _)| k.slot > 0)
+        .filter(|(k, _)| k.slot as usize > covered.get(&k.with_slot(0)).copied().unwrap_or(0))
         .map(|(k, v)| (*k, v.backend_id))
         .collect();
     strays.sort_unstable();
@@ -200,5 +203,5 @@ fn sweep_strays(
     handled.extend(replaced.iter().filter_map(|k| current.services.get(k)).map(|m| m.service_id));
     let mut stale: Vec<u32> = current.revnat.keys().filter(|id| !handled.contains(id)).copied().collect();
     stale.sort_unstable();
-    out.extend(stale.into_iter().map(MapOp::DeleteRevNat));
+    out.extend(stale.into_iter().map(|id| MapOp::DeleteRevNat(id, Family::of(&current.revnat[&id].address))));
 }

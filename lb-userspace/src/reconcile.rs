@@ -14,12 +14,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_common::{maps as names, service::Service4Key};
+use lb_common::maps as names;
 
 use crate::{
     desired::{self, Desired, DesiredError, Ids},
     diff::diff,
-    maps::{LbMaps, MapOp, MapState, MapWriteError},
+    maps::{Family, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
     model::{Model, ServiceName},
 };
 
@@ -57,7 +57,7 @@ pub struct Reconciler<M: LbMaps> {
     /// Model last applied successfully.
     applied: Model,
     /// Master keys each service owns in the maps.
-    owners: BTreeMap<ServiceName, Vec<Service4Key>>,
+    owners: BTreeMap<ServiceName, Vec<SvcKey>>,
     needs_full_sync: bool,
 }
 
@@ -99,7 +99,7 @@ impl<M: LbMaps> Reconciler<M> {
             self.applied.changed_services(model)
         };
 
-        let replaced: HashSet<Service4Key> = if full {
+        let replaced: HashSet<SvcKey> = if full {
             self.state.frontends().map(|(k, _)| *k).collect()
         } else {
             changed.iter().filter_map(|n| self.owners.get(n)).flatten().copied().collect()
@@ -158,33 +158,37 @@ impl<M: LbMaps> Reconciler<M> {
 
     fn release_ids(&mut self, op: &MapOp) {
         match op {
-            MapOp::DeleteRevNat(id) => self.ids.release_service(*id),
-            MapOp::DeleteBackend(id) => self.ids.release_backend(*id),
+            MapOp::DeleteRevNat(id, _) => self.ids.release_service(*id),
+            MapOp::DeleteBackend(id, _) => self.ids.release_backend(*id),
             _ => {}
         }
     }
 
     /// Refuses a change that cannot fit, before writing anything. Inserts come
     /// before deletes in a diff, so the peak is the current size plus inserts.
+    /// Each family has its own maps of the same capacity.
     fn check_capacity(&self, ops: &[MapOp]) -> Result<(), ReconcileError> {
         let cap = self.maps.capacity();
-        let mut inserts = [0usize; 3];
-        for op in ops {
-            match op {
-                MapOp::UpsertService(k, _) if !self.state.services.contains_key(k) => inserts[0] += 1,
-                MapOp::UpsertBackend(id, _) if !self.state.backends.contains_key(id) => inserts[1] += 1,
-                MapOp::UpsertRevNat(id, _) if !self.state.revnat.contains_key(id) => inserts[2] += 1,
-                _ => {}
+        for family in [Family::V4, Family::V6] {
+            let (mut services, mut backends, mut revnat) = self.state.counts(family);
+            for op in ops.iter().filter(|op| op.family() == family) {
+                match op {
+                    MapOp::UpsertService(k, _) if !self.state.services.contains_key(k) => services += 1,
+                    MapOp::UpsertBackend(id, _) if !self.state.backends.contains_key(id) => backends += 1,
+                    MapOp::UpsertRevNat(id, _) if !self.state.revnat.contains_key(id) => revnat += 1,
+                    _ => {}
+                }
             }
-        }
-        let checks = [
-            (names::LB4_SERVICES, self.state.services.len() + inserts[0], cap.services, "--map-size-services"),
-            (names::LB4_BACKENDS, self.state.backends.len() + inserts[1], cap.backends, "--map-size-backends"),
-            (names::LB4_REVNAT, self.state.revnat.len() + inserts[2], cap.revnat, "--map-size-services"),
-        ];
-        for (map, needed, max, flag) in checks {
-            if needed > max as usize {
-                return Err(ReconcileError::Capacity { map, needed, max, flag });
+            let v4 = family == Family::V4;
+            let checks = [
+                (if v4 { names::LB4_SERVICES } else { names::LB6_SERVICES }, services, cap.services, "--map-size-services"),
+                (if v4 { names::LB4_BACKENDS } else { names::LB6_BACKENDS }, backends, cap.backends, "--map-size-backends"),
+                (if v4 { names::LB4_REVNAT } else { names::LB6_REVNAT }, revnat, cap.revnat, "--map-size-services"),
+            ];
+            for (map, needed, max, flag) in checks {
+                if needed > max as usize {
+                    return Err(ReconcileError::Capacity { map, needed, max, flag });
+                }
             }
         }
         Ok(())

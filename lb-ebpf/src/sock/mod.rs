@@ -1,11 +1,20 @@
 //! Socket-level load balancing on cgroup sock_addr hooks.
 //!
+//! * `forward`: connect4/6 and sendmsg4/6 pick a backend and rewrite the
+//!   socket's destination;
+//! * `reverse`: recvmsg4/6 and getpeername4/6 give the application back the
+//!   service address.
+//!
+//! An IPv6 socket dialing a v4-mapped address (`::ffff:10.96.0.10`, a
+//! dual-stack socket) is translated through the IPv4 maps, as the kernel
+//! routes it as IPv4.
+//!
 //! The kernel only accepts full-width loads of some `bpf_sock_addr` fields and
 //! full-width stores to all of them (net/core/filter.c,
 //! `sock_addr_is_valid_access`), so every access goes through the volatile
 //! helpers below: LLVM may not narrow or merge them.
-pub mod forward4;
-pub mod reverse4;
+pub mod forward;
+pub mod reverse;
 
 use aya_ebpf::bindings::bpf_sock_addr;
 
@@ -14,6 +23,9 @@ pub const ALLOW: i32 = 1;
 pub const DENY: i32 = 0;
 
 pub const ECONNREFUSED: i32 = 111;
+
+/// Third word of a v4-mapped IPv6 address (::ffff:a.b.c.d) as it sits in memory.
+const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
 pub struct SockAddr(*mut bpf_sock_addr);
 
@@ -34,6 +46,18 @@ impl SockAddr {
         unsafe { core::ptr::read_volatile(&(*self.0).user_ip4) }
     }
 
+    #[inline(always)]
+    pub fn user_ip6_words(&self) -> [u32; 4] {
+        unsafe {
+            [
+                core::ptr::read_volatile(&(*self.0).user_ip6[0]),
+                core::ptr::read_volatile(&(*self.0).user_ip6[1]),
+                core::ptr::read_volatile(&(*self.0).user_ip6[2]),
+                core::ptr::read_volatile(&(*self.0).user_ip6[3]),
+            ]
+        }
+    }
+
     /// Port in network order (the kernel keeps it in the low 16 bits).
     #[inline(always)]
     pub fn user_port(&self) -> u16 {
@@ -46,7 +70,48 @@ impl SockAddr {
     }
 
     #[inline(always)]
+    pub fn set_user_ip6_words(&self, w: [u32; 4]) {
+        unsafe {
+            core::ptr::write_volatile(&mut (*self.0).user_ip6[0], w[0]);
+            core::ptr::write_volatile(&mut (*self.0).user_ip6[1], w[1]);
+            core::ptr::write_volatile(&mut (*self.0).user_ip6[2], w[2]);
+            core::ptr::write_volatile(&mut (*self.0).user_ip6[3], w[3]);
+        }
+    }
+
+    #[inline(always)]
     pub fn set_user_port(&self, port: u16) {
         unsafe { core::ptr::write_volatile(&mut (*self.0).user_port, port as u32) }
     }
+}
+
+/// `Some(ipv4)` when the IPv6 words hold a v4-mapped address.
+#[inline(always)]
+pub fn v4_mapped(w: &[u32; 4]) -> Option<u32> {
+    (w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_WORD).then_some(w[3])
+}
+
+#[inline(always)]
+pub fn map_v4(address: u32) -> [u32; 4] {
+    [0, 0, V4_MAPPED_WORD, address]
+}
+
+#[inline(always)]
+pub fn words_to_bytes(w: &[u32; 4]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..4].copy_from_slice(&w[0].to_ne_bytes());
+    b[4..8].copy_from_slice(&w[1].to_ne_bytes());
+    b[8..12].copy_from_slice(&w[2].to_ne_bytes());
+    b[12..16].copy_from_slice(&w[3].to_ne_bytes());
+    b
+}
+
+#[inline(always)]
+pub fn bytes_to_words(b: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
 }

@@ -67,7 +67,7 @@ fn tcp(target: SocketAddr) -> Attempt {
 }
 
 fn udp(target: SocketAddr, connected: bool) -> Attempt {
-    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+    let s = UdpSocket::bind(if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let sent = if connected {
         s.connect(target).and_then(|_| s.send(b"ping"))

@@ -12,13 +12,7 @@ use lb_common::{
     service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
 };
 
-use crate::{
-    maps::{
-        convert::{ip4_from_map, port_from_map},
-        MapState,
-    },
-    model::Protocol,
-};
+use crate::{maps::MapState, model::Protocol};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServiceRow {
@@ -38,7 +32,11 @@ pub struct Endpoint {
 
 impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}/{}", self.address, self.port, self.protocol)
+        if self.address.contains(':') {
+            write!(f, "[{}]:{}/{}", self.address, self.port, self.protocol)
+        } else {
+            write!(f, "{}:{}/{}", self.address, self.port, self.protocol)
+        }
     }
 }
 
@@ -92,8 +90,8 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                         Some(b) => BackendRow {
                             id,
                             endpoint: Endpoint {
-                                address: ip4_from_map(b.address).to_string(),
-                                port: port_from_map(b.port),
+                                address: b.address.to_string(),
+                                port: b.port,
                                 protocol: proto_name(b.proto),
                             },
                             // The slot region is what selection uses.
@@ -110,8 +108,8 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
             ServiceRow {
                 id: master.service_id,
                 frontend: Endpoint {
-                    address: ip4_from_map(key.address).to_string(),
-                    port: port_from_map(key.dport),
+                    address: key.address.to_string(),
+                    port: key.port,
                     protocol: proto_name(key.proto),
                 },
                 kind: type_name(master.flags),

@@ -32,11 +32,15 @@ pub struct Hook {
     pub attach_type: u32,
 }
 
-pub const HOOKS: [Hook; 4] = [
+pub const HOOKS: [Hook; 8] = [
     Hook { name: "connect4", program: "lb_connect4", attach_type: sysbpf::BPF_CGROUP_INET4_CONNECT },
     Hook { name: "sendmsg4", program: "lb_sendmsg4", attach_type: sysbpf::BPF_CGROUP_UDP4_SENDMSG },
     Hook { name: "recvmsg4", program: "lb_recvmsg4", attach_type: sysbpf::BPF_CGROUP_UDP4_RECVMSG },
     Hook { name: "getpeername4", program: "lb_getpeername4", attach_type: sysbpf::BPF_CGROUP_INET4_GETPEERNAME },
+    Hook { name: "connect6", program: "lb_connect6", attach_type: sysbpf::BPF_CGROUP_INET6_CONNECT },
+    Hook { name: "sendmsg6", program: "lb_sendmsg6", attach_type: sysbpf::BPF_CGROUP_UDP6_SENDMSG },
+    Hook { name: "recvmsg6", program: "lb_recvmsg6", attach_type: sysbpf::BPF_CGROUP_UDP6_RECVMSG },
+    Hook { name: "getpeername6", program: "lb_getpeername6", attach_type: sysbpf::BPF_CGROUP_INET6_GETPEERNAME },
 ];
 
 #[derive(Clone, Debug)]

@@ -7,10 +7,10 @@ use std::{
 use anyhow::bail;
 use aya::maps::MapData;
 use lb_common::{
-    backend::Backend4,
+    backend::{Backend4, Backend6},
     maps as names,
-    revnat::{RevNat4, SockRevNat4Key, SockRevNat4Value},
-    service::{Service4Key, ServiceValue},
+    revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    service::{Service4Key, Service6Key, ServiceValue},
 };
 
 /// Default pin directory; the layout version is part of the path because the
@@ -39,12 +39,17 @@ impl Default for MapSizes {
 }
 
 impl MapSizes {
-    pub fn entries(&self) -> [(&'static str, u32); 4] {
+    /// Map name → capacity; both families get the same sizes.
+    pub fn entries(&self) -> [(&'static str, u32); 8] {
         [
             (names::LB4_SERVICES, self.services),
             (names::LB4_BACKENDS, self.backends),
             (names::LB4_REVNAT, self.revnat),
             (names::LB4_SOCK_REVNAT, self.sock_revnat),
+            (names::LB6_SERVICES, self.services),
+            (names::LB6_BACKENDS, self.backends),
+            (names::LB6_REVNAT, self.revnat),
+            (names::LB6_SOCK_REVNAT, self.sock_revnat),
         ]
     }
 }
@@ -73,11 +78,15 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 5] = [
+        let expected: [(&str, usize, usize, Option<u32>); 9] = [
             (names::LB4_SERVICES, size_of::<Service4Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
             (names::LB4_BACKENDS, size_of::<u32>(), size_of::<Backend4>(), Some(sizes.backends)),
             (names::LB4_REVNAT, size_of::<u32>(), size_of::<RevNat4>(), Some(sizes.revnat)),
             (names::LB4_SOCK_REVNAT, size_of::<SockRevNat4Key>(), size_of::<SockRevNat4Value>(), Some(sizes.sock_revnat)),
+            (names::LB6_SERVICES, size_of::<Service6Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
+            (names::LB6_BACKENDS, size_of::<u32>(), size_of::<Backend6>(), Some(sizes.backends)),
+            (names::LB6_REVNAT, size_of::<u32>(), size_of::<RevNat6>(), Some(sizes.revnat)),
+            (names::LB6_SOCK_REVNAT, size_of::<SockRevNat6Key>(), size_of::<SockRevNat6Value>(), Some(sizes.sock_revnat)),
             (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), None),
         ];
         let mut any = false;

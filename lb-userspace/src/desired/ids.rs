@@ -6,11 +6,9 @@
 //! pinned maps when the agent restarts, and a freed id is not handed out
 //! again until the id space wraps, so a stale reference (a socket's
 //! reverse-NAT entry) never points at a different frontend.
-use std::{collections::HashMap, hash::Hash};
+use std::{collections::HashMap, hash::Hash, net::IpAddr};
 
-use lb_common::{backend::Backend4, service::Service4Key};
-
-use crate::maps::{state::is_marker, MapState};
+use crate::maps::{state::is_marker, BackendEntry, MapState, SvcKey};
 
 #[derive(Debug, thiserror::Error)]
 #[error("no free {kind} id left ({used} in use)")]
@@ -77,15 +75,16 @@ impl<K: Hash + Eq + Copy> IdTable<K> {
 }
 
 /// Identity of a frontend: address, port, protocol, scope.
-pub type FrontendKey = (u32, u16, u8, u8);
-/// Identity of a backend: address, port, protocol.
-pub type BackendKey = (u32, u16, u8);
+pub type FrontendKey = (IpAddr, u16, u8, u8);
+/// Identity of a backend: address, port, protocol. One id space for both
+/// families (the kernel keeps them in LB4_BACKENDS and LB6_BACKENDS).
+pub type BackendKey = (IpAddr, u16, u8);
 
-pub fn frontend_key(k: &Service4Key) -> FrontendKey {
-    (k.address, k.dport, k.proto, k.scope)
+pub fn frontend_key(k: &SvcKey) -> FrontendKey {
+    (k.address, k.port, k.proto, k.scope)
 }
 
-pub fn backend_key(b: &Backend4) -> BackendKey {
+pub fn backend_key(b: &BackendEntry) -> BackendKey {
     (b.address, b.port, b.proto)
 }
 
@@ -109,7 +108,7 @@ impl Ids {
     /// Takes over the ids found in the maps.
     pub fn restore(&mut self, state: &MapState) {
         for (k, v) in &state.services {
-            if k.backend_slot == 0 && !is_marker(k, v) {
+            if k.slot == 0 && !is_marker(k, v) {
                 self.services.restore(frontend_key(k), v.service_id);
             }
         }
@@ -118,15 +117,15 @@ impl Ids {
         }
     }
 
-    pub fn service_id(&mut self, key: &Service4Key) -> Result<u32, IdsExhausted> {
+    pub fn service_id(&mut self, key: &SvcKey) -> Result<u32, IdsExhausted> {
         self.services.get_or_alloc(frontend_key(key))
     }
 
-    pub fn backend_id(&mut self, b: &Backend4) -> Result<u32, IdsExhausted> {
+    pub fn backend_id(&mut self, b: &BackendEntry) -> Result<u32, IdsExhausted> {
         self.backends.get_or_alloc(backend_key(b))
     }
 
-    pub fn lookup_service(&self, key: &Service4Key) -> Option<u32> {
+    pub fn lookup_service(&self, key: &SvcKey) -> Option<u32> {
         self.services.get(&frontend_key(key))
     }
 
@@ -150,8 +149,8 @@ impl Ids {
 mod tests {
     use super::*;
 
-    fn key(port: u16) -> Service4Key {
-        Service4Key::new(0x0a60000a, port, 6, 0, 0)
+    fn key(port: u16) -> SvcKey {
+        SvcKey::new("10.96.0.10".parse().unwrap(), port, 6, 0)
     }
 
     #[test]

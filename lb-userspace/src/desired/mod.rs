@@ -3,24 +3,20 @@
 pub mod ids;
 pub mod slots;
 
-use std::{collections::HashMap, net::IpAddr};
+use std::collections::HashMap;
 
 use lb_common::{
-    backend::{Backend4, BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
-    revnat::RevNat4,
+    backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
     service::{
-        Service4Key, ServiceValue, ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP,
-        SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+        ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP,
+        SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
     },
 };
 
 pub use ids::Ids;
 
 use crate::{
-    maps::{
-        convert::{ip4_to_map, port_to_map},
-        MapState,
-    },
+    maps::{BackendEntry, MapState, RevNatEntry, ServiceValue, SvcKey},
     model::{Algorithm, BackendState, Frontend, FrontendKind, Service},
 };
 
@@ -28,12 +24,12 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredFrontend {
     /// Master key (slot 0).
-    pub key: Service4Key,
+    pub key: SvcKey,
     /// Master value, counts included.
     pub value: ServiceValue,
     /// Backend id of slot i+1.
     pub slots: Vec<u32>,
-    pub revnat: RevNat4,
+    pub revnat: RevNatEntry,
 }
 
 impl DesiredFrontend {
@@ -51,15 +47,13 @@ impl DesiredFrontend {
 pub struct Desired {
     pub frontends: Vec<DesiredFrontend>,
     /// Every backend the frontends above name.
-    pub backends: HashMap<u32, Backend4>,
+    pub backends: HashMap<u32, BackendEntry>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum DesiredError {
     #[error(transparent)]
     Ids(#[from] ids::IdsExhausted),
-    #[error("{0}: IPv6 frontends are not supported by this data path yet")]
-    Ipv6(IpAddr),
 }
 
 pub fn kind_flag(kind: FrontendKind) -> u16 {
@@ -98,38 +92,30 @@ fn build_frontend(
     fe: &Frontend,
     current: &MapState,
     ids: &mut Ids,
-    backends: &mut HashMap<u32, Backend4>,
+    backends: &mut HashMap<u32, BackendEntry>,
 ) -> Result<DesiredFrontend, DesiredError> {
-    let IpAddr::V4(address) = fe.address else {
-        return Err(DesiredError::Ipv6(fe.address));
-    };
     let proto = fe.protocol.number();
-    let key = Service4Key::new(ip4_to_map(address), port_to_map(fe.port), proto, SCOPE_ALL, 0);
+    let key = SvcKey::new(fe.address, fe.port, proto, SCOPE_ALL);
     let service_id = ids.service_id(&key)?;
 
     let mut active = Vec::new();
     let mut terminating = Vec::new();
     for b in &fe.backends {
-        if b.state == BackendState::Maintenance {
+        // Maintenance backends are never selected; a frontend only reaches
+        // backends of its own family.
+        if b.state == BackendState::Maintenance || b.address.is_ipv4() != fe.address.is_ipv4() {
             continue;
         }
-        let IpAddr::V4(baddr) = b.address else {
-            continue; // a v4 frontend only reaches v4 backends
-        };
-        let entry = Backend4 {
-            address: ip4_to_map(baddr),
-            port: port_to_map(b.port),
+        let entry = BackendEntry {
+            address: b.address,
+            port: b.port,
             proto,
             state: state_byte(b.state),
             flags: if b.local { BACKEND_FLAG_LOCAL } else { 0 },
-            pad: [0; 3],
         };
         let id = ids.backend_id(&entry)?;
         // The same endpoint in several services: the most usable state wins.
-        backends
-            .entry(id)
-            .and_modify(|e| e.state = e.state.min(entry.state))
-            .or_insert(entry);
+        backends.entry(id).and_modify(|e| e.state = e.state.min(entry.state)).or_insert(entry);
         match b.state {
             BackendState::Active => active.push(id),
             _ => terminating.push(id),
@@ -155,10 +141,5 @@ fn build_frontend(
         pad: 0,
         affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
     };
-    Ok(DesiredFrontend {
-        key,
-        value,
-        slots,
-        revnat: RevNat4 { address: key.address, port: key.dport, pad: 0 },
-    })
+    Ok(DesiredFrontend { key, value, slots, revnat: RevNatEntry { address: fe.address, port: fe.port } })
 }

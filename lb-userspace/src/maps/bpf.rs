@@ -5,19 +5,22 @@ use std::{io, path::Path};
 use anyhow::Context as _;
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
-    backend::Backend4,
+    backend::{Backend4, Backend6},
     drop::{drop_index, Direction, DropReason},
     maps as names,
-    revnat::RevNat4,
-    service::{Service4Key, ServiceValue},
+    revnat::{RevNat4, RevNat6},
+    service::{Service4Key, Service6Key, ServiceValue},
 };
 
-use super::{Capacity, LbMaps, MapOp, MapState, MapWriteError};
+use super::{convert as c, Capacity, Family, LbMaps, MapOp, MapState, MapWriteError};
 
 pub struct BpfMaps {
-    services: HashMap<MapData, Service4Key, ServiceValue>,
-    backends: HashMap<MapData, u32, Backend4>,
-    revnat: HashMap<MapData, u32, RevNat4>,
+    services4: HashMap<MapData, Service4Key, ServiceValue>,
+    backends4: HashMap<MapData, u32, Backend4>,
+    revnat4: HashMap<MapData, u32, RevNat4>,
+    services6: HashMap<MapData, Service6Key, ServiceValue>,
+    backends6: HashMap<MapData, u32, Backend6>,
+    revnat6: HashMap<MapData, u32, RevNat6>,
     capacity: Capacity,
 }
 
@@ -35,28 +38,27 @@ pub fn open_pinned(pin_dir: &Path, name: &str) -> anyhow::Result<Map> {
     Map::from_map_data(data).with_context(|| format!("map {}", path.display()))
 }
 
-fn max_entries(map: &Map, name: &str) -> anyhow::Result<u32> {
-    let data = match map {
-        Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) | Map::Array(d) => d,
-        _ => anyhow::bail!("map {name} has an unexpected type"),
-    };
+/// Capacity of a pinned map.
+pub fn max_entries(pin_dir: &Path, name: &str) -> anyhow::Result<u32> {
+    let data = MapData::from_pin(pin_dir.join(name)).with_context(|| format!("opening pinned map {name}"))?;
     Ok(data.info().with_context(|| format!("info of map {name}"))?.max_entries())
 }
 
 impl BpfMaps {
     pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
-        let services = open_pinned(pin_dir, names::LB4_SERVICES)?;
-        let backends = open_pinned(pin_dir, names::LB4_BACKENDS)?;
-        let revnat = open_pinned(pin_dir, names::LB4_REVNAT)?;
+        // Both families share the sizes; read them from the v4 maps.
         let capacity = Capacity {
-            services: max_entries(&services, names::LB4_SERVICES)?,
-            backends: max_entries(&backends, names::LB4_BACKENDS)?,
-            revnat: max_entries(&revnat, names::LB4_REVNAT)?,
+            services: max_entries(pin_dir, names::LB4_SERVICES)?,
+            backends: max_entries(pin_dir, names::LB4_BACKENDS)?,
+            revnat: max_entries(pin_dir, names::LB4_REVNAT)?,
         };
         Ok(Self {
-            services: HashMap::try_from(services)?,
-            backends: HashMap::try_from(backends)?,
-            revnat: HashMap::try_from(revnat)?,
+            services4: HashMap::try_from(open_pinned(pin_dir, names::LB4_SERVICES)?)?,
+            backends4: HashMap::try_from(open_pinned(pin_dir, names::LB4_BACKENDS)?)?,
+            revnat4: HashMap::try_from(open_pinned(pin_dir, names::LB4_REVNAT)?)?,
+            services6: HashMap::try_from(open_pinned(pin_dir, names::LB6_SERVICES)?)?,
+            backends6: HashMap::try_from(open_pinned(pin_dir, names::LB6_BACKENDS)?)?,
+            revnat6: HashMap::try_from(open_pinned(pin_dir, names::LB6_REVNAT)?)?,
             capacity,
         })
     }
@@ -79,21 +81,52 @@ fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
 
 impl LbMaps for BpfMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
+        let v4 = op.family() == Family::V4;
         let result = match op {
-            MapOp::UpsertService(k, v) => self.services.insert(k, v, 0).map_err(io_error),
-            MapOp::DeleteService(k) => ignore_missing(self.services.remove(k)),
-            MapOp::UpsertBackend(id, b) => self.backends.insert(id, b, 0).map_err(io_error),
-            MapOp::DeleteBackend(id) => ignore_missing(self.backends.remove(id)),
-            MapOp::UpsertRevNat(id, r) => self.revnat.insert(id, r, 0).map_err(io_error),
-            MapOp::DeleteRevNat(id) => ignore_missing(self.revnat.remove(id)),
+            MapOp::UpsertService(k, v) if v4 => self.services4.insert(c::svc_key4(k), v, 0).map_err(io_error),
+            MapOp::UpsertService(k, v) => self.services6.insert(c::svc_key6(k), v, 0).map_err(io_error),
+            MapOp::DeleteService(k) if v4 => ignore_missing(self.services4.remove(&c::svc_key4(k))),
+            MapOp::DeleteService(k) => ignore_missing(self.services6.remove(&c::svc_key6(k))),
+            MapOp::UpsertBackend(id, b) if v4 => self.backends4.insert(id, c::backend4(b), 0).map_err(io_error),
+            MapOp::UpsertBackend(id, b) => self.backends6.insert(id, c::backend6(b), 0).map_err(io_error),
+            MapOp::DeleteBackend(id, _) if v4 => ignore_missing(self.backends4.remove(id)),
+            MapOp::DeleteBackend(id, _) => ignore_missing(self.backends6.remove(id)),
+            MapOp::UpsertRevNat(id, r) if v4 => self.revnat4.insert(id, c::revnat4(r), 0).map_err(io_error),
+            MapOp::UpsertRevNat(id, r) => self.revnat6.insert(id, c::revnat6(r), 0).map_err(io_error),
+            MapOp::DeleteRevNat(id, _) if v4 => ignore_missing(self.revnat4.remove(id)),
+            MapOp::DeleteRevNat(id, _) => ignore_missing(self.revnat6.remove(id)),
         };
         result.map_err(|source| MapWriteError { map: op.map_name(), op: format!("{op:?}"), source })
     }
 
     fn dump(&self) -> anyhow::Result<MapState> {
-        let services = self.services.iter().collect::<Result<Vec<_>, _>>().context("reading LB4_SERVICES")?;
-        let backends = self.backends.iter().collect::<Result<Vec<_>, _>>().context("reading LB4_BACKENDS")?;
-        let revnat = self.revnat.iter().collect::<Result<Vec<_>, _>>().context("reading LB4_REVNAT")?;
+        let mut services = Vec::new();
+        for e in self.services4.iter() {
+            let (k, v) = e.context("reading LB4_SERVICES")?;
+            services.push((c::svc_key_from4(&k), v));
+        }
+        for e in self.services6.iter() {
+            let (k, v) = e.context("reading LB6_SERVICES")?;
+            services.push((c::svc_key_from6(&k), v));
+        }
+        let mut backends = Vec::new();
+        for e in self.backends4.iter() {
+            let (id, b) = e.context("reading LB4_BACKENDS")?;
+            backends.push((id, c::backend_from4(&b)));
+        }
+        for e in self.backends6.iter() {
+            let (id, b) = e.context("reading LB6_BACKENDS")?;
+            backends.push((id, c::backend_from6(&b)));
+        }
+        let mut revnat = Vec::new();
+        for e in self.revnat4.iter() {
+            let (id, r) = e.context("reading LB4_REVNAT")?;
+            revnat.push((id, c::revnat_from4(&r)));
+        }
+        for e in self.revnat6.iter() {
+            let (id, r) = e.context("reading LB6_REVNAT")?;
+            revnat.push((id, c::revnat_from6(&r)));
+        }
         Ok(MapState::from_entries(services, backends, revnat))
     }
 
@@ -117,11 +150,7 @@ pub fn read_drops(pin_dir: &Path) -> anyhow::Result<Vec<DropCount>> {
     for reason in DropReason::ALL {
         for direction in Direction::ALL {
             let values = drops.get(&drop_index(reason, direction), 0).context("reading LB_DROPS")?;
-            out.push(DropCount {
-                reason: reason.name(),
-                direction: direction.name(),
-                packets: values.iter().sum(),
-            });
+            out.push(DropCount { reason: reason.name(), direction: direction.name(), packets: values.iter().sum() });
         }
     }
     Ok(out)

@@ -1,7 +1,16 @@
-//! Conversions between the model's types and the maps' network-byte-order
-//! fields. The in-memory bytes of the map fields are in network order, which
-//! is what `from_ne_bytes(octets)` and `to_be()` produce on any host.
-use std::net::Ipv4Addr;
+//! Conversions between the logical entries (host order, `IpAddr`) and the
+//! kernel's per-family map types (network order). The in-memory bytes of
+//! the map fields are in network order, which is what `from_ne_bytes(octets)`
+//! and `to_be()` produce on any host.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use lb_common::{
+    backend::{Backend4, Backend6},
+    revnat::{RevNat4, RevNat6},
+    service::{Service4Key, Service6Key},
+};
+
+use super::{BackendEntry, RevNatEntry, SvcKey};
 
 pub fn ip4_to_map(address: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(address.octets())
@@ -19,6 +28,75 @@ pub fn port_from_map(port: u16) -> u16 {
     u16::from_be(port)
 }
 
+fn v4(a: IpAddr) -> Ipv4Addr {
+    match a {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => panic!("{a} routed to an IPv4 map"),
+    }
+}
+
+fn v6(a: IpAddr) -> Ipv6Addr {
+    match a {
+        IpAddr::V6(a) => a,
+        IpAddr::V4(a) => panic!("{a} routed to an IPv6 map"),
+    }
+}
+
+pub fn svc_key4(k: &SvcKey) -> Service4Key {
+    Service4Key::new(ip4_to_map(v4(k.address)), port_to_map(k.port), k.proto, k.scope, k.slot)
+}
+
+pub fn svc_key6(k: &SvcKey) -> Service6Key {
+    Service6Key::new(v6(k.address).octets(), port_to_map(k.port), k.proto, k.scope, k.slot)
+}
+
+pub fn svc_key_from4(k: &Service4Key) -> SvcKey {
+    SvcKey::new(IpAddr::V4(ip4_from_map(k.address)), port_from_map(k.dport), k.proto, k.scope).with_slot(k.backend_slot)
+}
+
+pub fn svc_key_from6(k: &Service6Key) -> SvcKey {
+    SvcKey::new(IpAddr::V6(Ipv6Addr::from(k.address)), port_from_map(k.dport), k.proto, k.scope).with_slot(k.backend_slot)
+}
+
+pub fn backend4(b: &BackendEntry) -> Backend4 {
+    Backend4 {
+        address: ip4_to_map(v4(b.address)),
+        port: port_to_map(b.port),
+        proto: b.proto,
+        state: b.state,
+        flags: b.flags,
+        pad: [0; 3],
+    }
+}
+
+pub fn backend6(b: &BackendEntry) -> Backend6 {
+    Backend6 { address: v6(b.address).octets(), port: port_to_map(b.port), proto: b.proto, state: b.state, flags: b.flags, pad: [0; 3] }
+}
+
+pub fn backend_from4(b: &Backend4) -> BackendEntry {
+    BackendEntry { address: IpAddr::V4(ip4_from_map(b.address)), port: port_from_map(b.port), proto: b.proto, state: b.state, flags: b.flags }
+}
+
+pub fn backend_from6(b: &Backend6) -> BackendEntry {
+    BackendEntry { address: IpAddr::V6(Ipv6Addr::from(b.address)), port: port_from_map(b.port), proto: b.proto, state: b.state, flags: b.flags }
+}
+
+pub fn revnat4(r: &RevNatEntry) -> RevNat4 {
+    RevNat4 { address: ip4_to_map(v4(r.address)), port: port_to_map(r.port), pad: 0 }
+}
+
+pub fn revnat6(r: &RevNatEntry) -> RevNat6 {
+    RevNat6 { address: v6(r.address).octets(), port: port_to_map(r.port), pad: 0 }
+}
+
+pub fn revnat_from4(r: &RevNat4) -> RevNatEntry {
+    RevNatEntry { address: IpAddr::V4(ip4_from_map(r.address)), port: port_from_map(r.port) }
+}
+
+pub fn revnat_from6(r: &RevNat6) -> RevNatEntry {
+    RevNatEntry { address: IpAddr::V6(Ipv6Addr::from(r.address)), port: port_from_map(r.port) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,5 +109,18 @@ mod tests {
         let p = port_to_map(8080);
         assert_eq!(p.to_ne_bytes(), [0x1f, 0x90]);
         assert_eq!(port_from_map(p), 8080);
+    }
+
+    #[test]
+    fn keys_round_trip_per_family() {
+        let k4 = SvcKey::new("10.96.0.1".parse().unwrap(), 443, 6, 0).with_slot(3);
+        assert_eq!(svc_key_from4(&svc_key4(&k4)), k4);
+        let k6 = SvcKey::new("fd00::10".parse().unwrap(), 53, 17, 1).with_slot(2);
+        let raw = svc_key6(&k6);
+        assert_eq!(raw.address[0], 0xfd);
+        assert_eq!(raw.dport.to_ne_bytes(), [0, 53]);
+        assert_eq!(svc_key_from6(&raw), k6);
+        let b = BackendEntry { address: "fd00::1".parse().unwrap(), port: 8080, proto: 6, state: 1, flags: 1 };
+        assert_eq!(backend_from6(&backend6(&b)), b);
     }
 }

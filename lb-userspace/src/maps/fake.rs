@@ -35,16 +35,12 @@ impl LbMaps for FakeMaps {
             }
             *n -= 1;
         }
+        // Capacities are per family, like the real LB4_* / LB6_* maps.
+        let (services, backends, revnat) = self.state.counts(op.family());
         let full = match op {
-            MapOp::UpsertService(k, _) => {
-                !self.state.services.contains_key(k) && self.state.services.len() >= self.capacity.services as usize
-            }
-            MapOp::UpsertBackend(id, _) => {
-                !self.state.backends.contains_key(id) && self.state.backends.len() >= self.capacity.backends as usize
-            }
-            MapOp::UpsertRevNat(id, _) => {
-                !self.state.revnat.contains_key(id) && self.state.revnat.len() >= self.capacity.revnat as usize
-            }
+            MapOp::UpsertService(k, _) => !self.state.services.contains_key(k) && services >= self.capacity.services as usize,
+            MapOp::UpsertBackend(id, _) => !self.state.backends.contains_key(id) && backends >= self.capacity.backends as usize,
+            MapOp::UpsertRevNat(id, _) => !self.state.revnat.contains_key(id) && revnat >= self.capacity.revnat as usize,
             _ => false,
         };
         if full {

@@ -2,42 +2,121 @@
 //! contents (`MapState`), the operations that change them (`MapOp`), and the
 //! `LbMaps` trait with two implementations, the real pinned BPF maps
 //! (`bpf::BpfMaps`) and an in-memory fake for tests (`fake::FakeMaps`).
+//!
+//! Everything here uses family-agnostic *logical* entries in host byte order
+//! (`SvcKey`, `BackendEntry`, `RevNatEntry`); only `bpf.rs` knows that the
+//! kernel keeps IPv4 and IPv6 in separate maps with network-order fields
+//! (conversions in `convert.rs`).
 pub mod bpf;
 pub mod convert;
 pub mod fake;
 pub mod state;
 
+use std::net::IpAddr;
+
+pub use lb_common::service::ServiceValue;
+use lb_common::maps as names;
 pub use state::MapState;
 
-use lb_common::{
-    backend::Backend4,
-    revnat::RevNat4,
-    service::{Service4Key, ServiceValue},
-};
+/// Address family of an entry; selects the LB4_* or LB6_* map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(address: &IpAddr) -> Self {
+        if address.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+}
+
+/// Key of the services maps: frontend plus slot (0 = master entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcKey {
+    pub address: IpAddr,
+    pub port: u16,
+    pub proto: u8,
+    pub scope: u8,
+    pub slot: u16,
+}
+
+impl SvcKey {
+    pub const fn new(address: IpAddr, port: u16, proto: u8, scope: u8) -> Self {
+        Self { address, port, proto, scope, slot: 0 }
+    }
+
+    pub const fn with_slot(&self, slot: u16) -> Self {
+        Self { slot, ..*self }
+    }
+
+    pub fn family(&self) -> Family {
+        Family::of(&self.address)
+    }
+}
+
+/// Value of the backends maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendEntry {
+    pub address: IpAddr,
+    pub port: u16,
+    pub proto: u8,
+    /// `BACKEND_STATE_*`.
+    pub state: u8,
+    /// `BACKEND_FLAG_*`.
+    pub flags: u8,
+}
+
+/// Value of the reverse-NAT maps: the frontend a service id stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RevNatEntry {
+    pub address: IpAddr,
+    pub port: u16,
+}
 
 /// One element update or delete. The reconciler emits them in an order that
 /// keeps every intermediate state valid for a concurrent reader.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapOp {
-    UpsertBackend(u32, Backend4),
-    DeleteBackend(u32),
-    UpsertService(Service4Key, ServiceValue),
-    DeleteService(Service4Key),
-    UpsertRevNat(u32, RevNat4),
-    DeleteRevNat(u32),
+    UpsertBackend(u32, BackendEntry),
+    DeleteBackend(u32, Family),
+    UpsertService(SvcKey, ServiceValue),
+    DeleteService(SvcKey),
+    UpsertRevNat(u32, RevNatEntry),
+    DeleteRevNat(u32, Family),
 }
 
 impl MapOp {
-    pub const fn map_name(&self) -> &'static str {
+    pub fn family(&self) -> Family {
         match self {
-            MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => lb_common::maps::LB4_BACKENDS,
-            MapOp::UpsertService(..) | MapOp::DeleteService(..) => lb_common::maps::LB4_SERVICES,
-            MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => lb_common::maps::LB4_REVNAT,
+            MapOp::UpsertBackend(_, b) => Family::of(&b.address),
+            MapOp::UpsertService(k, _) | MapOp::DeleteService(k) => k.family(),
+            MapOp::UpsertRevNat(_, r) => Family::of(&r.address),
+            MapOp::DeleteBackend(_, f) | MapOp::DeleteRevNat(_, f) => *f,
+        }
+    }
+
+    pub fn map_name(&self) -> &'static str {
+        let v4 = self.family() == Family::V4;
+        match self {
+            MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => {
+                if v4 { names::LB4_BACKENDS } else { names::LB6_BACKENDS }
+            }
+            MapOp::UpsertService(..) | MapOp::DeleteService(..) => {
+                if v4 { names::LB4_SERVICES } else { names::LB6_SERVICES }
+            }
+            MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => {
+                if v4 { names::LB4_REVNAT } else { names::LB6_REVNAT }
+            }
         }
     }
 }
 
-/// How many entries each agent-written map can hold.
+/// How many entries each agent-written map can hold (the same for both families).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
     pub services: u32,
@@ -47,11 +126,7 @@ pub struct Capacity {
 
 impl Default for Capacity {
     fn default() -> Self {
-        Self {
-            services: lb_common::maps::DEFAULT_SERVICES_MAX,
-            backends: lb_common::maps::DEFAULT_BACKENDS_MAX,
-            revnat: lb_common::maps::DEFAULT_REVNAT_MAX,
-        }
+        Self { services: names::DEFAULT_SERVICES_MAX, backends: names::DEFAULT_BACKENDS_MAX, revnat: names::DEFAULT_REVNAT_MAX }
     }
 }
 

@@ -1,25 +1,31 @@
 //! `MapState`: the contents of the agent-written maps, plus indexes derived
 //! from them (backend references, ClusterIP addresses) kept up to date on
 //! every operation so a diff never has to scan the whole table.
-use std::collections::HashMap;
+use std::{collections::HashMap, net::IpAddr};
 
-use lb_common::{
-    backend::Backend4,
-    revnat::RevNat4,
-    service::{Service4Key, ServiceValue, SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER},
-};
+use lb_common::service::{SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
-use super::MapOp;
+use super::{BackendEntry, Family, MapOp, RevNatEntry, ServiceValue, SvcKey};
 
 #[derive(Clone, Debug, Default)]
 pub struct MapState {
-    pub services: HashMap<Service4Key, ServiceValue>,
-    pub backends: HashMap<u32, Backend4>,
-    pub revnat: HashMap<u32, RevNat4>,
+    pub services: HashMap<SvcKey, ServiceValue>,
+    pub backends: HashMap<u32, BackendEntry>,
+    pub revnat: HashMap<u32, RevNatEntry>,
     /// backend id → number of slots naming it.
     backend_refs: HashMap<u32, u32>,
     /// address → number of ClusterIP frontends on it (the VIP marker's users).
-    vip_refs: HashMap<u32, u32>,
+    vip_refs: HashMap<IpAddr, u32>,
+    /// Entries per family (v4, v6): services, backends, revnat.
+    sizes: [[usize; 3]; 2],
+}
+
+fn fam(address: &IpAddr) -> usize {
+    if address.is_ipv4() {
+        0
+    } else {
+        1
+    }
 }
 
 impl PartialEq for MapState {
@@ -31,23 +37,23 @@ impl PartialEq for MapState {
 impl Eq for MapState {}
 
 /// The marker entry that says "this address is a ClusterIP".
-pub fn vip_marker_key(address: u32) -> Service4Key {
-    Service4Key::new(address, 0, 0, SCOPE_ALL, 0)
+pub fn vip_marker_key(address: IpAddr) -> SvcKey {
+    SvcKey::new(address, 0, 0, SCOPE_ALL)
 }
 
-pub fn is_marker(key: &Service4Key, value: &ServiceValue) -> bool {
-    key.backend_slot == 0 && key.dport == 0 && key.proto == 0 && value.flags & SVC_FLAG_VIP_MARKER != 0
+pub fn is_marker(key: &SvcKey, value: &ServiceValue) -> bool {
+    key.slot == 0 && key.port == 0 && key.proto == 0 && value.flags & SVC_FLAG_VIP_MARKER != 0
 }
 
-fn counts_as_vip(key: &Service4Key, value: &ServiceValue) -> bool {
-    key.backend_slot == 0 && key.scope == SCOPE_ALL && value.flags & SVC_FLAG_CLUSTER_IP != 0 && !is_marker(key, value)
+fn counts_as_vip(key: &SvcKey, value: &ServiceValue) -> bool {
+    key.slot == 0 && key.scope == SCOPE_ALL && value.flags & SVC_FLAG_CLUSTER_IP != 0 && !is_marker(key, value)
 }
 
 impl MapState {
     pub fn from_entries(
-        services: impl IntoIterator<Item = (Service4Key, ServiceValue)>,
-        backends: impl IntoIterator<Item = (u32, Backend4)>,
-        revnat: impl IntoIterator<Item = (u32, RevNat4)>,
+        services: impl IntoIterator<Item = (SvcKey, ServiceValue)>,
+        backends: impl IntoIterator<Item = (u32, BackendEntry)>,
+        revnat: impl IntoIterator<Item = (u32, RevNatEntry)>,
     ) -> Self {
         let mut state = MapState::default();
         for (k, v) in services {
@@ -65,52 +71,64 @@ impl MapState {
     pub fn apply(&mut self, op: &MapOp) {
         match *op {
             MapOp::UpsertBackend(id, b) => {
-                self.backends.insert(id, b);
+                if let Some(old) = self.backends.insert(id, b) {
+                    self.sizes[fam(&old.address)][1] -= 1;
+                }
+                self.sizes[fam(&b.address)][1] += 1;
             }
-            MapOp::DeleteBackend(id) => {
-                self.backends.remove(&id);
+            MapOp::DeleteBackend(id, _) => {
+                if let Some(old) = self.backends.remove(&id) {
+                    self.sizes[fam(&old.address)][1] -= 1;
+                }
             }
             MapOp::UpsertRevNat(id, r) => {
-                self.revnat.insert(id, r);
+                if let Some(old) = self.revnat.insert(id, r) {
+                    self.sizes[fam(&old.address)][2] -= 1;
+                }
+                self.sizes[fam(&r.address)][2] += 1;
             }
-            MapOp::DeleteRevNat(id) => {
-                self.revnat.remove(&id);
+            MapOp::DeleteRevNat(id, _) => {
+                if let Some(old) = self.revnat.remove(&id) {
+                    self.sizes[fam(&old.address)][2] -= 1;
+                }
             }
             MapOp::UpsertService(k, v) => {
-                if let Some(old) = self.services.insert(k, v) {
-                    self.unindex(&k, &old);
+                match self.services.insert(k, v) {
+                    Some(old) => self.unindex(&k, &old),
+                    None => self.sizes[fam(&k.address)][0] += 1,
                 }
                 self.index(&k, &v);
             }
             MapOp::DeleteService(k) => {
                 if let Some(old) = self.services.remove(&k) {
                     self.unindex(&k, &old);
+                    self.sizes[fam(&k.address)][0] -= 1;
                 }
             }
         }
     }
 
-    fn index(&mut self, k: &Service4Key, v: &ServiceValue) {
-        if k.backend_slot > 0 {
+    fn index(&mut self, k: &SvcKey, v: &ServiceValue) {
+        if k.slot > 0 {
             *self.backend_refs.entry(v.backend_id).or_default() += 1;
         } else if counts_as_vip(k, v) {
             *self.vip_refs.entry(k.address).or_default() += 1;
         }
     }
 
-    fn unindex(&mut self, k: &Service4Key, v: &ServiceValue) {
-        let (map, key) = if k.backend_slot > 0 {
-            (&mut self.backend_refs, v.backend_id)
-        } else if counts_as_vip(k, v) {
-            (&mut self.vip_refs, k.address)
-        } else {
-            return;
-        };
-        if let Some(n) = map.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&key);
+    fn unindex(&mut self, k: &SvcKey, v: &ServiceValue) {
+        fn dec<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, key: K) {
+            if let Some(n) = map.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&key);
+                }
             }
+        }
+        if k.slot > 0 {
+            dec(&mut self.backend_refs, v.backend_id);
+        } else if counts_as_vip(k, v) {
+            dec(&mut self.vip_refs, k.address);
         }
     }
 
@@ -118,22 +136,22 @@ impl MapState {
         self.backend_refs.get(&id).copied().unwrap_or(0)
     }
 
-    pub fn vip_refs(&self, address: u32) -> u32 {
+    pub fn vip_refs(&self, address: IpAddr) -> u32 {
         self.vip_refs.get(&address).copied().unwrap_or(0)
     }
 
-    pub fn has_marker(&self, address: u32) -> bool {
+    pub fn has_marker(&self, address: IpAddr) -> bool {
         let k = vip_marker_key(address);
         self.services.get(&k).is_some_and(|v| is_marker(&k, v))
     }
 
     /// Master entries of real frontends (not VIP markers).
-    pub fn frontends(&self) -> impl Iterator<Item = (&Service4Key, &ServiceValue)> {
-        self.services.iter().filter(|(k, v)| k.backend_slot == 0 && !is_marker(k, v))
+    pub fn frontends(&self) -> impl Iterator<Item = (&SvcKey, &ServiceValue)> {
+        self.services.iter().filter(|(k, v)| k.slot == 0 && !is_marker(k, v))
     }
 
     /// Backend ids in slot order (active first, then terminating).
-    pub fn slots_of(&self, master: &Service4Key) -> Vec<u32> {
+    pub fn slots_of(&self, master: &SvcKey) -> Vec<u32> {
         let Some(m) = self.services.get(master) else {
             return Vec::new();
         };
@@ -141,5 +159,11 @@ impl MapState {
         (1..=total)
             .filter_map(|slot| self.services.get(&master.with_slot(slot as u16)).map(|v| v.backend_id))
             .collect()
+    }
+
+    /// Entries per family: (services, backends, revnat).
+    pub fn counts(&self, family: Family) -> (usize, usize, usize) {
+        let [s, b, r] = self.sizes[family as usize];
+        (s, b, r)
     }
 }

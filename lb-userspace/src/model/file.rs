@@ -317,12 +317,6 @@ fn parse_service_address(field: &str, text: &str) -> Result<IpAddr, FileError> {
         .parse()
         .map_err(|_| err(field, format!("{text:?} is not an IP address; write e.g. 10.96.0.10")))?;
     check_unicast(field, address)?;
-    if address.is_ipv6() {
-        return Err(err(
-            field,
-            format!("{address}: IPv6 service addresses are not supported yet (IPv4 only); remove it"),
-        ));
-    }
     Ok(address)
 }
 
@@ -424,8 +418,8 @@ services:
         assert_eq!(e.field, "services[0].backends[0].address");
         let e = bad("services: [{name: a, clusterIPs: [0.0.0.0], ports: [{port: 80}]}]");
         assert!(e.message.contains("unicast"), "{e}");
-        let e = bad("services: [{name: a, clusterIPs: ['fd00::1'], ports: [{port: 80}]}]");
-        assert!(e.message.contains("IPv6"), "{e}");
+        let e = bad("services: [{name: a, clusterIPs: ['ff02::1'], ports: [{port: 80}]}]");
+        assert!(e.message.contains("unicast"), "{e}");
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub const BPF_CGROUP_INET4_CONNECT: u32 = 10;
 pub const BPF_CGROUP_UDP4_SENDMSG: u32 = 14;
 pub const BPF_CGROUP_UDP4_RECVMSG: u32 = 19;
 pub const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
+pub const BPF_CGROUP_INET6_CONNECT: u32 = 11;
+pub const BPF_CGROUP_UDP6_SENDMSG: u32 = 15;
+pub const BPF_CGROUP_UDP6_RECVMSG: u32 = 20;
+pub const BPF_CGROUP_INET6_GETPEERNAME: u32 = 30;
 
 #[repr(C, align(8))]
 struct Attr([u8; 128]);

@@ -1,0 +1,109 @@
+//! Service lookup and backend selection, written once for both address
+//! families and independent of the hook that asks (socket hooks today,
+//! tc/XDP later).
+use aya_ebpf::helpers::bpf_get_prandom_u32;
+use lb_common::{
+    backend::{Backend4, Backend6},
+    drop::DropReason,
+    service::{Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_VIP_MARKER},
+};
+
+use crate::maps::{LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES};
+
+/// The maps of one address family.
+pub trait Family {
+    type Key: Copy;
+    type Backend: Copy;
+    fn service(key: &Self::Key) -> Option<ServiceValue>;
+    fn backend(id: u32) -> Option<Self::Backend>;
+    fn slot_key(key: &Self::Key, slot: u16) -> Self::Key;
+    /// The address-only entry that marks a known service address.
+    fn marker_key(key: &Self::Key) -> Self::Key;
+}
+
+pub struct V4;
+pub struct V6;
+
+// Values are copied out at once: the element may be replaced while we run.
+impl Family for V4 {
+    type Key = Service4Key;
+    type Backend = Backend4;
+    #[inline(always)]
+    fn service(key: &Service4Key) -> Option<ServiceValue> {
+        unsafe { LB4_SERVICES.get(key) }.copied()
+    }
+    #[inline(always)]
+    fn backend(id: u32) -> Option<Backend4> {
+        unsafe { LB4_BACKENDS.get(&id) }.copied()
+    }
+    #[inline(always)]
+    fn slot_key(key: &Service4Key, slot: u16) -> Service4Key {
+        key.with_slot(slot)
+    }
+    #[inline(always)]
+    fn marker_key(key: &Service4Key) -> Service4Key {
+        Service4Key::new(key.address, 0, 0, SCOPE_ALL, 0)
+    }
+}
+
+impl Family for V6 {
+    type Key = Service6Key;
+    type Backend = Backend6;
+    #[inline(always)]
+    fn service(key: &Service6Key) -> Option<ServiceValue> {
+        unsafe { LB6_SERVICES.get(key) }.copied()
+    }
+    #[inline(always)]
+    fn backend(id: u32) -> Option<Backend6> {
+        unsafe { LB6_BACKENDS.get(&id) }.copied()
+    }
+    #[inline(always)]
+    fn slot_key(key: &Service6Key, slot: u16) -> Service6Key {
+        key.with_slot(slot)
+    }
+    #[inline(always)]
+    fn marker_key(key: &Service6Key) -> Service6Key {
+        Service6Key::new(key.address, 0, 0, SCOPE_ALL, 0)
+    }
+}
+
+/// What a frontend lookup found.
+pub enum Lookup {
+    /// Not a service address: leave the traffic alone.
+    NotService,
+    /// A service frontend with its master entry.
+    Service(ServiceValue),
+    /// A known service address on a port it does not expose.
+    UnknownPort,
+}
+
+#[inline(always)]
+pub fn lookup_service<F: Family>(key: &F::Key) -> Lookup {
+    if let Some(svc) = F::service(key) {
+        return Lookup::Service(svc);
+    }
+    match F::service(&F::marker_key(key)) {
+        Some(m) if m.flags & SVC_FLAG_VIP_MARKER != 0 => Lookup::UnknownPort,
+        _ => Lookup::NotService,
+    }
+}
+
+/// Picks a backend uniformly at random among the active backends, or among
+/// the terminating ones when none is active (KEP-1669).
+#[inline(always)]
+pub fn select_backend<F: Family>(key: &F::Key, svc: &ServiceValue) -> Result<(u32, F::Backend), DropReason> {
+    let n = if svc.count > 0 { svc.count } else { svc.terminating_count };
+    if n == 0 {
+        return Err(DropReason::NoBackend);
+    }
+    // Slots count+1.. hold the terminating backends; with count == 0 they start at 1.
+    let slot = 1 + (unsafe { bpf_get_prandom_u32() } % n as u32) as u16;
+    let backend_id = match F::service(&F::slot_key(key, slot)) {
+        Some(v) => v.backend_id,
+        None => return Err(DropReason::BackendMissing),
+    };
+    match F::backend(backend_id) {
+        Some(b) => Ok((backend_id, b)),
+        None => Err(DropReason::BackendMissing),
+    }
+}

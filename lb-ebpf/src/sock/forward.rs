@@ -1,0 +1,127 @@
+//! cgroup/connect4, connect6, sendmsg4, sendmsg6: service address → backend.
+use aya_ebpf::{
+    helpers::{bpf_get_socket_cookie, bpf_set_retval},
+    macros::cgroup_sock_addr,
+    programs::SockAddrContext,
+    EbpfContext,
+};
+use lb_common::{
+    drop::{Direction, DropReason},
+    proto,
+    revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    service::{Service4Key, Service6Key, SCOPE_ALL},
+};
+
+use super::{bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY, ECONNREFUSED};
+use crate::{
+    drop,
+    lb::{self, Lookup, V4, V6},
+    maps::{LB4_SOCK_REVNAT, LB6_SOCK_REVNAT},
+};
+
+#[cgroup_sock_addr(connect4)]
+pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
+    forward4(&ctx, false)
+}
+
+/// Unconnected UDP: every sendto() is translated on its own.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
+    forward4(&ctx, false)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn lb_connect6(ctx: SockAddrContext) -> i32 {
+    forward6(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn lb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    forward6(&ctx)
+}
+
+#[inline(always)]
+fn tcp_or_udp(sa: &SockAddr) -> Option<u8> {
+    let p = sa.protocol();
+    (p == proto::TCP as u32 || p == proto::UDP as u32).then_some(p as u8)
+}
+
+/// `mapped`: the socket is IPv6 and dialed a v4-mapped address.
+#[inline(always)]
+fn forward4(ctx: &SockAddrContext, mapped: bool) -> i32 {
+    let sa = SockAddr::new(ctx.sock_addr);
+    let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
+    let address = if mapped {
+        match v4_mapped(&sa.user_ip6_words()) {
+            Some(a) => a,
+            None => return ALLOW,
+        }
+    } else {
+        sa.user_ip4()
+    };
+    let key = Service4Key::new(address, sa.user_port(), protocol, SCOPE_ALL, 0);
+    let svc = match lb::lookup_service::<V4>(&key) {
+        Lookup::NotService => return ALLOW,
+        Lookup::UnknownPort => return reject(DropReason::NoServicePort),
+        Lookup::Service(svc) => svc,
+    };
+    let (_id, backend) = match lb::select_backend::<V4>(&key, &svc) {
+        Ok(found) => found,
+        Err(reason) => return reject(reason),
+    };
+
+    // Remember the translation for this socket so replies (recvmsg) and
+    // getpeername() show the service address again.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let rev_key = SockRevNat4Key { cookie, address: backend.address, port: backend.port, pad: 0 };
+    let rev = SockRevNat4Value { address: key.address, port: key.dport, pad: 0, service_id: svc.service_id };
+    if LB4_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
+        // The connection itself still works; only the reverse view is lost.
+        drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
+    }
+
+    if mapped {
+        sa.set_user_ip6_words(map_v4(backend.address));
+    } else {
+        sa.set_user_ip4(backend.address);
+    }
+    sa.set_user_port(backend.port);
+    ALLOW
+}
+
+#[inline(always)]
+fn forward6(ctx: &SockAddrContext) -> i32 {
+    let sa = SockAddr::new(ctx.sock_addr);
+    let words = sa.user_ip6_words();
+    if v4_mapped(&words).is_some() {
+        return forward4(ctx, true);
+    }
+    let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
+    let key = Service6Key::new(words_to_bytes(&words), sa.user_port(), protocol, SCOPE_ALL, 0);
+    let svc = match lb::lookup_service::<V6>(&key) {
+        Lookup::NotService => return ALLOW,
+        Lookup::UnknownPort => return reject(DropReason::NoServicePort),
+        Lookup::Service(svc) => svc,
+    };
+    let (_id, backend) = match lb::select_backend::<V6>(&key, &svc) {
+        Ok(found) => found,
+        Err(reason) => return reject(reason),
+    };
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let rev_key = SockRevNat6Key { cookie, address: backend.address, port: backend.port, pad: [0; 6] };
+    let rev = SockRevNat6Value { address: key.address, port: key.dport, pad: 0, service_id: svc.service_id };
+    if LB6_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
+        drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
+    }
+    sa.set_user_ip6_words(bytes_to_words(&backend.address));
+    sa.set_user_port(backend.port);
+    ALLOW
+}
+
+/// Fails the syscall with ECONNREFUSED, as kube-proxy's REJECT rule would.
+#[inline(always)]
+fn reject(reason: DropReason) -> i32 {
+    drop::count(reason, Direction::Egress);
+    unsafe { bpf_set_retval(-ECONNREFUSED) };
+    DENY
+}
