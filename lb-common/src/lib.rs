@@ -6,7 +6,9 @@
 #![no_std]
 
 pub mod backend;
+pub mod config;
 pub mod drop;
+pub mod event;
 pub mod maps;
 pub mod revnat;
 pub mod service;

@@ -12,9 +12,13 @@ pub const LB6_BACKENDS: &str = "LB6_BACKENDS";
 pub const LB6_REVNAT: &str = "LB6_REVNAT";
 pub const LB6_SOCK_REVNAT: &str = "LB6_SOCK_REVNAT";
 pub const LB_DROPS: &str = "LB_DROPS";
+pub const LB_EVENTS: &str = "LB_EVENTS";
+pub const LB_CONFIG: &str = "LB_CONFIG";
+pub const LB_COUNTERS: &str = "LB_COUNTERS";
+pub const LB_EVENT_RATE: &str = "LB_EVENT_RATE";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 13] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -24,6 +28,10 @@ pub const ALL: [&str; 9] = [
     LB6_REVNAT,
     LB6_SOCK_REVNAT,
     LB_DROPS,
+    LB_EVENTS,
+    LB_CONFIG,
+    LB_COUNTERS,
+    LB_EVENT_RATE,
 ];
 
 /// Default capacities, per address family. The agent can change them at load

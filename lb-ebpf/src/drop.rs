@@ -1,7 +1,11 @@
-//! Drop accounting shared by every program.
-use lb_common::drop::{drop_index, Direction, DropReason};
+//! Drop accounting shared by every program: a per-CPU counter by reason and
+//! direction, and a (rate-limited) event for `lbctl monitor --type drop`.
+use lb_common::{
+    drop::{drop_index, Direction, DropReason},
+    event::{Event, EVENT_DROP},
+};
 
-use crate::maps::LB_DROPS;
+use crate::{events, maps::LB_DROPS};
 
 #[inline(always)]
 pub fn count(reason: DropReason, direction: Direction) {
@@ -9,4 +13,13 @@ pub fn count(reason: DropReason, direction: Direction) {
         // Per-CPU slot: no other CPU writes it, a plain add is enough.
         unsafe { *counter += 1 };
     }
+}
+
+/// Counts the drop and reports it; `event` carries the flow and hook.
+#[inline(always)]
+pub fn drop(reason: DropReason, direction: Direction, event: &mut Event) {
+    count(reason, direction);
+    event.kind = EVENT_DROP;
+    event.reason = reason as u32;
+    events::emit(event);
 }

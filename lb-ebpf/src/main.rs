@@ -15,6 +15,8 @@
 #[cfg(target_arch = "bpf")]
 mod drop;
 #[cfg(target_arch = "bpf")]
+mod events;
+#[cfg(target_arch = "bpf")]
 mod lb;
 #[cfg(target_arch = "bpf")]
 mod maps;

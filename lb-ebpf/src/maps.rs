@@ -2,10 +2,12 @@
 //! may change the capacities at load time.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
     backend::{Backend4, Backend6},
+    config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
+    event::EVENTS_RING_BYTES,
     drop::DROP_SLOTS,
     maps::{DEFAULT_BACKENDS_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX},
     revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
@@ -48,3 +50,19 @@ pub static LB6_SOCK_REVNAT: LruHashMap<SockRevNat6Key, SockRevNat6Value> =
 
 #[map]
 pub static LB_DROPS: PerCpuArray<u64> = PerCpuArray::pinned(DROP_SLOTS, 0);
+
+/// Drop and trace events for `lbctl monitor` (rate-limited per CPU).
+#[map]
+pub static LB_EVENTS: RingBuf = RingBuf::pinned(EVENTS_RING_BYTES, 0);
+
+/// Run-time settings written by the agent and lbctl (`lb_common::config`).
+#[map]
+pub static LB_CONFIG: Array<u32> = Array::pinned(CONFIG_SLOTS, 0);
+
+/// Per-CPU counters that are not drops (`lb_common::config::CNT_*`).
+#[map]
+pub static LB_COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
+
+/// Per-CPU token bucket of the event rate limiter.
+#[map]
+pub static LB_EVENT_RATE: PerCpuArray<RateState> = PerCpuArray::pinned(1, 0);

@@ -36,11 +36,23 @@ pub struct Agent {
     pub services: PathBuf,
     pub cgroup: PathBuf,
     pub pin_dir: PathBuf,
+    /// Where /metrics and /healthz listen (a free loopback port per agent).
+    pub metrics: std::net::SocketAddr,
+    pub extra_args: Vec<String>,
+}
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Agent {
     /// Starts the agent and waits for its first reconcile.
     pub fn start(services: &Path, cgroup: &Path, pin_dir: &Path) -> Self {
+        Self::start_with(services, cgroup, pin_dir, &[])
+    }
+
+    pub fn start_with(services: &Path, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
         let log = std::env::temp_dir().join(format!(
             "lb-agent-{}.log",
             pin_dir.file_name().unwrap().to_string_lossy()
@@ -51,9 +63,25 @@ impl Agent {
             services: services.to_path_buf(),
             cgroup: cgroup.to_path_buf(),
             pin_dir: pin_dir.to_path_buf(),
+            metrics: ([127, 0, 0, 1], free_port()).into(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
         };
         agent.spawn();
         agent
+    }
+
+    /// GET on the agent's metrics server: (status code, body).
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(self.metrics).expect("connecting to the metrics server");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        // The servers answer with Content-Length, not chunked: the body is as is.
+        (code, body.to_string())
     }
 
     fn spawn(&mut self) {
@@ -66,6 +94,9 @@ impl Agent {
             .arg(&self.cgroup)
             .arg("--pin-dir")
             .arg(&self.pin_dir)
+            .arg("--metrics-address")
+            .arg(self.metrics.to_string())
+            .args(&self.extra_args)
             .env("LB_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -106,6 +137,25 @@ impl Agent {
         self.spawn();
     }
 
+    /// Starts `lbctl monitor ARGS -o json` and waits until it listens.
+    pub fn monitor(&self, args: &[&str]) -> Monitor {
+        let mut child = Command::new(crate::sibling_bin("lbctl"))
+            .arg("monitor")
+            .args(args)
+            .args(["-o", "json", "--pin-dir"])
+            .arg(&self.pin_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running lbctl monitor");
+        // It prints "Listening ..." on stderr once the ring buffer is open.
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        assert!(line.starts_with("Listening"), "lbctl monitor: {line}");
+        Monitor { child }
+    }
+
     pub fn lbctl(&self, args: &[&str]) -> String {
         let out = Command::new(crate::sibling_bin("lbctl"))
             .args(args)
@@ -138,5 +188,36 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
+        // Keep the log of a failing test for inspection; drop it otherwise.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+/// A running `lbctl monitor`; killed on drop.
+pub struct Monitor {
+    child: Child,
+}
+
+impl Monitor {
+    /// Waits for the monitor to exit (it was given --count) and returns its
+    /// events, failing after `timeout`.
+    pub fn events(mut self, timeout: Duration) -> Vec<serde_json::Value> {
+        let ok = crate::wait_until(timeout, || matches!(self.child.try_wait(), Ok(Some(_))));
+        if !ok {
+            let _ = self.child.kill();
+        }
+        let mut out = String::new();
+        std::io::Read::read_to_string(self.child.stdout.as_mut().unwrap(), &mut out).unwrap();
+        assert!(ok, "lbctl monitor did not see its events in time; got:\n{out}");
+        out.lines().map(|l| serde_json::from_str(l).expect("monitor json")).collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -5,8 +5,11 @@ use aya_ebpf::{
     programs::SockAddrContext,
     EbpfContext,
 };
+use aya_log_ebpf::{debug, warn};
 use lb_common::{
+    config::CNT_SOCK_TRANSLATIONS,
     drop::{Direction, DropReason},
+    event::{Event, EVENT_TRACE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_SENDMSG4, HOOK_SENDMSG6},
     proto,
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
     service::{Service4Key, Service6Key, SCOPE_ALL},
@@ -15,29 +18,33 @@ use lb_common::{
 use super::{bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY, ECONNREFUSED};
 use crate::{
     drop,
+    events::{self, bump, log_enabled},
     lb::{self, Lookup, V4, V6},
     maps::{LB4_SOCK_REVNAT, LB6_SOCK_REVNAT},
 };
 
+const LOG_WARN: u32 = 2;
+const LOG_DEBUG: u32 = 4;
+
 #[cgroup_sock_addr(connect4)]
 pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx, false)
+    forward4(&ctx, HOOK_CONNECT4, false)
 }
 
 /// Unconnected UDP: every sendto() is translated on its own.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx, false)
+    forward4(&ctx, HOOK_SENDMSG4, false)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn lb_connect6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx)
+    forward6(&ctx, HOOK_CONNECT6)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn lb_sendmsg6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx)
+    forward6(&ctx, HOOK_SENDMSG6)
 }
 
 #[inline(always)]
@@ -46,9 +53,29 @@ fn tcp_or_udp(sa: &SockAddr) -> Option<u8> {
     (p == proto::TCP as u32 || p == proto::UDP as u32).then_some(p as u8)
 }
 
+/// The event skeleton for this call: hook, protocol, original destination.
+#[inline(always)]
+fn event(ctx: &SockAddrContext, hook: u8, proto: u8, family: u8, daddr: [u8; 16], dport: u16) -> Event {
+    let mut e = Event::zeroed();
+    e.hook = hook;
+    e.proto = proto;
+    e.family = family;
+    e.daddr = daddr;
+    e.dport = dport;
+    e.cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    e
+}
+
+#[inline(always)]
+fn v4_bytes(a: u32) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&a.to_ne_bytes());
+    b
+}
+
 /// `mapped`: the socket is IPv6 and dialed a v4-mapped address.
 #[inline(always)]
-fn forward4(ctx: &SockAddrContext, mapped: bool) -> i32 {
+fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
     let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
     let address = if mapped {
@@ -62,12 +89,22 @@ fn forward4(ctx: &SockAddrContext, mapped: bool) -> i32 {
     let key = Service4Key::new(address, sa.user_port(), protocol, SCOPE_ALL, 0);
     let svc = match lb::lookup_service::<V4>(&key) {
         Lookup::NotService => return ALLOW,
-        Lookup::UnknownPort => return reject(DropReason::NoServicePort),
+        Lookup::UnknownPort => {
+            let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
+            return reject(DropReason::NoServicePort, &mut e);
+        }
         Lookup::Service(svc) => svc,
     };
-    let (_id, backend) = match lb::select_backend::<V4>(&key, &svc) {
+    let (backend_id, backend) = match lb::select_backend::<V4>(&key, &svc) {
         Ok(found) => found,
-        Err(reason) => return reject(reason),
+        Err(reason) => {
+            if reason == DropReason::BackendMissing && log_enabled(LOG_WARN) {
+                warn!(ctx, "service {} names a backend that is not in LB4_BACKENDS", svc.service_id);
+            }
+            let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
+            e.service_id = svc.service_id;
+            return reject(reason, &mut e);
+        }
     };
 
     // Remember the translation for this socket so replies (recvmsg) and
@@ -86,26 +123,47 @@ fn forward4(ctx: &SockAddrContext, mapped: bool) -> i32 {
         sa.set_user_ip4(backend.address);
     }
     sa.set_user_port(backend.port);
+    bump(CNT_SOCK_TRANSLATIONS);
+    if events::tracing() {
+        let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
+        e.kind = EVENT_TRACE;
+        e.service_id = svc.service_id;
+        e.backend_id = backend_id;
+        e.xaddr = v4_bytes(backend.address);
+        e.xport = backend.port;
+        events::emit(&mut e);
+    }
+    if log_enabled(LOG_DEBUG) {
+        debug!(ctx, "service {} -> backend {}", svc.service_id, backend_id);
+    }
     ALLOW
 }
 
 #[inline(always)]
-fn forward6(ctx: &SockAddrContext) -> i32 {
+fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
     let words = sa.user_ip6_words();
     if v4_mapped(&words).is_some() {
-        return forward4(ctx, true);
+        let hook4 = if hook == HOOK_CONNECT6 { HOOK_CONNECT4 } else { HOOK_SENDMSG4 };
+        return forward4(ctx, hook4, true);
     }
     let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
     let key = Service6Key::new(words_to_bytes(&words), sa.user_port(), protocol, SCOPE_ALL, 0);
     let svc = match lb::lookup_service::<V6>(&key) {
         Lookup::NotService => return ALLOW,
-        Lookup::UnknownPort => return reject(DropReason::NoServicePort),
+        Lookup::UnknownPort => {
+            let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
+            return reject(DropReason::NoServicePort, &mut e);
+        }
         Lookup::Service(svc) => svc,
     };
-    let (_id, backend) = match lb::select_backend::<V6>(&key, &svc) {
+    let (backend_id, backend) = match lb::select_backend::<V6>(&key, &svc) {
         Ok(found) => found,
-        Err(reason) => return reject(reason),
+        Err(reason) => {
+            let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
+            e.service_id = svc.service_id;
+            return reject(reason, &mut e);
+        }
     };
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let rev_key = SockRevNat6Key { cookie, address: backend.address, port: backend.port, pad: [0; 6] };
@@ -115,13 +173,23 @@ fn forward6(ctx: &SockAddrContext) -> i32 {
     }
     sa.set_user_ip6_words(bytes_to_words(&backend.address));
     sa.set_user_port(backend.port);
+    bump(CNT_SOCK_TRANSLATIONS);
+    if events::tracing() {
+        let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
+        e.kind = EVENT_TRACE;
+        e.service_id = svc.service_id;
+        e.backend_id = backend_id;
+        e.xaddr = backend.address;
+        e.xport = backend.port;
+        events::emit(&mut e);
+    }
     ALLOW
 }
 
 /// Fails the syscall with ECONNREFUSED, as kube-proxy's REJECT rule would.
 #[inline(always)]
-fn reject(reason: DropReason) -> i32 {
-    drop::count(reason, Direction::Egress);
+fn reject(reason: DropReason, event: &mut Event) -> i32 {
+    drop::drop(reason, Direction::Egress, event);
     unsafe { bpf_set_retval(-ECONNREFUSED) };
     DENY
 }

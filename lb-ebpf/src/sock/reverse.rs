@@ -2,10 +2,16 @@
 use aya_ebpf::{
     helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext, EbpfContext,
 };
-use lb_common::revnat::{SockRevNat4Key, SockRevNat6Key};
+use lb_common::{
+    config::CNT_SOCK_REVERSE,
+    revnat::{SockRevNat4Key, SockRevNat6Key},
+};
 
 use super::{bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW};
-use crate::maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT};
+use crate::{
+    events::bump,
+    maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT},
+};
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn lb_recvmsg4(ctx: SockAddrContext) -> i32 {
@@ -54,6 +60,7 @@ fn reverse4(ctx: &SockAddrContext, mapped: bool) -> i32 {
                 sa.set_user_ip4(entry.address);
             }
             sa.set_user_port(entry.port);
+            bump(CNT_SOCK_REVERSE);
         }
         _ => {
             let _ = LB4_SOCK_REVNAT.remove(&key);
@@ -78,6 +85,7 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
         Some(rev) if rev.address == entry.address && rev.port == entry.port => {
             sa.set_user_ip6_words(bytes_to_words(&entry.address));
             sa.set_user_port(entry.port);
+            bump(CNT_SOCK_REVERSE);
         }
         _ => {
             let _ = LB6_SOCK_REVNAT.remove(&key);

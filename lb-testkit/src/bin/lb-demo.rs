@@ -5,7 +5,13 @@
 //! the embedded services file, sends traffic through the service addresses,
 //! shows `lbctl service list`, changes the file live, kills the agent to show
 //! traffic keeps flowing, and cleans everything up, also on failure.
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
 
 use lb_testkit::{
     agent::{Agent, PinDir},
@@ -91,10 +97,31 @@ fn run() -> anyhow::Result<()> {
     let a = &probe("udp", "10.96.0.53:53", 1)[0];
     println!("answered by  {}; recvfrom() says the reply came from {}", a.backend().unwrap_or("?"), a.reply_from.as_deref().unwrap_or("?"));
 
-    step(7, "A service without backends refuses the connection (Kubernetes' reject)");
+    step(7, "A service without backends refuses the connection (Kubernetes' reject), and the drop is visible");
+    let mut monitor = Command::new(lb_testkit::sibling_bin("lbctl"))
+        .args(["monitor", "--type", "drop", "--count", "1", "--pin-dir"])
+        .arg(&pins.path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut listening = String::new();
+    BufReader::new(monitor.stderr.take().unwrap()).read_line(&mut listening)?;
+    println!("$ lbctl monitor --type drop");
     let a = &probe("tcp", "10.96.0.99:80", 1)[0];
-    println!("connect 10.96.0.99:80 -> {}", a.error.as_deref().unwrap_or("connected?!"));
+    let mut line = String::new();
+    BufReader::new(monitor.stdout.take().unwrap()).read_line(&mut line)?;
+    let _ = monitor.wait();
+    print!("{line}");
+    println!("(the client saw: connect 10.96.0.99:80 -> {})", a.error.as_deref().unwrap_or("connected?!"));
+    println!("$ lbctl drops");
     print!("{}", agent.lbctl(&["drops"]));
+    println!("$ curl {}/metrics | grep -E '^lb_(drops_total|services|frontends|backends) '", agent.metrics);
+    let (_, metrics) = agent.http_get("/metrics");
+    for l in metrics.lines().filter(|l| {
+        (l.starts_with("lb_drops_total") && !l.ends_with(" 0")) || l.starts_with("lb_services ") || l.starts_with("lb_frontends ") || l.starts_with("lb_backends ")
+    }) {
+        println!("{l}");
+    }
 
     step(8, "Edit the services file: remove backend 10.250.0.11");
     std::fs::write(&services, services_text.replacen("      - address: 10.250.0.11\n", "", 1))?;

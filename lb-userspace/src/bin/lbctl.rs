@@ -1,13 +1,21 @@
 //! lbctl: inspect the load balancer from its pinned maps. Works whether or
-//! not the agent is running; needs root (bpffs pins are root-only).
-use std::path::PathBuf;
+//! not the agent is running; needs root (bpffs pins are root-only). Only
+//! `config set` and `monitor --type trace` write anything.
+use std::{
+    io::Write as _,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
-use clap::{Parser, Subcommand};
+use anyhow::bail;
+use clap::{Parser, Subcommand, ValueEnum};
 use lb::{
     cli::{self, Output},
-    datapath,
+    datapath::{self, config::RuntimeConfig},
     maps::{bpf::BpfMaps, LbMaps as _},
+    monitor::{self, reader::EventReader},
 };
+use lb_common::config::CFG_TRACE;
 
 #[derive(Parser)]
 #[command(name = "lbctl", version, about = "Inspect the eBPF service load balancer")]
@@ -24,19 +32,71 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Services and their backends.
+    /// Services (frontends) and their backends.
     Service {
         #[command(subcommand)]
         command: ServiceCommand,
     },
+    /// Backends.
+    Backend {
+        #[command(subcommand)]
+        command: BackendCommand,
+    },
     /// Drop counters by reason and direction.
     Drops,
+    /// Kernel features, attached programs and map fill.
+    Status,
+    /// Stream drop (and, when asked, translation) events as they happen.
+    Monitor {
+        #[arg(long = "type", value_enum, default_value_t = MonitorType::Drop)]
+        kind: MonitorType,
+        /// Exit after this many events.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Run-time settings of the programs (log level, tracing, event rate).
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
 }
 
 #[derive(Subcommand)]
 enum ServiceCommand {
     /// List every frontend with its backends.
     List,
+    /// One service, by id or frontend (10.96.0.10:80, 10.96.0.10:80/TCP, [fd00::10]:53/UDP).
+    Get { service: String },
+}
+
+#[derive(Subcommand)]
+enum BackendCommand {
+    /// List every backend.
+    List,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Show every setting.
+    Get,
+    /// Change a setting: bpf-log-level (off..trace), trace (on/off), event-rate (per second per CPU).
+    Set { key: String, value: String },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MonitorType {
+    /// Drops only (always on in the data path).
+    Drop,
+    /// Translations only (switches tracing on while the monitor runs).
+    Trace,
+    /// Both.
+    All,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
 }
 
 fn main() {
@@ -48,33 +108,127 @@ fn main() {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let out = cli.output;
+    if let Command::Status = cli.command {
+        // Status works without root and without pins: it says what is missing.
+        let status = cli::status::gather(&cli.pin_dir);
+        match out {
+            Output::Table => print!("{}", cli::status::render_table(&status)),
+            Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+        }
+        if !status.ok() {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     check_access(&cli.pin_dir)?;
     match cli.command {
-        Command::Service { command: ServiceCommand::List } => {
+        Command::Service { command } => {
             let state = BpfMaps::open(&cli.pin_dir)?.dump()?;
             let rows = cli::service_list::rows(&state);
-            match cli.output {
+            let rows: Vec<_> = match command {
+                ServiceCommand::List => rows.iter().collect(),
+                ServiceCommand::Get { service } => {
+                    let found = cli::service_list::find(&rows, &service);
+                    if found.is_empty() {
+                        bail!("no service {service:?}: give a service id or a frontend like 10.96.0.10:80/TCP (see lbctl service list)");
+                    }
+                    found
+                }
+            };
+            let rows: Vec<_> = rows.into_iter().cloned().collect();
+            match out {
                 Output::Table => print!("{}", cli::service_list::render_table(&rows)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+            }
+        }
+        Command::Backend { command: BackendCommand::List } => {
+            let state = BpfMaps::open(&cli.pin_dir)?.dump()?;
+            let rows = cli::backend_list::rows(&state);
+            match out {
+                Output::Table => print!("{}", cli::backend_list::render_table(&rows)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
             }
         }
         Command::Drops => {
             let counts = lb::maps::bpf::read_drops(&cli.pin_dir)?;
-            match cli.output {
+            match out {
                 Output::Table => print!("{}", cli::drops::render_table(&counts)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&counts)?),
             }
         }
+        Command::Config { command } => {
+            let mut config = RuntimeConfig::open(&cli.pin_dir)?;
+            if let ConfigCommand::Set { key, value } = &command {
+                let setting = datapath::config::setting(key)?;
+                config.set(setting.index, datapath::config::parse_value(setting, value)?)?;
+            }
+            let all = config.all()?;
+            match out {
+                Output::Table => print!("{}", cli::config::render_table(&all)),
+                Output::Json => println!("{}", cli::config::to_json(&all)),
+            }
+        }
+        Command::Monitor { kind, count } => monitor(&cli.pin_dir, kind, count, out)?,
+        Command::Status => unreachable!(),
     }
     Ok(())
 }
 
+fn monitor(pin_dir: &std::path::Path, kind: MonitorType, count: Option<usize>, out: Output) -> anyhow::Result<()> {
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let mut reader = EventReader::open(pin_dir)?;
+    // Tracing costs an event per translation: on only while someone watches.
+    let mut config = RuntimeConfig::open(pin_dir)?;
+    let previous_trace = config.get(CFG_TRACE)?;
+    let wants_trace = kind != MonitorType::Drop;
+    if wants_trace {
+        config.set(CFG_TRACE, 1)?;
+    }
+    eprintln!(
+        "Listening for {} events on {}... Press Ctrl-C to quit",
+        match kind {
+            MonitorType::Drop => "drop",
+            MonitorType::Trace => "trace",
+            MonitorType::All => "drop and trace",
+        },
+        pin_dir.display()
+    );
+    let mut seen = 0usize;
+    let stdout = std::io::stdout();
+    let result = reader.run(&STOP, |e| {
+        let wanted = match kind {
+            MonitorType::Drop => e.kind == "drop",
+            MonitorType::Trace => e.kind == "trace",
+            MonitorType::All => true,
+        };
+        if wanted {
+            let line = match out {
+                Output::Table => monitor::format_line(&e),
+                Output::Json => serde_json::to_string(&e).unwrap_or_default(),
+            };
+            let mut lock = stdout.lock();
+            let _ = writeln!(lock, "{line}");
+            let _ = lock.flush();
+            seen += 1;
+        }
+        count.is_none_or(|c| seen < c)
+    });
+    if wants_trace {
+        config.set(CFG_TRACE, previous_trace)?;
+    }
+    result
+}
+
 fn check_access(pin_dir: &std::path::Path) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
-        anyhow::bail!("lbctl reads BPF maps and needs root (try sudo lbctl ...)");
+        bail!("lbctl reads BPF maps and needs root (try sudo lbctl ...)");
     }
     if !pin_dir.exists() {
-        anyhow::bail!(
+        bail!(
             "nothing is pinned at {}: the agent has not installed the data path there (start lb-agent, or pass --pin-dir)",
             pin_dir.display()
         );

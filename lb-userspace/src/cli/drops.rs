@@ -32,3 +32,22 @@ pub fn align<const N: usize>(rows: &[[String; N]]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_matches_golden_output() {
+        let counts = [
+            DropCount { reason: "no-backend", direction: "egress", packets: 3 },
+            DropCount { reason: "no-service-port", direction: "egress", packets: 0 },
+        ];
+        let golden = "\
+Reason            Direction   Packets
+no-backend        egress      3
+no-service-port   egress      0
+";
+        assert_eq!(render_table(&counts), golden);
+    }
+}

@@ -121,6 +121,29 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
     rows
 }
 
+/// `lbctl service get`: by service id, or by frontend (`10.96.0.10:80`,
+/// `10.96.0.10:80/TCP`, `[fd00::10]:53/UDP`). Without a protocol, every
+/// protocol on that address and port matches.
+pub fn find<'a>(rows: &'a [ServiceRow], query: &str) -> Vec<&'a ServiceRow> {
+    if let Ok(id) = query.parse::<u32>() {
+        return rows.iter().filter(|r| r.id == id).collect();
+    }
+    let (addr_port, proto) = match query.rsplit_once('/') {
+        Some((a, p)) => (a, Some(p.to_ascii_uppercase())),
+        None => (query, None),
+    };
+    let Ok(sa) = addr_port.parse::<std::net::SocketAddr>() else {
+        return Vec::new();
+    };
+    rows.iter()
+        .filter(|r| {
+            r.frontend.port == sa.port()
+                && r.frontend.address.parse::<std::net::IpAddr>().ok() == Some(sa.ip())
+                && proto.as_ref().is_none_or(|p| *p == r.frontend.protocol)
+        })
+        .collect()
+}
+
 pub fn render_table(rows: &[ServiceRow]) -> String {
     let mut table = vec![["ID".to_string(), "Frontend".into(), "Service Type".into(), "Backend".into()]];
     for r in rows {

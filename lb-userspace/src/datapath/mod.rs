@@ -1,6 +1,7 @@
 //! Installing the data path: load the eBPF object, reuse or create the pinned
 //! maps, attach every socket hook to the cgroup through a pinned BPF link, or
 //! swap the new program into the existing link. And the reverse: uninstall.
+pub mod config;
 pub mod pins;
 
 use std::{
@@ -61,10 +62,12 @@ pub enum HookAction {
     Moved { from_cgroup_id: u64 },
 }
 
-#[derive(Clone, Debug)]
 pub struct InstallReport {
     pub hooks: Vec<(Hook, HookAction)>,
     pub maps_reused: bool,
+    /// Reads the programs' aya-log records (AYA_LOGS); poll it to forward
+    /// them to the `log` crate. None if the object has no log map.
+    pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
 /// Loads the programs and makes every hook run them on `cfg.cgroup`, reusing
@@ -82,6 +85,13 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         loader.map_max_entries(name, size);
     }
     let mut ebpf = loader.load(EBPF_OBJECT).context("loading the eBPF object (is this kernel new enough? see README requirements)")?;
+    let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            warn!("eBPF log records will not be shown: {e}");
+            None
+        }
+    };
 
     let cgroup_id = sys::fs::cgroup_id(&cfg.cgroup)?;
     let mut hooks = Vec::new();
@@ -115,7 +125,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         info!(hook = hook.name, action = ?action, cgroup = %cfg.cgroup.display(), "hook ready");
         hooks.push((hook, action));
     }
-    Ok(InstallReport { hooks, maps_reused })
+    Ok(InstallReport { hooks, maps_reused, logger })
 }
 
 fn attach(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdLink> {

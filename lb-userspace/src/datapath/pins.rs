@@ -8,6 +8,9 @@ use anyhow::bail;
 use aya::maps::MapData;
 use lb_common::{
     backend::{Backend4, Backend6},
+    config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
+    drop::DROP_SLOTS,
+    event::EVENTS_RING_BYTES,
     maps as names,
     revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
     service::{Service4Key, Service6Key, ServiceValue},
@@ -78,7 +81,7 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 9] = [
+        let expected: [(&str, usize, usize, Option<u32>); 13] = [
             (names::LB4_SERVICES, size_of::<Service4Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
             (names::LB4_BACKENDS, size_of::<u32>(), size_of::<Backend4>(), Some(sizes.backends)),
             (names::LB4_REVNAT, size_of::<u32>(), size_of::<RevNat4>(), Some(sizes.revnat)),
@@ -87,7 +90,11 @@ impl PinLayout {
             (names::LB6_BACKENDS, size_of::<u32>(), size_of::<Backend6>(), Some(sizes.backends)),
             (names::LB6_REVNAT, size_of::<u32>(), size_of::<RevNat6>(), Some(sizes.revnat)),
             (names::LB6_SOCK_REVNAT, size_of::<SockRevNat6Key>(), size_of::<SockRevNat6Value>(), Some(sizes.sock_revnat)),
-            (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), None),
+            (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), Some(DROP_SLOTS)),
+            (names::LB_EVENTS, 0, 0, Some(EVENTS_RING_BYTES)),
+            (names::LB_CONFIG, size_of::<u32>(), size_of::<u32>(), Some(CONFIG_SLOTS)),
+            (names::LB_COUNTERS, size_of::<u32>(), size_of::<u64>(), Some(COUNTER_SLOTS)),
+            (names::LB_EVENT_RATE, size_of::<u32>(), size_of::<RateState>(), Some(1)),
         ];
         let mut any = false;
         for (name, key, value, max) in expected {

@@ -155,3 +155,26 @@ pub fn read_drops(pin_dir: &Path) -> anyhow::Result<Vec<DropCount>> {
     }
     Ok(out)
 }
+
+/// Number of entries in a pinned map, for hash maps (arrays and ring
+/// buffers have no meaningful count: None).
+pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>> {
+    use lb_common::revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value};
+    fn count<K: aya::Pod, V: aya::Pod>(map: Map) -> anyhow::Result<usize> {
+        let m: HashMap<MapData, K, V> = HashMap::try_from(map)?;
+        Ok(m.keys().filter(Result::is_ok).count())
+    }
+    let map = open_pinned(pin_dir, name)?;
+    let n = match name {
+        names::LB4_SERVICES => count::<Service4Key, ServiceValue>(map)?,
+        names::LB6_SERVICES => count::<Service6Key, ServiceValue>(map)?,
+        names::LB4_BACKENDS => count::<u32, Backend4>(map)?,
+        names::LB6_BACKENDS => count::<u32, Backend6>(map)?,
+        names::LB4_REVNAT => count::<u32, RevNat4>(map)?,
+        names::LB6_REVNAT => count::<u32, RevNat6>(map)?,
+        names::LB4_SOCK_REVNAT => count::<SockRevNat4Key, SockRevNat4Value>(map)?,
+        names::LB6_SOCK_REVNAT => count::<SockRevNat6Key, SockRevNat6Value>(map)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(n))
+}

@@ -1,0 +1,47 @@
+//! `LB_CONFIG`: run-time settings the agent (or lbctl) writes and every
+//! program reads, one `u32` per index.
+
+/// aya-log level for the programs: 0 off, 1 error, 2 warn, 3 info, 4 debug, 5 trace.
+/// Hot-path logs are debug; the default (warn) keeps them off.
+pub const CFG_LOG_LEVEL: u32 = 0;
+/// Non-zero: emit a trace event for every translation.
+pub const CFG_TRACE: u32 = 1;
+/// Events per second per CPU before rate limiting (drops and traces).
+pub const CFG_EVENT_RATE: u32 = 2;
+
+pub const CONFIG_SLOTS: u32 = 16;
+
+pub const DEFAULT_LOG_LEVEL: u32 = 2;
+pub const DEFAULT_EVENT_RATE: u32 = 1000;
+
+/// `LB_COUNTERS`: per-CPU counters of things that are not drops.
+pub const CNT_EVENTS_SENT: u32 = 0;
+/// Events not sent because the CPU's rate limit was reached.
+pub const CNT_EVENTS_RATE_LIMITED: u32 = 1;
+/// Events lost because the ring buffer was full (no reader, or a slow one).
+pub const CNT_EVENTS_LOST: u32 = 2;
+/// Successful translations by socket hooks (connect/sendmsg).
+pub const CNT_SOCK_TRANSLATIONS: u32 = 3;
+/// Replies/getpeername rewritten back to the service address.
+pub const CNT_SOCK_REVERSE: u32 = 4;
+
+pub const COUNTER_SLOTS: u32 = 32;
+
+pub const COUNTER_NAMES: [(u32, &str); 5] = [
+    (CNT_EVENTS_SENT, "events_sent"),
+    (CNT_EVENTS_RATE_LIMITED, "events_rate_limited"),
+    (CNT_EVENTS_LOST, "events_lost"),
+    (CNT_SOCK_TRANSLATIONS, "sock_translations"),
+    (CNT_SOCK_REVERSE, "sock_reverse_translations"),
+];
+
+/// Per-CPU token bucket of the event rate limiter (`LB_EVENT_RATE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateState {
+    pub last_ns: u64,
+    /// Tokens scaled by 10^9 (token-nanoseconds), so refills need no division.
+    pub budget: u64,
+}
+
+crate::user_pod!(RateState);

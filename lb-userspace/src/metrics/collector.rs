@@ -1,0 +1,63 @@
+//! Scrape-time collector for the counters the programs keep in per-CPU maps.
+use std::path::PathBuf;
+
+use aya::maps::{MapData, PerCpuArray};
+use lb_common::{config::*, maps as names};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{counter::ConstCounter, MetricType},
+};
+
+use crate::maps::bpf::{open_pinned, read_drops};
+
+#[derive(Debug)]
+pub struct BpfCollector {
+    pub pin_dir: PathBuf,
+}
+
+fn read_counters(pin_dir: &std::path::Path) -> anyhow::Result<Vec<(u32, u64)>> {
+    let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(open_pinned(pin_dir, names::LB_COUNTERS)?)?;
+    COUNTER_NAMES.iter().map(|(i, _)| Ok((*i, map.get(i, 0)?.iter().sum()))).collect()
+}
+
+impl Collector for BpfCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // A scrape while the maps are missing (uninstalled) shows no BPF
+        // counters rather than failing the whole scrape.
+        if let Ok(drops) = read_drops(&self.pin_dir) {
+            let mut e = encoder.encode_descriptor(
+                "drops",
+                "Connections or packets dropped by the data path, by reason and direction",
+                None,
+                MetricType::Counter,
+            )?;
+            for d in drops {
+                let labels = [("reason", d.reason), ("direction", d.direction)];
+                ConstCounter::new(d.packets).encode(e.encode_family(&labels)?)?;
+            }
+        }
+        if let Ok(counters) = read_counters(&self.pin_dir) {
+            let get = |i: u32| counters.iter().find(|(k, _)| *k == i).map_or(0, |(_, v)| *v);
+            let mut e = encoder.encode_descriptor(
+                "events",
+                "Drop and trace events, by what happened to them (sent, rate_limited, lost: ring buffer full)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (label, i) in [("sent", CNT_EVENTS_SENT), ("rate_limited", CNT_EVENTS_RATE_LIMITED), ("lost", CNT_EVENTS_LOST)] {
+                ConstCounter::new(get(i)).encode(e.encode_family(&[("result", label)])?)?;
+            }
+            let mut e = encoder.encode_descriptor(
+                "socket_translations",
+                "Socket-level translations: forward (connect/sendmsg to a backend) and reverse (recvmsg/getpeername back to the service)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (label, i) in [("forward", CNT_SOCK_TRANSLATIONS), ("reverse", CNT_SOCK_REVERSE)] {
+                ConstCounter::new(get(i)).encode(e.encode_family(&[("direction", label)])?)?;
+            }
+        }
+        Ok(())
+    }
+}

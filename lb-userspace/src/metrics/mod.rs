@@ -1,0 +1,170 @@
+//! Prometheus metrics of the agent (prometheus-client) and the health state
+//! behind `/healthz`. Counters kept by the programs (drops, events,
+//! translations) are read from the pinned per-CPU maps at scrape time by
+//! `collector::BpfCollector`, so they are exact and cost nothing between scrapes.
+pub mod collector;
+pub mod server;
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+
+use crate::{
+    maps::{Capacity, Family as AddrFamily, MapState},
+    reconcile::ReconcileStats,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    pub map: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceErrorLabels {
+    pub source: String,
+    pub reason: String,
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub reconcile_duration: Histogram,
+    pub propagation_delay: Histogram,
+    pub reconciles: Family<ResultLabels, Counter>,
+    pub map_writes: Counter,
+    pub services: Gauge,
+    pub frontends: Gauge,
+    pub backends: Gauge,
+    pub map_entries: Family<MapLabels, Gauge>,
+    pub map_capacity: Family<MapLabels, Gauge>,
+    pub source_errors: Family<SourceErrorLabels, Counter>,
+    pub health: Arc<Mutex<Health>>,
+}
+
+/// What `/healthz` reports, like kube-proxy's: healthy while every observed
+/// change reaches the maps within the grace period.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    pub installed: bool,
+    pub last_updated: Option<SystemTime>,
+    /// A valid change was observed and is not applied yet.
+    pub pending_since: Option<Instant>,
+    pub last_error: Option<String>,
+}
+
+impl Health {
+    pub fn healthy(&self, grace: Duration) -> bool {
+        self.installed && self.pending_since.is_none_or(|t| t.elapsed() < grace)
+    }
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them (and the BPF collector for
+    /// `pin_dir`) in a new registry.
+    pub fn new(pin_dir: PathBuf) -> (Self, Registry) {
+        let mut registry = Registry::with_prefix("lb");
+        let m = Metrics {
+            // 10 µs .. ~5 s
+            reconcile_duration: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            // 100 µs .. ~50 s
+            propagation_delay: Histogram::new(exponential_buckets(1e-4, 2.0, 20)),
+            reconciles: Family::default(),
+            map_writes: Counter::default(),
+            services: Gauge::default(),
+            frontends: Gauge::default(),
+            backends: Gauge::default(),
+            map_entries: Family::default(),
+            map_capacity: Family::default(),
+            source_errors: Family::default(),
+            health: Arc::new(Mutex::new(Health::default())),
+        };
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time to compute and apply one change to the maps",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "propagation_delay_seconds",
+            "Time from a change being observed (file event, apiserver event) to the maps being updated",
+            m.propagation_delay.clone(),
+        );
+        registry.register("reconciles", "Reconcile attempts by result", m.reconciles.clone());
+        registry.register("map_writes", "Map element updates and deletes written", m.map_writes.clone());
+        registry.register("services", "Services in the applied model", m.services.clone());
+        registry.register("frontends", "Frontends (address, port, protocol) in the maps", m.frontends.clone());
+        registry.register("backends", "Distinct backends in the maps", m.backends.clone());
+        registry.register("map_entries", "Entries in each agent-written map", m.map_entries.clone());
+        registry.register("map_capacity", "Capacity (max_entries) of each agent-written map", m.map_capacity.clone());
+        registry.register(
+            "source_errors",
+            "Inputs refused by a source (invalid or unreadable), the maps kept their state",
+            m.source_errors.clone(),
+        );
+        registry.register_collector(Box::new(collector::BpfCollector { pin_dir }));
+        (m, registry)
+    }
+
+    pub fn observed_change(&self) {
+        let mut h = self.health.lock().unwrap();
+        h.pending_since.get_or_insert_with(Instant::now);
+    }
+
+    pub fn source_error(&self, source: &str, reason: &str, message: String) {
+        self.source_errors
+            .get_or_create(&SourceErrorLabels { source: source.into(), reason: reason.into() })
+            .inc();
+        let mut h = self.health.lock().unwrap();
+        // The maps keep a good state: nothing is pending for the data path.
+        h.pending_since = None;
+        h.last_error = Some(message);
+    }
+
+    /// Records a successful reconcile. `observed`: when the change that
+    /// triggered it was first seen.
+    pub fn reconciled(&self, stats: &ReconcileStats, observed: Option<Instant>, state: &MapState, services: usize, cap: Capacity) {
+        self.reconciles.get_or_create(&ResultLabels { result: "ok".into() }).inc();
+        self.reconcile_duration.observe(stats.duration.as_secs_f64());
+        if let Some(t) = observed {
+            self.propagation_delay.observe(t.elapsed().as_secs_f64());
+        }
+        self.map_writes.inc_by(stats.ops as u64);
+        self.services.set(services as i64);
+        self.frontends.set(state.frontends().count() as i64);
+        self.backends.set(state.backends.len() as i64);
+        for family in [AddrFamily::V4, AddrFamily::V6] {
+            let (s, b, r) = state.counts(family);
+            let p = if family == AddrFamily::V4 { "LB4" } else { "LB6" };
+            for (name, n, c) in [("SERVICES", s, cap.services), ("BACKENDS", b, cap.backends), ("REVNAT", r, cap.revnat)] {
+                let labels = MapLabels { map: format!("{p}_{name}") };
+                self.map_entries.get_or_create(&labels).set(n as i64);
+                self.map_capacity.get_or_create(&labels).set(c as i64);
+            }
+        }
+        let mut h = self.health.lock().unwrap();
+        h.last_updated = Some(SystemTime::now());
+        h.pending_since = None;
+        h.last_error = None;
+    }
+
+    pub fn reconcile_failed(&self, message: String) {
+        self.reconciles.get_or_create(&ResultLabels { result: "error".into() }).inc();
+        self.health.lock().unwrap().last_error = Some(message);
+    }
+}
