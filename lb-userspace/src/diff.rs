@@ -9,7 +9,8 @@
 //! 3. removed frontends: master first, then its slots and reverse-NAT entry;
 //! 4. VIP markers and backends nobody references any more.
 //!
-//! Only entries whose value changes are written.
+//! Only entries whose value changes are written. `sweep` removes what no
+//! frontend accounts for (after a restart or a failed write).
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
@@ -25,18 +26,20 @@ use crate::{
     },
 };
 
-/// `replaced`: master keys of the frontends the desired state replaces (all
-/// frontends of the services being reconciled). `full`: also sweep entries no
-/// frontend accounts for (after a restart or a failed apply).
-pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired, full: bool) -> Vec<MapOp> {
+/// Reference changes a diff makes, to find markers and backends that become unused.
+#[derive(Default)]
+struct Deltas {
+    backend_refs: HashMap<u32, i64>,
+    vip_users: HashMap<IpAddr, i64>,
+}
+
+/// `replaced`: master keys of the frontends the desired state replaces (the
+/// frontends the services being reconciled own now).
+pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
     let mut first = Vec::new(); // backends, revnat, markers to add
     let mut frontends = Vec::new(); // per-frontend slot/master/slot-delete sequences
     let mut removals = Vec::new(); // removed frontends
-    let mut last = Vec::new(); // markers and backends to delete
-
-    // Backend references and ClusterIP users after this change, as deltas.
-    let mut ref_delta: HashMap<u32, i64> = HashMap::new();
-    let mut vip_delta: HashMap<IpAddr, i64> = HashMap::new();
+    let mut d = Deltas::default();
 
     let mut ids: Vec<_> = desired.backends.keys().copied().collect();
     ids.sort_unstable();
@@ -53,9 +56,12 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired, f
             first.push(MapOp::UpsertRevNat(fe.value.service_id, fe.revnat));
         }
         if fe.is_cluster_ip() {
-            *vip_delta.entry(fe.key.address).or_default() += 1;
+            *d.vip_users.entry(fe.key.address).or_default() += 1;
         }
         let old_master = current.services.get(&fe.key);
+        if old_master.is_some_and(|m| m.flags & SVC_FLAG_CLUSTER_IP != 0) {
+            *d.vip_users.entry(fe.key.address).or_default() -= 1;
+        }
         let old_total = old_master.map_or(0, |m| m.count as usize + m.terminating_count as usize);
         for slot in 1..=fe.slots.len() {
             let key = fe.key.with_slot(slot as u16);
@@ -65,9 +71,9 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired, f
                 frontends.push(MapOp::UpsertService(key, want));
             }
             if have.map(|v| v.backend_id) != Some(want.backend_id) {
-                *ref_delta.entry(want.backend_id).or_default() += 1;
+                *d.backend_refs.entry(want.backend_id).or_default() += 1;
                 if let Some(h) = have {
-                    *ref_delta.entry(h.backend_id).or_default() -= 1;
+                    *d.backend_refs.entry(h.backend_id).or_default() -= 1;
                 }
             }
         }
@@ -78,7 +84,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired, f
             let key = fe.key.with_slot(slot as u16);
             if let Some(h) = current.services.get(&key) {
                 frontends.push(MapOp::DeleteService(key));
-                *ref_delta.entry(h.backend_id).or_default() -= 1;
+                *d.backend_refs.entry(h.backend_id).or_default() -= 1;
             }
         }
     }
@@ -86,122 +92,128 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired, f
     let mut gone: Vec<SvcKey> = replaced.iter().filter(|k| !new_keys.contains(k)).copied().collect();
     gone.sort_unstable();
     for key in &gone {
-        remove_frontend(current, key, &mut removals, &mut ref_delta, &mut vip_delta);
-    }
-    // Old ClusterIP users among the replaced frontends that stay.
-    for key in replaced.iter().filter(|k| new_keys.contains(k)) {
-        if current.services.get(key).is_some_and(|v| v.flags & SVC_FLAG_CLUSTER_IP != 0) {
-            *vip_delta.entry(key.address).or_default() -= 1;
-        }
+        remove_frontend(current, key, &mut removals, &mut d);
     }
 
-    if full {
-        sweep_strays(current, replaced, desired, &mut removals, &mut ref_delta);
-    }
+    let addresses: Vec<IpAddr> = d.vip_users.keys().copied().collect();
+    let (add_markers, del_markers) = markers(current, &d, &addresses);
+    let candidates: Vec<u32> = d.backend_refs.keys().copied().collect();
+    let del_backends = unreferenced_backends(current, &d, desired, &candidates);
 
-    // VIP markers: present exactly while some ClusterIP frontend uses the address.
-    let mut addresses: Vec<IpAddr> = vip_delta.keys().copied().collect();
-    if full {
-        addresses.extend(current.services.iter().filter(|(k, v)| is_marker(k, v)).map(|(k, _)| k.address));
-        addresses.extend(desired.frontends.iter().filter(|f| f.is_cluster_ip()).map(|f| f.key.address));
-    }
-    addresses.sort_unstable();
-    addresses.dedup();
-    for address in addresses {
-        let users = current.vip_refs(address) as i64 + vip_delta.get(&address).copied().unwrap_or(0);
-        let marker = vip_marker_key(address);
-        let has = current.has_marker(address);
-        if users > 0 && !has {
-            first.push(MapOp::UpsertService(marker, ServiceValue { flags: SVC_FLAG_VIP_MARKER, ..Default::default() }));
-        } else if users <= 0 && has {
-            last.push(MapOp::DeleteService(marker));
-        }
-    }
-
-    // Backends nobody names any more.
-    let mut candidates: Vec<u32> = ref_delta.keys().copied().collect();
-    if full {
-        candidates.extend(current.backends.keys().copied());
-    }
-    candidates.sort_unstable();
-    candidates.dedup();
-    for id in candidates {
-        let refs = current.backend_refs(id) as i64 + ref_delta.get(&id).copied().unwrap_or(0);
-        if refs <= 0 && current.backends.contains_key(&id) && !desired.backends.contains_key(&id) {
-            last.push(MapOp::DeleteBackend(id, Family::of(&current.backends[&id].address)));
-        }
-    }
-
-    let mut ops = first;
+    let mut ops = add_markers;
+    ops.extend(first);
     ops.extend(frontends);
     ops.extend(removals);
-    ops.extend(last);
+    ops.extend(del_markers);
+    ops.extend(del_backends);
     ops
 }
 
-fn remove_frontend(
-    current: &MapState,
-    key: &SvcKey,
-    out: &mut Vec<MapOp>,
-    ref_delta: &mut HashMap<u32, i64>,
-    vip_delta: &mut HashMap<IpAddr, i64>,
-) {
+/// Full-sync cleanup, run after every wanted service is in place: removes the
+/// frontends nobody owns (`unowned`) and every entry no remaining frontend
+/// accounts for, left by a crash between two writes (a slot past its
+/// master's end or without a master, a reverse-NAT entry of no frontend, a
+/// VIP marker without a ClusterIP, a backend no slot names).
+pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
+    let mut ops = Vec::new();
+    let mut d = Deltas::default();
+    let mut gone: Vec<SvcKey> = unowned.iter().copied().collect();
+    gone.sort_unstable();
+    for key in &gone {
+        remove_frontend(current, key, &mut ops, &mut d);
+    }
+
+    let total = |k: &SvcKey| current.services.get(k).map_or(0, |m| m.count as usize + m.terminating_count as usize);
+    let mut strays: Vec<(SvcKey, u32)> = current
+        .services
+        .iter()
+        .filter(|(k, _)| k.slot > 0)
+        .filter(|(k, _)| {
+            let master = k.with_slot(0);
+            // Slots of removed frontends are deleted with them (up to their total).
+            k.slot as usize > total(&master) || !current.services.contains_key(&master)
+        })
+        .map(|(k, v)| (*k, v.backend_id))
+        .collect();
+    strays.sort_unstable();
+    for (k, backend_id) in strays {
+        ops.push(MapOp::DeleteService(k));
+        *d.backend_refs.entry(backend_id).or_default() -= 1;
+    }
+
+    let live: HashSet<u32> = current.frontends().filter(|(k, _)| !unowned.contains(k)).map(|(_, v)| v.service_id).collect();
+    let removed: HashSet<u32> = gone.iter().filter_map(|k| current.services.get(k)).map(|m| m.service_id).collect();
+    let mut stale: Vec<u32> =
+        current.revnat.keys().filter(|id| !live.contains(id) && !removed.contains(id)).copied().collect();
+    stale.sort_unstable();
+    ops.extend(stale.into_iter().map(|id| MapOp::DeleteRevNat(id, Family::of(&current.revnat[&id].address))));
+
+    // Every address that has or needs a marker.
+    let mut addresses: Vec<IpAddr> = current.services.iter().filter(|(k, v)| is_marker(k, v)).map(|(k, _)| k.address).collect();
+    addresses.extend(current.frontends().filter(|(_, v)| v.flags & SVC_FLAG_CLUSTER_IP != 0).map(|(k, _)| k.address));
+    let (add_markers, del_markers) = markers(current, &d, &addresses);
+    let all_backends: Vec<u32> = current.backends.keys().copied().collect();
+    let del_backends = unreferenced_backends(current, &d, &Desired::default(), &all_backends);
+
+    let mut out = add_markers;
+    out.extend(ops);
+    out.extend(del_markers);
+    out.extend(del_backends);
+    out
+}
+
+fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &mut Deltas) {
     let Some(master) = current.services.get(key) else {
         return;
     };
     out.push(MapOp::DeleteService(*key));
     if master.flags & SVC_FLAG_CLUSTER_IP != 0 {
-        *vip_delta.entry(key.address).or_default() -= 1;
+        *d.vip_users.entry(key.address).or_default() -= 1;
     }
     let total = master.count as u32 + master.terminating_count as u32;
     for slot in 1..=total {
         let k = key.with_slot(slot as u16);
         if let Some(v) = current.services.get(&k) {
             out.push(MapOp::DeleteService(k));
-            *ref_delta.entry(v.backend_id).or_default() -= 1;
+            *d.backend_refs.entry(v.backend_id).or_default() -= 1;
         }
     }
     out.push(MapOp::DeleteRevNat(master.service_id, key.family()));
 }
 
-/// Full sync only: entries that no frontend accounts for, left by a crash
-/// between two writes (a slot past its master's end, a slot without a
-/// master, a reverse-NAT entry of no frontend).
-fn sweep_strays(
-    current: &MapState,
-    replaced: &HashSet<SvcKey>,
-    desired: &Desired,
-    out: &mut Vec<MapOp>,
-    ref_delta: &mut HashMap<u32, i64>,
-) {
-    let old_total = |k: &SvcKey| {
-        current.services.get(k).map_or(0, |m| m.count as usize + m.terminating_count as usize)
-    };
-    // Slots the main diff already writes or deletes, per master.
-    let mut covered: HashMap<SvcKey, usize> = HashMap::new();
-    for f in &desired.frontends {
-        covered.insert(f.key, f.slots.len().max(old_total(&f.key)));
+/// VIP markers to add and to delete among `addresses`: a marker exists
+/// exactly while some ClusterIP frontend uses the address.
+fn markers(current: &MapState, d: &Deltas, addresses: &[IpAddr]) -> (Vec<MapOp>, Vec<MapOp>) {
+    let mut addresses = addresses.to_vec();
+    addresses.sort_unstable();
+    addresses.dedup();
+    let mut add = Vec::new();
+    let mut del = Vec::new();
+    for address in addresses {
+        let users = current.vip_refs(address) as i64 + d.vip_users.get(&address).copied().unwrap_or(0);
+        let has = current.has_marker(address);
+        if users > 0 && !has {
+            add.push(MapOp::UpsertService(
+                vip_marker_key(address),
+                ServiceValue { flags: SVC_FLAG_VIP_MARKER, ..Default::default() },
+            ));
+        } else if users <= 0 && has {
+            del.push(MapOp::DeleteService(vip_marker_key(address)));
+        }
     }
-    for k in replaced {
-        covered.entry(*k).or_insert_with(|| old_total(k));
-    }
-    let mut strays: Vec<(SvcKey, u32)> = current
-        .services
-        .iter()
-        .filter(|(k, _)| k.slot > 0)
-        .filter(|(k, _)| k.slot as usize > covered.get(&k.with_slot(0)).copied().unwrap_or(0))
-        .map(|(k, v)| (*k, v.backend_id))
-        .collect();
-    strays.sort_unstable();
-    for (k, backend_id) in strays {
-        out.push(MapOp::DeleteService(k));
-        *ref_delta.entry(backend_id).or_default() -= 1;
-    }
-    // Reverse-NAT entries of desired frontends stay; those of replaced ones are
-    // deleted with their frontend; anything else is a stray.
-    let mut handled: HashSet<u32> = desired.frontends.iter().map(|f| f.value.service_id).collect();
-    handled.extend(replaced.iter().filter_map(|k| current.services.get(k)).map(|m| m.service_id));
-    let mut stale: Vec<u32> = current.revnat.keys().filter(|id| !handled.contains(id)).copied().collect();
-    stale.sort_unstable();
-    out.extend(stale.into_iter().map(|id| MapOp::DeleteRevNat(id, Family::of(&current.revnat[&id].address))));
+    (add, del)
+}
+
+/// Backends among `candidates` that no slot names after the change.
+fn unreferenced_backends(current: &MapState, d: &Deltas, desired: &Desired, candidates: &[u32]) -> Vec<MapOp> {
+    let mut ids = candidates.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.into_iter()
+        .filter(|id| {
+            let refs = current.backend_refs(*id) as i64 + d.backend_refs.get(id).copied().unwrap_or(0);
+            refs <= 0 && current.backends.contains_key(id) && !desired.backends.contains_key(id)
+        })
+        .map(|id| MapOp::DeleteBackend(id, Family::of(&current.backends[&id].address)))
+        .collect()
 }

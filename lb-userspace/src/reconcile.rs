@@ -1,16 +1,18 @@
-//! The reconciler: model → desired state → diff → apply.
+//! The reconciler: model → desired state → diff → apply, one service at a time.
 //!
 //! It keeps a mirror of what the maps hold (restored from the pinned maps on
-//! start) and the model it last applied. A new model is compared service by
-//! service; only services that changed are recomputed and diffed, so the cost
-//! of an update follows the size of the change, not of the cluster.
+//! start), the target model (the latest from the sources) and which service
+//! owns which frontend. A change is applied per service: its desired entries
+//! are computed, diffed against the mirror and written, so the cost follows
+//! the size of the change, not of the cluster, and a service that does not
+//! fit is refused on its own (nothing of it written) while the others apply.
 //!
-//! The first reconcile after a start (and the one after a failed apply) is a
-//! full sync: every frontend in the maps is compared with the desired state
-//! and anything unaccounted for is removed. Because slots and ids are
-//! restored, a restarted agent with an unchanged model writes nothing.
+//! The first reconcile after a start, and the one after a failed write, is a
+//! full sync: every service is applied, then whatever no service owns is
+//! swept. Because slots and ids are restored, a restarted agent with an
+//! unchanged model writes nothing.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -18,22 +20,30 @@ use lb_common::maps as names;
 
 use crate::{
     desired::{self, Desired, DesiredError, Ids},
-    diff::diff,
+    diff::{diff, sweep},
     maps::{Family, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
-    model::{Model, ServiceName},
+    model::{Model, Service, ServiceName},
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
+pub enum ServiceError {
     #[error(transparent)]
     Desired(#[from] DesiredError),
     #[error(
-        "{map} would need {needed} entries during this update but holds at most {max}: \
-         raise {flag} or remove services; nothing was changed"
+        "{map} would need {needed} entries but holds at most {max}: raise {flag} or remove services; \
+         nothing of this service was changed"
     )]
     Capacity { map: &'static str, needed: usize, max: u32, flag: &'static str },
-    #[error("applying the change failed after {applied} of {total} writes: {source}; will retry with a full sync")]
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// These services were refused (the others applied); retried on the next reconcile.
+    #[error("{} service(s) not applied: {}", .0.len(), .0.iter().map(|(n, e)| format!("{n}: {e}")).collect::<Vec<_>>().join("; "))]
+    Refused(Vec<(ServiceName, ServiceError)>),
+    #[error("applying {service} failed after {applied} of {total} writes: {source}; will retry with a full sync")]
     Apply {
+        service: String,
         applied: usize,
         total: usize,
         #[source]
@@ -54,10 +64,14 @@ pub struct Reconciler<M: LbMaps> {
     maps: M,
     state: MapState,
     ids: Ids,
-    /// Model last applied successfully.
-    applied: Model,
-    /// Master keys each service owns in the maps.
-    owners: BTreeMap<ServiceName, Vec<SvcKey>>,
+    /// The model to converge to.
+    target: Model,
+    /// Master key → the service that owns that frontend.
+    owners: HashMap<SvcKey, ServiceName>,
+    /// Service → master keys it owns.
+    owned: BTreeMap<ServiceName, Vec<SvcKey>>,
+    /// Services that were refused and wait for a retry.
+    pending: BTreeSet<ServiceName>,
     needs_full_sync: bool,
 }
 
@@ -67,7 +81,16 @@ impl<M: LbMaps> Reconciler<M> {
         let state = maps.dump()?;
         let mut ids = Ids::default();
         ids.restore(&state);
-        Ok(Self { maps, state, ids, applied: Model::default(), owners: BTreeMap::new(), needs_full_sync: true })
+        Ok(Self {
+            maps,
+            state,
+            ids,
+            target: Model::default(),
+            owners: HashMap::new(),
+            owned: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            needs_full_sync: true,
+        })
     }
 
     pub fn maps(&self) -> &M {
@@ -83,91 +106,150 @@ impl<M: LbMaps> Reconciler<M> {
         &self.state
     }
 
-    pub fn applied_model(&self) -> &Model {
-        &self.applied
+    /// The model the maps converge to (the latest from the sources).
+    pub fn target(&self) -> &Model {
+        &self.target
     }
 
-    /// Makes the maps match `model`. On error the maps keep their previous
-    /// contents (capacity and id errors are found before any write) or, if a
-    /// write failed midway, a consistent subset that the next call repairs.
+    /// Services refused by the last reconcile, waiting for a retry.
+    pub fn pending(&self) -> &BTreeSet<ServiceName> {
+        &self.pending
+    }
+
+    /// The next reconcile compares every service and sweeps (after a relist).
+    pub fn force_full_sync(&mut self) {
+        self.needs_full_sync = true;
+    }
+
+    /// Converges to a complete model (services file, or a relist).
     pub fn reconcile(&mut self, model: &Model) -> Result<ReconcileStats, ReconcileError> {
+        let dirty = self.target.changed_services(model);
+        self.target = model.clone();
+        self.run(dirty)
+    }
+
+    /// Applies changes to some services (`None`: the service is gone).
+    pub fn reconcile_changes(
+        &mut self,
+        changes: impl IntoIterator<Item = (ServiceName, Option<Service>)>,
+    ) -> Result<ReconcileStats, ReconcileError> {
+        let mut dirty = BTreeSet::new();
+        for (name, svc) in changes {
+            let changed = match svc {
+                Some(s) => self.target.services.insert(name.clone(), s.clone()).as_ref() != Some(&s),
+                None => self.target.services.remove(&name).is_some(),
+            };
+            if changed {
+                dirty.insert(name);
+            }
+        }
+        self.run(dirty)
+    }
+
+    /// Retries refused services (and a pending full sync) without new input.
+    pub fn retry(&mut self) -> Result<ReconcileStats, ReconcileError> {
+        self.run(BTreeSet::new())
+    }
+
+    fn run(&mut self, mut dirty: BTreeSet<ServiceName>) -> Result<ReconcileStats, ReconcileError> {
         let started = Instant::now();
         let full = self.needs_full_sync;
-        let changed: BTreeSet<ServiceName> = if full {
-            model.services.keys().cloned().collect()
-        } else {
-            self.applied.changed_services(model)
-        };
+        if full {
+            self.owners.clear();
+            self.owned.clear();
+            dirty = self.target.services.keys().cloned().collect();
+            // Frontends of services that are gone are swept below.
+        }
+        dirty.extend(std::mem::take(&mut self.pending));
+        let mut ops = 0;
+        let mut refused = Vec::new();
+        for name in &dirty {
+            match self.apply_service(name) {
+                Ok(n) => ops += n,
+                Err(Step::Refused(e)) => {
+                    self.pending.insert(name.clone());
+                    refused.push((name.clone(), e));
+                }
+                Err(Step::Write(e)) => return Err(e),
+            }
+        }
+        if full {
+            let unowned: HashSet<SvcKey> =
+                self.state.frontends().map(|(k, _)| *k).filter(|k| !self.owners.contains_key(k)).collect();
+            let sweep_ops = sweep(&self.state, &unowned);
+            ops += sweep_ops.len();
+            self.write("full-sync sweep", &sweep_ops)?;
+            self.ids.retain_applied(&self.state);
+            self.needs_full_sync = false;
+        }
+        if !refused.is_empty() {
+            return Err(ReconcileError::Refused(refused));
+        }
+        Ok(ReconcileStats { full_sync: full, services_changed: dirty.len(), ops, duration: started.elapsed() })
+    }
 
-        let replaced: HashSet<SvcKey> = if full {
-            self.state.frontends().map(|(k, _)| *k).collect()
-        } else {
-            changed.iter().filter_map(|n| self.owners.get(n)).flatten().copied().collect()
-        };
-
+    /// Makes the maps match the target for one service. Returns the writes made.
+    fn apply_service(&mut self, name: &ServiceName) -> Result<usize, Step> {
+        // Frontends this service owns now; one another service took over in
+        // this same batch is not ours to remove.
+        let replaced: HashSet<SvcKey> = self
+            .owned
+            .get(name)
+            .into_iter()
+            .flatten()
+            .filter(|k| self.owners.get(k) == Some(name))
+            .copied()
+            .collect();
         let mut desired = Desired::default();
-        let mut owners = Vec::new();
-        for name in &changed {
-            let Some(svc) = model.services.get(name) else {
-                owners.push((name.clone(), Vec::new()));
-                continue;
-            };
-            let before = desired.frontends.len();
+        if let Some(svc) = self.target.services.get(name) {
             if let Err(e) = desired::build([svc], &self.state, &mut self.ids, &mut desired) {
                 self.ids.retain_applied(&self.state);
-                return Err(e.into());
+                return Err(Step::Refused(e.into()));
             }
-            owners.push((name.clone(), desired.frontends[before..].iter().map(|f| f.key).collect()));
         }
-
-        let ops = diff(&self.state, &replaced, &desired, full);
+        let ops = diff(&self.state, &replaced, &desired);
         if let Err(e) = self.check_capacity(&ops) {
             self.ids.retain_applied(&self.state);
-            return Err(e);
+            return Err(Step::Refused(e));
         }
+        self.write(&name.to_string(), &ops).map_err(Step::Write)?;
 
+        for k in &replaced {
+            self.owners.remove(k);
+        }
+        let keys: Vec<SvcKey> = desired.frontends.iter().map(|f| f.key).collect();
+        for k in &keys {
+            self.owners.insert(*k, name.clone());
+        }
+        if keys.is_empty() {
+            self.owned.remove(name);
+        } else {
+            self.owned.insert(name.clone(), keys);
+        }
+        Ok(ops.len())
+    }
+
+    fn write(&mut self, what: &str, ops: &[MapOp]) -> Result<(), ReconcileError> {
         for (i, op) in ops.iter().enumerate() {
             if let Err(source) = self.maps.apply(op) {
                 self.needs_full_sync = true;
                 self.ids.retain_applied(&self.state);
-                return Err(ReconcileError::Apply { applied: i, total: ops.len(), source });
+                return Err(ReconcileError::Apply { service: what.to_string(), applied: i, total: ops.len(), source });
             }
             self.state.apply(op);
-            self.release_ids(op);
-        }
-
-        if full {
-            self.owners.clear();
-        }
-        for (name, keys) in owners {
-            if keys.is_empty() {
-                self.owners.remove(&name);
-            } else {
-                self.owners.insert(name, keys);
+            match op {
+                MapOp::DeleteRevNat(id, _) => self.ids.release_service(*id),
+                MapOp::DeleteBackend(id, _) => self.ids.release_backend(*id),
+                _ => {}
             }
         }
-        self.applied = model.clone();
-        self.needs_full_sync = false;
-        Ok(ReconcileStats {
-            full_sync: full,
-            services_changed: changed.len(),
-            ops: ops.len(),
-            duration: started.elapsed(),
-        })
-    }
-
-    fn release_ids(&mut self, op: &MapOp) {
-        match op {
-            MapOp::DeleteRevNat(id, _) => self.ids.release_service(*id),
-            MapOp::DeleteBackend(id, _) => self.ids.release_backend(*id),
-            _ => {}
-        }
+        Ok(())
     }
 
     /// Refuses a change that cannot fit, before writing anything. Inserts come
     /// before deletes in a diff, so the peak is the current size plus inserts.
     /// Each family has its own maps of the same capacity.
-    fn check_capacity(&self, ops: &[MapOp]) -> Result<(), ReconcileError> {
+    fn check_capacity(&self, ops: &[MapOp]) -> Result<(), ServiceError> {
         let cap = self.maps.capacity();
         for family in [Family::V4, Family::V6] {
             let (mut services, mut backends, mut revnat) = self.state.counts(family);
@@ -187,10 +269,15 @@ impl<M: LbMaps> Reconciler<M> {
             ];
             for (map, needed, max, flag) in checks {
                 if needed > max as usize {
-                    return Err(ReconcileError::Capacity { map, needed, max, flag });
+                    return Err(ServiceError::Capacity { map, needed, max, flag });
                 }
             }
         }
         Ok(())
     }
+}
+
+enum Step {
+    Refused(ServiceError),
+    Write(ReconcileError),
 }

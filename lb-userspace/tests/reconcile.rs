@@ -9,7 +9,7 @@ use std::{
 use lb::{
     maps::{fake::FakeMaps, state::is_marker, Capacity, MapOp, MapState},
     model::{Backend, BackendState, Frontend, FrontendKind, Model, Protocol, Service, ServiceName},
-    reconcile::{ReconcileError, Reconciler},
+    reconcile::{ReconcileError, Reconciler, ServiceError},
 };
 use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 use proptest::prelude::*;
@@ -181,20 +181,32 @@ fn ids_stay_stable_when_other_services_come_and_go() {
 }
 
 #[test]
-fn change_that_does_not_fit_is_refused_before_any_write() {
+fn service_that_does_not_fit_is_refused_whole_while_the_others_apply_and_retried_later() {
     let model = cluster(10);
     let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity { services: 60, backends: 100, revnat: 100 })).unwrap();
     r.reconcile(&model).unwrap(); // 10 × (master + 3 slots) + 10 markers = 50 entries
     r.maps_mut().take_log();
-    let before = r.state().clone();
+    // Three more services of 5 entries each: two fit (60), the third does not.
     let bigger = cluster(13);
     let err = r.reconcile(&bigger).unwrap_err();
-    assert!(matches!(err, ReconcileError::Capacity { map: "LB4_SERVICES", max: 60, .. }), "{err}");
-    assert!(err.to_string().contains("--map-size-services"), "{err}");
-    assert!(r.maps_mut().take_log().is_empty(), "nothing written");
-    assert_eq!(r.state(), &before);
-    // The old model still applies cleanly afterwards.
-    assert_eq!(r.reconcile(&model).unwrap().ops, 0);
+    let ReconcileError::Refused(refused) = &err else { panic!("{err}") };
+    assert_eq!(refused.len(), 1, "{err}");
+    let (name, e) = &refused[0];
+    assert!(matches!(e, ServiceError::Capacity { map: "LB4_SERVICES", max: 60, .. }), "{e}");
+    assert!(err.to_string().contains("--map-size-services") && err.to_string().contains(&name.to_string()), "{err}");
+    assert_eq!(r.state().services.len(), 60);
+    // Nothing of the refused service was written: no master, no slot, no marker.
+    let refused_vip = IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + 12u32));
+    assert!(r.state().services.keys().all(|k| k.address != refused_vip), "half-applied service");
+    assert_consistent(r.state());
+    assert_eq!(r.pending().len(), 1);
+
+    // More room: the retry applies the refused service.
+    r.maps_mut().capacity.services = 100;
+    r.retry().unwrap();
+    assert!(r.pending().is_empty());
+    assert_eq!(r.state().services.len(), 65);
+    assert_consistent(r.state());
 }
 
 #[test]
@@ -206,7 +218,7 @@ fn write_failure_midway_is_repaired_by_the_next_reconcile() {
     }
     r.maps_mut().fail_after = Some(7);
     let err = r.reconcile(&model).unwrap_err();
-    assert!(matches!(err, ReconcileError::Apply { applied: 7, .. }), "{err}");
+    assert!(matches!(err, ReconcileError::Apply { .. }), "{err}");
     let stats = r.reconcile(&model).unwrap();
     assert!(stats.full_sync, "a failed apply forces a full sync");
     assert_consistent(r.state());

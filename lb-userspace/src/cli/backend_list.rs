@@ -72,7 +72,7 @@ services:
   - name: b
     clusterIPs: [10.96.0.2]
     ports: [{port: 80, targetPort: 8080}]
-    backends: [{address: 10.244.0.1}]
+    backends: [{address: 10.244.0.1, local: true}]
 "#,
         )
         .unwrap();

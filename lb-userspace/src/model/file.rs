@@ -131,9 +131,29 @@ pub fn to_model(file: &ServicesFile) -> Result<Model, FileError> {
     let mut model = Model::default();
     // frontend (address, port, protocol) → owner, to refuse the same address:port in two services
     let mut frontend_owner: BTreeMap<(IpAddr, u16, u8), String> = BTreeMap::new();
+    // backend address → (local, where it was first set): a backend is on this node or not, for every service
+    let mut locality: BTreeMap<IpAddr, (bool, String)> = BTreeMap::new();
 
     for (i, spec) in file.services.iter().enumerate() {
         let at = format!("services[{i}]");
+        for (j, b) in spec.backends.iter().enumerate() {
+            let Ok(address) = b.address.trim().parse::<IpAddr>() else { continue };
+            let here = format!("{at}.backends[{j}]");
+            match locality.get(&address) {
+                Some((local, first)) if *local != b.local => {
+                    return Err(err(
+                        format!("{here}.local"),
+                        format!(
+                            "{address} is local: {local} in {first}; a backend is on this node or not for every service, make them agree"
+                        ),
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    locality.insert(address, (b.local, here));
+                }
+            }
+        }
         let name = ServiceName::new(spec.namespace.clone(), spec.name.clone());
         let service = to_service(&at, spec)?;
         for fe in &service.frontends {
@@ -451,6 +471,15 @@ services:
         );
         assert_eq!(e.field, "services[1]");
         assert!(e.message.contains("services[0] (default/a)"), "{e}");
+    }
+
+    #[test]
+    fn rejects_a_backend_local_in_one_service_and_not_in_another() {
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1, local: true}]}, {name: b, clusterIPs: [10.96.0.2], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]",
+        );
+        assert_eq!(e.field, "services[1].backends[0].local");
+        assert!(e.message.contains("services[0].backends[0]"), "{e}");
     }
 
     #[test]
