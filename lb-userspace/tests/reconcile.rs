@@ -28,6 +28,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
             port_name: None,
             algorithm: Default::default(),
             affinity_timeout_s: None,
+            external_traffic_local: false,
             backends: backends.iter().map(|b| backend(*b, BackendState::Active)).collect(),
         }],
     }
@@ -316,4 +317,24 @@ fn summary(state: &MapState) -> BTreeMap<(IpAddr, u16), (Vec<(IpAddr, u16)>, Vec
             ((k.address, k.port), (active, term))
         })
         .collect()
+}
+
+#[test]
+fn external_traffic_policy_local_adds_a_node_local_view_of_the_frontend() {
+    let mut svc = service(7, 30080, &[1, 2, 3]);
+    let fe = &mut svc.frontends[0];
+    fe.kind = FrontendKind::NodePort;
+    fe.external_traffic_local = true;
+    fe.backends[1].local = true;
+    let mut model = Model::default();
+    model.services.insert(name(7), svc);
+    let r = reconciled(&model);
+    let masters: Vec<_> = r.state().frontends().map(|(k, v)| (k.scope, v.count, v.flags)).collect();
+    assert_eq!(masters.len(), 2, "{masters:?}");
+    let all = masters.iter().find(|m| m.0 == lb_common::service::SCOPE_ALL).unwrap();
+    let local = masters.iter().find(|m| m.0 == lb_common::service::SCOPE_LOCAL).unwrap();
+    assert_eq!(all.1, 3, "clients on the node use every backend");
+    assert_eq!(local.1, 1, "traffic from outside uses the local one only");
+    assert!(all.2 & lb_common::service::SVC_FLAG_TWO_SCOPES != 0);
+    assert_consistent(r.state());
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use lb_common::{
     backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
     service::{
-        ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP,
+        ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_TWO_SCOPES, SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP,
         SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
     },
 };
@@ -81,8 +81,18 @@ pub fn build<'a>(
 ) -> Result<(), DesiredError> {
     for service in services {
         for fe in &service.frontends {
-            let desired = build_frontend(fe, current, ids, &mut out.backends)?;
-            out.frontends.push(desired);
+            let mut all = build_frontend(fe, SCOPE_ALL, &fe.backends, current, ids, &mut out.backends)?;
+            // externalTrafficPolicy: Local: a second, node-local view for
+            // traffic from outside the node (the tc/XDP path reads scope 1).
+            if fe.external_traffic_local {
+                all.value.flags |= SVC_FLAG_TWO_SCOPES;
+                let local: Vec<_> = fe.backends.iter().filter(|b| b.local).cloned().collect();
+                let view = build_frontend(fe, SCOPE_LOCAL, &local, current, ids, &mut out.backends)?;
+                out.frontends.push(all);
+                out.frontends.push(view);
+            } else {
+                out.frontends.push(all);
+            }
         }
     }
     Ok(())
@@ -90,17 +100,19 @@ pub fn build<'a>(
 
 fn build_frontend(
     fe: &Frontend,
+    scope: u8,
+    fe_backends: &[crate::model::Backend],
     current: &MapState,
     ids: &mut Ids,
     backends: &mut HashMap<u32, BackendEntry>,
 ) -> Result<DesiredFrontend, DesiredError> {
     let proto = fe.protocol.number();
-    let key = SvcKey::new(fe.address, fe.port, proto, SCOPE_ALL);
+    let key = SvcKey::new(fe.address, fe.port, proto, scope);
     let service_id = ids.service_id(&key)?;
 
     let mut active = Vec::new();
     let mut terminating = Vec::new();
-    for b in &fe.backends {
+    for b in fe_backends {
         // Maintenance backends are never selected; a frontend only reaches
         // backends of its own family.
         if b.state == BackendState::Maintenance || b.address.is_ipv4() != fe.address.is_ipv4() {

@@ -324,6 +324,7 @@ fn to_service(at: &str, spec: &ServiceSpec) -> Result<Service, FileError> {
                 port_name: p.name.clone(),
                 algorithm: spec.algorithm,
                 affinity_timeout_s,
+                external_traffic_local: false,
                 backends,
             });
         }

@@ -73,6 +73,13 @@ pub struct Frontend {
     pub algorithm: Algorithm,
     /// sessionAffinity: ClientIP timeout, when set.
     pub affinity_timeout_s: Option<u32>,
+    /// externalTrafficPolicy: Local on an external frontend: traffic from
+    /// outside the node may use only node-local backends (published as a
+    /// second, node-local view of the frontend). Clients on the node itself
+    /// use `backends`, as with kube-proxy.
+    pub external_traffic_local: bool,
+    /// The backends clients on this node use (already filtered to local ones
+    /// for internalTrafficPolicy: Local).
     pub backends: Vec<Backend>,
 }
 

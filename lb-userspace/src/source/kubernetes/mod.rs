@@ -1,0 +1,3 @@
+//! Kubernetes mode: Services, EndpointSlices and this node's Node from the
+//! apiserver, translated with kube-proxy's semantics into the model.
+pub mod translate;

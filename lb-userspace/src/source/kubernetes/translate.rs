@@ -1,0 +1,276 @@
+//! Kubernetes Service + EndpointSlices → model, with kube-proxy's semantics.
+//!
+//! * frontends: every clusterIP, nodePort on the node's addresses,
+//!   status.loadBalancer.ingress IPs, externalIPs; one per address and port;
+//! * backends: EndpointSlice endpoints whose port has the service port's name
+//!   (that is how a named targetPort resolves: the EndpointSlice controller
+//!   writes the resolved number under the service port's name);
+//! * conditions (KEP-1669): ready serves; serving and terminating serves only
+//!   while no endpoint is ready; anything else never;
+//! * internalTrafficPolicy: Local keeps only this node's endpoints for
+//!   ClusterIPs; externalTrafficPolicy: Local publishes a node-local view for
+//!   traffic from outside (clients on the node keep every endpoint, as with
+//!   kube-proxy);
+//! * skipped, with a warning: headless and ExternalName services, services
+//!   owned by another proxy (`service.kubernetes.io/service-proxy-name`),
+//!   SCTP ports, addresses that do not parse.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice};
+
+use crate::model::{Algorithm, Backend, BackendState, Frontend, FrontendKind, Protocol, Service, ServiceName};
+
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub const LABEL_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label selector of the watches, as kube-proxy's informers.
+pub const WATCH_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+/// Per-service backend selection: `random` (default) or `maglev`.
+pub const ANNOTATION_ALGORITHM: &str = "lb.dev/algorithm";
+
+/// Kubernetes' default sessionAffinity timeout: 3 hours.
+const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+
+/// What the translation needs to know about this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeContext {
+    pub name: String,
+    /// Addresses that serve NodePorts (the node's addresses, filtered by --nodeport-addresses).
+    pub nodeport_addresses: Vec<IpAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    /// Short stable code, used as a metric label.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Translation {
+    /// None: nothing of this service is for us (headless, ExternalName, other proxy).
+    pub service: Option<Service>,
+    pub warnings: Vec<Warning>,
+}
+
+pub fn service_name(svc: &K8sService) -> ServiceName {
+    ServiceName::new(
+        svc.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        svc.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The service an EndpointSlice belongs to, from its label.
+pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
+    let labels = slice.metadata.labels.as_ref()?;
+    if labels.contains_key(LABEL_HEADLESS) {
+        return None;
+    }
+    let name = labels.get(LABEL_SERVICE_NAME)?;
+    Some(ServiceName::new(slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name.clone()))
+}
+
+fn warn(warnings: &mut Vec<Warning>, reason: &'static str, message: String) {
+    warnings.push(Warning { reason, message });
+}
+
+fn parse_ip(text: &str) -> Option<IpAddr> {
+    let ip: IpAddr = text.trim().parse().ok()?;
+    (!ip.is_unspecified() && !ip.is_multicast()).then_some(ip)
+}
+
+pub fn translate<'a>(svc: &K8sService, slices: impl IntoIterator<Item = &'a EndpointSlice>, node: &NodeContext) -> Translation {
+    let name = service_name(svc);
+    let mut warnings = Vec::new();
+    let Some(spec) = svc.spec.as_ref() else {
+        return Translation::default();
+    };
+    if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_PROXY_NAME)) {
+        return Translation::default();
+    }
+    let svc_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if svc_type == "ExternalName" {
+        return Translation::default();
+    }
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    if headless {
+        return Translation::default();
+    }
+
+    // Frontend addresses by kind.
+    let mut addresses: Vec<(IpAddr, FrontendKind)> = Vec::new();
+    let cluster_ips: Vec<String> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips.clone(),
+        _ => spec.cluster_ip.iter().cloned().collect(),
+    };
+    let mut add = |text: &str, kind: FrontendKind, field: &str, warnings: &mut Vec<Warning>| match parse_ip(text) {
+        Some(ip) if !addresses.iter().any(|(a, _)| *a == ip) => addresses.push((ip, kind)),
+        Some(_) => {}
+        None => warn(warnings, "invalid-address", format!("{name}: {field} {text:?} is not a usable IP address; skipped")),
+    };
+    for ip in &cluster_ips {
+        add(ip, FrontendKind::ClusterIP, "spec.clusterIPs", &mut warnings);
+    }
+    for ip in spec.external_ips.iter().flatten() {
+        add(ip, FrontendKind::ExternalIP, "spec.externalIPs", &mut warnings);
+    }
+    if svc_type == "LoadBalancer" {
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+        for ing in ingress.into_iter().flatten() {
+            // ipMode Proxy (KEP-1860): the load balancer proxies; do not short-circuit its IP.
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(ip) = &ing.ip {
+                add(ip, FrontendKind::LoadBalancer, "status.loadBalancer.ingress.ip", &mut warnings);
+            }
+        }
+    }
+
+    let affinity_timeout_s = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .map_or(DEFAULT_AFFINITY_TIMEOUT, |t| t.clamp(1, 86_400) as u32)
+    });
+    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let algorithm = match svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ALGORITHM)).map(String::as_str) {
+        None | Some("random") => Algorithm::Random,
+        Some("maglev") => Algorithm::Maglev,
+        Some(other) => {
+            warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using random"));
+            Algorithm::Random
+        }
+    };
+
+    let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
+    let mut frontends = Vec::new();
+    let mut seen_ports = BTreeSet::new();
+    for (i, port) in spec.ports.iter().flatten().enumerate() {
+        let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
+            "TCP" => Protocol::Tcp,
+            "UDP" => Protocol::Udp,
+            other => {
+                warn(&mut warnings, "unsupported-protocol", format!("{name}: port {} is {other}, which the socket load balancer does not handle; skipped", port.port));
+                continue;
+            }
+        };
+        let Ok(number) = u16::try_from(port.port) else {
+            warn(&mut warnings, "invalid-port", format!("{name}: spec.ports[{i}].port {} is out of range; skipped", port.port));
+            continue;
+        };
+        if number == 0 || !seen_ports.insert((number, protocol)) {
+            warn(&mut warnings, "invalid-port", format!("{name}: spec.ports[{i}].port {number}/{} is zero or listed twice; skipped", protocol.as_str()));
+            continue;
+        }
+        let port_name = port.name.clone().unwrap_or_default();
+        let all = backends_for_port(&slices, &port_name, protocol, node, &name, &mut warnings);
+
+        let mut kinds: Vec<(IpAddr, u16, FrontendKind)> = addresses.iter().map(|(a, k)| (*a, number, *k)).collect();
+        if let Some(node_port) = port.node_port.filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer")) {
+            match u16::try_from(node_port) {
+                Ok(np) if np != 0 => kinds.extend(node.nodeport_addresses.iter().map(|a| (*a, np, FrontendKind::NodePort))),
+                _ => warn(&mut warnings, "invalid-port", format!("{name}: nodePort {node_port} is out of range; skipped")),
+            }
+        }
+        for (address, fport, kind) in kinds {
+            let mut backends: Vec<Backend> = all.iter().filter(|b| b.address.is_ipv4() == address.is_ipv4()).cloned().collect();
+            if kind == FrontendKind::ClusterIP && internal_local {
+                backends.retain(|b| b.local);
+            }
+            frontends.push(Frontend {
+                address,
+                port: fport,
+                protocol,
+                kind,
+                port_name: port.name.clone(),
+                algorithm,
+                affinity_timeout_s,
+                external_traffic_local: external_local && kind != FrontendKind::ClusterIP,
+                backends,
+            });
+        }
+    }
+    frontends.sort_by(|a, b| (a.address, a.port, a.protocol).cmp(&(b.address, b.port, b.protocol)));
+    frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
+    Translation { service: Some(Service { frontends }), warnings }
+}
+
+/// Backends of one service port from every slice, deduplicated (an endpoint
+/// can sit in two slices while they are being rebalanced: the most usable
+/// state wins).
+fn backends_for_port(
+    slices: &[&EndpointSlice],
+    port_name: &str,
+    protocol: Protocol,
+    node: &NodeContext,
+    name: &ServiceName,
+    warnings: &mut Vec<Warning>,
+) -> Vec<Backend> {
+    let mut by_addr: BTreeMap<(IpAddr, u16), Backend> = BTreeMap::new();
+    for slice in slices {
+        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+            continue; // FQDN slices are not load-balanced
+        }
+        let Some(port) = slice.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or("") == port_name && p.protocol.as_deref().unwrap_or("TCP") == protocol.as_str()
+        }) else {
+            continue;
+        };
+        let Some(number) = port.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else {
+            continue;
+        };
+        for ep in &slice.endpoints {
+            let c = ep.conditions.as_ref();
+            // API semantics: nil ready means ready; nil serving means as ready; nil terminating means false.
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            let state = if ready {
+                BackendState::Active
+            } else if serving && terminating {
+                BackendState::Terminating
+            } else {
+                continue;
+            };
+            // Consumers use the first address (EndpointSlice API).
+            let Some(text) = ep.addresses.first() else { continue };
+            let Some(address) = parse_ip(text) else {
+                warn(warnings, "invalid-address", format!("{name}: endpoint address {text:?} is not an IP address; skipped"));
+                continue;
+            };
+            let local = !node.name.is_empty() && ep.node_name.as_deref() == Some(node.name.as_str());
+            let b = Backend { address, port: number, state, local };
+            by_addr
+                .entry((address, number))
+                .and_modify(|old| {
+                    if b.state < old.state {
+                        *old = b.clone();
+                    }
+                })
+                .or_insert(b);
+        }
+    }
+    let mut out: Vec<Backend> = by_addr.into_values().collect();
+    if out.len() > crate::model::file::MAX_BACKENDS_PER_FRONTEND {
+        // Keep the most usable ones.
+        out.sort_by(|a, b| (a.state, a.address, a.port).cmp(&(b.state, b.address, b.port)));
+        warn(
+            warnings,
+            "too-many-endpoints",
+            format!(
+                "{name}: port {port_name:?} has {} endpoints; only the first {} are used",
+                out.len(),
+                crate::model::file::MAX_BACKENDS_PER_FRONTEND
+            ),
+        );
+        out.truncate(crate::model::file::MAX_BACKENDS_PER_FRONTEND);
+        out.sort();
+    }
+    out
+}
