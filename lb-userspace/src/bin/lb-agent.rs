@@ -1,20 +1,31 @@
 //! lb-agent: the node agent. Installs the data path, then keeps the maps in
-//! line with the services file. The data path stays when the agent stops.
-use std::{net::SocketAddr, path::PathBuf, time::{Duration, Instant}};
+//! line with a source: a services file (standalone mode) or the Kubernetes
+//! apiserver. The data path stays when the agent stops.
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use lb::{
     datapath::{self, config::RuntimeConfig, DatapathConfig, MapSizes},
     maps::{bpf::BpfMaps, LbMaps as _},
     metrics::{self, Metrics},
-    reconcile::Reconciler,
-    source, sys,
+    reconcile::{ReconcileError, Reconciler},
+    source::{
+        self,
+        kubernetes::{store::Cidr, watch::WatchConfig},
+        SourceEvent,
+    },
+    sys,
 };
 use lb_common::config::{CFG_EVENT_RATE, CFG_LOG_LEVEL};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{signal, SignalKind},
+    sync::mpsc,
 };
 use tracing::{error, info, warn};
 
@@ -30,7 +41,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install the data path and follow the services file (the default).
+    /// Install the data path and follow the source (the default).
     Run(RunArgs),
     /// Detach every program and remove every pinned map and link.
     Uninstall {
@@ -41,9 +52,28 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct RunArgs {
-    /// Services file (YAML) of standalone mode.
-    #[arg(long, value_name = "FILE")]
+    /// Standalone mode: services from this YAML file.
+    #[arg(long, value_name = "FILE", conflicts_with = "kubernetes")]
     services: Option<PathBuf>,
+    /// Kubernetes mode: Services, EndpointSlices and this Node from the apiserver.
+    #[arg(long)]
+    kubernetes: bool,
+    /// Apiserver address (host:port or URL). Needed without kube-proxy: a pod's
+    /// KUBERNETES_SERVICE_HOST is a ClusterIP nobody translates yet.
+    #[arg(long, value_name = "HOST:PORT")]
+    k8s_api_server: Option<String>,
+    /// kubeconfig file [default: in-cluster credentials, then $KUBECONFIG / ~/.kube/config].
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name (downward API: spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Node addresses that serve NodePorts, as CIDRs [default: every InternalIP/ExternalIP of the node].
+    #[arg(long, value_delimiter = ',', value_name = "CIDR,...")]
+    nodeport_addresses: Vec<Cidr>,
+    /// Gather Kubernetes changes this long before applying them.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    min_sync_period: Duration,
     /// cgroup v2 directory to attach the socket hooks to [default: the cgroup2 root from /proc/mounts].
     #[arg(long, value_name = "DIR")]
     cgroup: Option<PathBuf>,
@@ -81,10 +111,7 @@ fn main() -> anyhow::Result<()> {
     if !filter.contains("lb_ebpf") {
         filter.push_str(",lb_ebpf=trace");
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Uninstall { pin_dir }) => {
@@ -102,15 +129,64 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+enum Mode {
+    File(PathBuf),
+    Kubernetes(WatchConfig),
+}
+
+fn mode(args: &RunArgs) -> anyhow::Result<Mode> {
+    match (&args.services, args.kubernetes) {
+        (Some(path), false) => Ok(Mode::File(path.clone())),
+        (None, true) => {
+            let node_name = args.node_name.clone().context(
+                "Kubernetes mode needs this node's name: --node-name or NODE_NAME (downward API spec.nodeName)",
+            )?;
+            Ok(Mode::Kubernetes(WatchConfig {
+                node_name,
+                nodeport_cidrs: args.nodeport_addresses.clone(),
+                debounce: args.min_sync_period,
+            }))
+        }
+        _ => bail!("choose a source: --services FILE (standalone) or --kubernetes"),
+    }
+}
+
+async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
+    let server = args.k8s_api_server.as_deref().map(|s| {
+        if s.contains("://") {
+            s.to_string()
+        } else {
+            format!("https://{s}")
+        }
+    });
+    let config = if let Some(path) = &args.kubeconfig {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+    } else {
+        match kube::Config::infer().await {
+            Ok(c) => c,
+            // No credentials anywhere: an explicit server (a test apiserver, an
+            // open local port) is still usable.
+            Err(e) => match &server {
+                Some(url) => kube::Config::new(url.parse().with_context(|| format!("--k8s-api-server {url}"))?),
+                None => return Err(e).context("no Kubernetes credentials found (in-cluster, $KUBECONFIG, ~/.kube/config); pass --kubeconfig"),
+            },
+        }
+    };
+    let mut config = config;
+    if let Some(url) = server {
+        config.cluster_url = url.parse().with_context(|| format!("--k8s-api-server {url}"))?;
+    }
+    info!(server = %config.cluster_url, "connecting to the apiserver");
+    Ok(kube::Client::try_from(config)?)
+}
+
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let services = args
-        .services
-        .clone()
-        .context("--services FILE is required (standalone mode reads services from a file)")?;
+    let mode = mode(&args)?;
     let log_level = datapath::config::parse_value(datapath::config::setting("bpf-log-level")?, &args.bpf_log_level)
         .context("--bpf-log-level")?;
     if args.event_rate == 0 {
-        anyhow::bail!("--event-rate must be at least 1");
+        bail!("--event-rate must be at least 1");
     }
     let cgroup = match &args.cgroup {
         Some(c) => c.clone(),
@@ -139,11 +215,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
     metrics.health.lock().unwrap().installed = true;
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let health = metrics.health.clone();
-        let addr = args.metrics_address;
-        let grace = args.healthz_grace;
+        let (addr, grace) = (args.metrics_address, args.healthz_grace);
         tokio::spawn(async move {
             if let Err(e) = metrics::server::serve(addr, registry, health, grace).await {
                 error!("{e:#}");
@@ -153,25 +228,35 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             tokio::spawn(forward_bpf_logs(logger));
         }
 
-        let (_watcher, mut changes) = source::file::watch(&services)?;
+        let (tx, mut events) = mpsc::channel(64);
+        let (reload_tx, reload_rx) = mpsc::channel(1);
+        match mode {
+            Mode::File(path) => {
+                tokio::spawn(source::file::run(path, tx, reload_rx));
+            }
+            Mode::Kubernetes(watch_cfg) => {
+                let client = kube_client(&args).await?;
+                info!(node = %watch_cfg.node_name, "following the apiserver");
+                tokio::spawn(source::kubernetes::watch::run(client, watch_cfg, tx));
+            }
+        }
+
         let mut hup = signal(SignalKind::hangup())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        sync(&services, &mut reconciler, &metrics, Instant::now());
+        let mut retry = tokio::time::interval(Duration::from_secs(10));
         loop {
             tokio::select! {
-                Some(()) = changes.recv() => {
-                    let observed = Instant::now();
-                    metrics.observed_change();
-                    // Editors write in several steps: let them finish.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    while changes.try_recv().is_ok() {}
-                    sync(&services, &mut reconciler, &metrics, observed);
-                }
+                Some(ev) = events.recv() => handle(ev, &mut reconciler, &metrics),
                 _ = hup.recv() => {
-                    info!("SIGHUP: re-reading the services file");
-                    metrics.observed_change();
-                    sync(&services, &mut reconciler, &metrics, Instant::now());
+                    info!("SIGHUP: re-reading the source");
+                    let _ = reload_tx.try_send(());
+                }
+                _ = retry.tick() => {
+                    if !reconciler.pending().is_empty() {
+                        info!(services = reconciler.pending().len(), "retrying refused services");
+                        finish(reconciler.retry(), &reconciler, &metrics, None);
+                    }
                 }
                 _ = term.recv() => break,
                 _ = int.recv() => break,
@@ -180,6 +265,58 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         info!("stopping; the data path stays installed and keeps forwarding");
         anyhow::Ok(())
     })
+}
+
+fn handle(ev: SourceEvent, reconciler: &mut Reconciler<BpfMaps>, metrics: &Metrics) {
+    match ev {
+        SourceEvent::Full { model, observed } => {
+            metrics.observed_change();
+            // A complete view (restart, relist): compare everything and prune.
+            reconciler.force_full_sync();
+            let result = reconciler.reconcile(&model);
+            finish(result, reconciler, metrics, Some(observed));
+        }
+        SourceEvent::Changes { changes, observed } => {
+            metrics.observed_change();
+            let result = reconciler.reconcile_changes(changes);
+            finish(result, reconciler, metrics, Some(observed));
+        }
+        SourceEvent::Error { source, reason, message } => {
+            error!("{message}; keeping the last good state in the maps");
+            metrics.source_error(source, reason, message);
+        }
+        SourceEvent::Warning { source, reason, message } => {
+            warn!("{message}");
+            metrics.source_warning(source, reason);
+        }
+    }
+}
+
+fn finish(
+    result: Result<lb::reconcile::ReconcileStats, ReconcileError>,
+    reconciler: &Reconciler<BpfMaps>,
+    metrics: &Metrics,
+    observed: Option<Instant>,
+) {
+    let target = reconciler.target();
+    match result {
+        Ok(stats) => {
+            metrics.reconciled(&stats, observed, reconciler.state(), target.services.len(), reconciler.maps().capacity());
+            info!(
+                services = target.services.len(),
+                frontends = target.frontend_count(),
+                changed = stats.services_changed,
+                writes = stats.ops,
+                full_sync = stats.full_sync,
+                took_us = stats.duration.as_micros() as u64,
+                "reconciled"
+            )
+        }
+        Err(e) => {
+            warn!("reconcile failed: {e}");
+            metrics.reconcile_failed(e.to_string());
+        }
+    }
 }
 
 /// Forwards the programs' aya-log records to tracing (through the `log` crate).
@@ -197,38 +334,5 @@ async fn forward_bpf_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
         let Ok(mut guard) = fd.readable_mut().await else { return };
         guard.get_inner_mut().flush();
         guard.clear_ready();
-    }
-}
-
-fn sync(path: &std::path::Path, reconciler: &mut Reconciler<BpfMaps>, metrics: &Metrics, observed: Instant) {
-    let model = match source::file::load(path) {
-        Ok(m) => m,
-        Err(e) => {
-            let reason = match e {
-                source::file::LoadError::Read { .. } => "unreadable",
-                source::file::LoadError::Invalid { .. } => "invalid",
-            };
-            error!("{e}; keeping the last good state in the maps");
-            metrics.source_error("file", reason, e.to_string());
-            return;
-        }
-    };
-    match reconciler.reconcile(&model) {
-        Ok(stats) => {
-            metrics.reconciled(&stats, Some(observed), reconciler.state(), model.services.len(), reconciler.maps().capacity());
-            info!(
-                services = model.services.len(),
-                frontends = model.frontend_count(),
-                changed = stats.services_changed,
-                writes = stats.ops,
-                full_sync = stats.full_sync,
-                took_us = stats.duration.as_micros() as u64,
-                "reconciled"
-            )
-        }
-        Err(e) => {
-            warn!("reconcile failed: {e}");
-            metrics.reconcile_failed(e.to_string());
-        }
     }
 }

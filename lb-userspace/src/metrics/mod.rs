@@ -138,6 +138,11 @@ impl Metrics {
 
     /// Records a successful reconcile. `observed`: when the change that
     /// triggered it was first seen.
+    /// Part of an input was skipped; not an error of the whole input.
+    pub fn source_warning(&self, source: &str, reason: &str) {
+        self.source_errors.get_or_create(&SourceErrorLabels { source: source.into(), reason: reason.into() }).inc();
+    }
+
     pub fn reconciled(&self, stats: &ReconcileStats, observed: Option<Instant>, state: &MapState, services: usize, cap: Capacity) {
         self.reconciles.get_or_create(&ResultLabels { result: "ok".into() }).inc();
         self.reconcile_duration.observe(stats.duration.as_secs_f64());

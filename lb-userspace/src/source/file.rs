@@ -52,3 +52,43 @@ pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::R
         .with_context(|| format!("watching {}", dir.display()))?;
     Ok((watcher, rx))
 }
+
+/// The file source as a task: a full model at start and after every change
+/// (inotify) or `reload` request (SIGHUP); an error event when the file
+/// cannot be read or is invalid.
+pub async fn run(path: PathBuf, tx: mpsc::Sender<super::SourceEvent>, mut reload: mpsc::Receiver<()>) {
+    use super::SourceEvent;
+    let (_watcher, mut changes) = match watch(&path) {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = tx.send(SourceEvent::Error { source: "file", reason: "watch-failed", message: format!("{e:#}") }).await;
+            return;
+        }
+    };
+    let mut observed = std::time::Instant::now();
+    loop {
+        let event = match load(&path) {
+            Ok(model) => SourceEvent::Full { model, observed },
+            Err(e) => SourceEvent::Error {
+                source: "file",
+                reason: match e {
+                    LoadError::Read { .. } => "unreadable",
+                    LoadError::Invalid { .. } => "invalid",
+                },
+                message: e.to_string(),
+            },
+        };
+        if tx.send(event).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            Some(()) = changes.recv() => {}
+            Some(()) = reload.recv() => {}
+            else => return,
+        }
+        observed = std::time::Instant::now();
+        // Editors write in several steps: let them finish.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        while changes.try_recv().is_ok() {}
+    }
+}

@@ -1,4 +1,24 @@
-//! Sources of the model: the services file (standalone mode) today, the
-//! apiserver next. A source only produces models; it never touches maps.
+//! Sources of the model: the services file (standalone mode) and the
+//! Kubernetes apiserver. A source only produces `SourceEvent`s; it never
+//! touches maps. The agent feeds them to the reconciler.
 pub mod file;
 pub mod kubernetes;
+
+use std::time::Instant;
+
+use crate::model::{Model, Service, ServiceName};
+
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// The complete set of services (a services file, a Kubernetes initial
+    /// list or relist): services not in it are removed.
+    Full { model: Model, observed: Instant },
+    /// Some services changed; `None` means the service is gone.
+    Changes { changes: Vec<(ServiceName, Option<Service>)>, observed: Instant },
+    /// The source could not be read or gave invalid input; the maps keep
+    /// their state. `source` ("file", "kubernetes") and `reason` are short
+    /// codes for metrics.
+    Error { source: &'static str, reason: &'static str, message: String },
+    /// Part of an input was skipped (an SCTP port, a bad address).
+    Warning { source: &'static str, reason: &'static str, message: String },
+}

@@ -1,0 +1,510 @@
+//! What the watches have seen, and what changed since the last output.
+//!
+//! * Nothing is output before the Service, EndpointSlice and Node lists are
+//!   all complete: a partial view must never prune.
+//! * A (re)list replaces a resource's objects at its `InitDone`; the next
+//!   output is then a full model, so the reconciler prunes what the relist no
+//!   longer has.
+//! * Otherwise the output is the changes of the services touched since the
+//!   last one (debouncing is the caller's job).
+//! * Two services claiming the same frontend (an externalIP, say): the
+//!   service whose name sorts first keeps it, the other gets a warning; when
+//!   the owner lets go, the other takes over.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Service as K8sService},
+    discovery::v1::EndpointSlice,
+};
+use kube::runtime::watcher::Event;
+
+use super::translate::{self, service_name, slice_service, NodeContext, Warning};
+use crate::model::{Model, Service, ServiceName};
+
+/// A CIDR for --nodeport-addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    pub address: IpAddr,
+    pub prefix: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, p) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
+        let address: IpAddr = a.parse().map_err(|_| format!("{a:?} is not an IP address"))?;
+        let prefix: u8 = p.parse().map_err(|_| format!("{p:?} is not a prefix length"))?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(format!("prefix /{prefix} is longer than {max}"));
+        }
+        Ok(Cidr { address, prefix })
+    }
+}
+
+impl Cidr {
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
+                u32::from(n) & mask == u32::from(*a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix) };
+                u128::from(n) & mask == u128::from(*a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+type FrontendId = (IpAddr, u16, u8);
+
+#[derive(Default)]
+struct Relist<K> {
+    buffer: Option<Vec<K>>,
+    synced: bool,
+}
+
+pub struct Store {
+    node_name: String,
+    nodeport_cidrs: Vec<Cidr>,
+    node: NodeContext,
+    services: HashMap<ServiceName, K8sService>,
+    /// service → slice name → slice
+    slices: HashMap<ServiceName, BTreeMap<String, EndpointSlice>>,
+    /// slice name (namespace/name) → the service it was filed under
+    slice_owner: HashMap<(String, String), ServiceName>,
+    svc_relist: Relist<K8sService>,
+    slice_relist: Relist<EndpointSlice>,
+    node_relist: Relist<Node>,
+    dirty: BTreeSet<ServiceName>,
+    full_pending: bool,
+    /// frontend → services that want it; the first one owns it.
+    claims: HashMap<FrontendId, BTreeSet<ServiceName>>,
+    /// service → frontends it asked for last time.
+    asked: HashMap<ServiceName, Vec<FrontendId>>,
+    /// What was last output per service, to skip no-op changes.
+    published: HashMap<ServiceName, Service>,
+    warnings: Vec<Warning>,
+}
+
+impl Store {
+    pub fn new(node_name: &str, nodeport_cidrs: Vec<Cidr>) -> Self {
+        Self {
+            node_name: node_name.to_string(),
+            nodeport_cidrs,
+            node: NodeContext { name: node_name.to_string(), nodeport_addresses: Vec::new() },
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slice_owner: HashMap::new(),
+            svc_relist: Relist::default(),
+            slice_relist: Relist::default(),
+            node_relist: Relist::default(),
+            dirty: BTreeSet::new(),
+            full_pending: false,
+            claims: HashMap::new(),
+            asked: HashMap::new(),
+            published: HashMap::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Every list has completed at least once.
+    pub fn ready(&self) -> bool {
+        self.svc_relist.synced && self.slice_relist.synced && self.node_relist.synced
+    }
+
+    /// Something is waiting to be output.
+    pub fn has_output(&self) -> bool {
+        self.ready() && (self.full_pending || !self.dirty.is_empty())
+    }
+
+    pub fn node(&self) -> &NodeContext {
+        &self.node
+    }
+
+    pub fn on_service(&mut self, ev: Event<K8sService>) {
+        match ev {
+            Event::Apply(s) => {
+                let name = service_name(&s);
+                self.dirty.insert(name.clone());
+                self.services.insert(name, s);
+            }
+            Event::Delete(s) => {
+                let name = service_name(&s);
+                self.dirty.insert(name.clone());
+                self.services.remove(&name);
+            }
+            Event::Init => self.svc_relist.buffer = Some(Vec::new()),
+            Event::InitApply(s) => self.svc_relist.buffer.get_or_insert_with(Vec::new).push(s),
+            Event::InitDone => {
+                let items = self.svc_relist.buffer.take().unwrap_or_default();
+                self.services = items.into_iter().map(|s| (service_name(&s), s)).collect();
+                self.svc_relist.synced = true;
+                self.full_pending = true;
+            }
+        }
+    }
+
+    pub fn on_slice(&mut self, ev: Event<EndpointSlice>) {
+        match ev {
+            Event::Apply(s) => self.put_slice(s),
+            Event::Delete(s) => {
+                let key = slice_key(&s);
+                if let Some(owner) = self.slice_owner.remove(&key) {
+                    if let Some(m) = self.slices.get_mut(&owner) {
+                        m.remove(&key.1);
+                    }
+                    self.dirty.insert(owner);
+                }
+            }
+            Event::Init => self.slice_relist.buffer = Some(Vec::new()),
+            Event::InitApply(s) => self.slice_relist.buffer.get_or_insert_with(Vec::new).push(s),
+            Event::InitDone => {
+                let items = self.slice_relist.buffer.take().unwrap_or_default();
+                self.slices.clear();
+                self.slice_owner.clear();
+                for s in items {
+                    self.put_slice(s);
+                }
+                self.slice_relist.synced = true;
+                self.full_pending = true;
+            }
+        }
+    }
+
+    fn put_slice(&mut self, s: EndpointSlice) {
+        let key = slice_key(&s);
+        // A slice can move to another service only by a label change: file it anew.
+        if let Some(old) = self.slice_owner.remove(&key) {
+            if let Some(m) = self.slices.get_mut(&old) {
+                m.remove(&key.1);
+            }
+            self.dirty.insert(old);
+        }
+        if let Some(owner) = slice_service(&s) {
+            self.dirty.insert(owner.clone());
+            self.slice_owner.insert(key.clone(), owner.clone());
+            self.slices.entry(owner).or_default().insert(key.1, s);
+        }
+    }
+
+    pub fn on_node(&mut self, ev: Event<Node>) {
+        match ev {
+            Event::Apply(n) | Event::InitApply(n) => {
+                if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
+                    self.set_node_addresses(node_addresses(&n, &self.nodeport_cidrs));
+                }
+            }
+            Event::Delete(n) => {
+                if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
+                    self.set_node_addresses(Vec::new());
+                }
+            }
+            Event::Init => {}
+            Event::InitDone => self.node_relist.synced = true,
+        }
+    }
+
+    fn set_node_addresses(&mut self, addresses: Vec<IpAddr>) {
+        if addresses != self.node.nodeport_addresses {
+            self.node.nodeport_addresses = addresses;
+            // NodePort frontends of every service may change.
+            self.dirty.extend(self.services.keys().cloned());
+        }
+    }
+
+    /// Warnings gathered since the last call.
+    pub fn take_warnings(&mut self) -> Vec<Warning> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    /// The full model (after a (re)list) or the changed services. None while
+    /// not ready or when nothing changed.
+    pub fn take_output(&mut self) -> Option<Output> {
+        if !self.ready() {
+            return None;
+        }
+        if self.full_pending {
+            self.full_pending = false;
+            self.dirty.clear();
+            self.claims.clear();
+            self.asked.clear();
+            self.published.clear();
+            let mut names: Vec<ServiceName> = self.services.keys().cloned().collect();
+            names.sort();
+            let mut todo: BTreeSet<ServiceName> = names.into_iter().collect();
+            let mut model = Model::default();
+            // Claims settle in name order, so one pass suffices for a full build.
+            while let Some(name) = todo.pop_first() {
+                if let Some(svc) = self.build(&name, &mut BTreeSet::new()) {
+                    model.services.insert(name, svc);
+                }
+            }
+            self.published = model.services.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            return Some(Output::Full(model));
+        }
+        if self.dirty.is_empty() {
+            return None;
+        }
+        let mut todo = std::mem::take(&mut self.dirty);
+        let mut changes = BTreeMap::new();
+        while let Some(name) = todo.pop_first() {
+            let mut woken = BTreeSet::new();
+            let svc = self.build(&name, &mut woken);
+            todo.extend(woken);
+            let before = self.published.get(&name);
+            if before != svc.as_ref() {
+                match &svc {
+                    Some(s) => self.published.insert(name.clone(), s.clone()),
+                    None => self.published.remove(&name),
+                };
+                changes.insert(name, svc);
+            }
+        }
+        if changes.is_empty() {
+            return None;
+        }
+        Some(Output::Changes(changes.into_iter().collect()))
+    }
+
+    /// Translates one service and resolves frontend claims. Services whose
+    /// ownership of a frontend changes because of this one go to `woken`.
+    fn build(&mut self, name: &ServiceName, woken: &mut BTreeSet<ServiceName>) -> Option<Service> {
+        let translated = self.services.get(name).and_then(|svc| {
+            let slices = self.slices.get(name).into_iter().flat_map(|m| m.values());
+            let t = translate::translate(svc, slices, &self.node);
+            self.warnings.extend(t.warnings);
+            t.service
+        });
+        let wanted: Vec<FrontendId> = translated
+            .iter()
+            .flat_map(|s| s.frontends.iter().map(|f| (f.address, f.port, f.protocol.number())))
+            .collect();
+        // Let go of frontends no longer wanted; the next claimant takes over.
+        for id in self.asked.remove(name).unwrap_or_default() {
+            if wanted.contains(&id) {
+                continue;
+            }
+            if let Some(set) = self.claims.get_mut(&id) {
+                let was_owner = set.first() == Some(name);
+                set.remove(name);
+                if was_owner {
+                    if let Some(next) = set.first() {
+                        woken.insert(next.clone());
+                    }
+                }
+                if set.is_empty() {
+                    self.claims.remove(&id);
+                }
+            }
+        }
+        let mut svc = translated?;
+        for id in &wanted {
+            let set = self.claims.entry(*id).or_default();
+            let previous_owner = set.first().cloned();
+            set.insert(name.clone());
+            if let Some(prev) = previous_owner {
+                if &prev != name && set.first() == Some(name) {
+                    woken.insert(prev); // we sort first: it loses the frontend
+                }
+            }
+        }
+        self.asked.insert(name.clone(), wanted);
+        let claims = &self.claims;
+        let mut lost = Vec::new();
+        svc.frontends.retain(|f| {
+            let owner = claims.get(&(f.address, f.port, f.protocol.number())).and_then(|s| s.first());
+            let ours = owner == Some(name);
+            if !ours {
+                lost.push(format!("{}:{}/{} (owned by {})", f.address, f.port, f.protocol.as_str(), owner.map_or("?".into(), |o| o.to_string())));
+            }
+            ours
+        });
+        for l in lost {
+            self.warnings.push(Warning { reason: "frontend-conflict", message: format!("{name}: frontend {l} is already taken; skipped") });
+        }
+        Some(svc)
+    }
+}
+
+pub enum Output {
+    Full(Model),
+    Changes(Vec<(ServiceName, Option<Service>)>),
+}
+
+fn slice_key(s: &EndpointSlice) -> (String, String) {
+    (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default())
+}
+
+/// The node's InternalIP and ExternalIP addresses, filtered by the CIDRs
+/// (all of them when no CIDR is given), like kube-proxy's --nodeport-addresses.
+pub fn node_addresses(node: &Node, cidrs: &[Cidr]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .filter(|ip| cidrs.is_empty() || cidrs.iter().any(|c| c.contains(ip)))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn svc(name: &str, ip: &str, external: &[&str]) -> K8sService {
+        // The apiserver never hands out a nodePort twice: derive one per name.
+        let node_port = 30000 + name.bytes().map(u32::from).sum::<u32>() % 2000;
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterIP": ip, "externalIPs": external, "type": "NodePort",
+                     "ports": [{"name": "http", "port": 80, "nodePort": node_port}]}
+        }))
+        .unwrap()
+    }
+
+    fn slice(name: &str, service: &str, ips: &[&str]) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "endpoints": ips.iter().map(|ip| json!({"addresses": [ip]})).collect::<Vec<_>>(),
+            "ports": [{"name": "http", "port": 8080}]
+        }))
+        .unwrap()
+    }
+
+    fn node(ips: &[&str]) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "node-a"},
+            "status": {"addresses": ips.iter().map(|ip| json!({"type": "InternalIP", "address": ip})).collect::<Vec<_>>()}
+        }))
+        .unwrap()
+    }
+
+    fn synced(services: Vec<K8sService>, slices: Vec<EndpointSlice>) -> Store {
+        let mut s = Store::new("node-a", Vec::new());
+        s.on_service(Event::Init);
+        for x in services {
+            s.on_service(Event::InitApply(x));
+        }
+        s.on_service(Event::InitDone);
+        s.on_slice(Event::Init);
+        for x in slices {
+            s.on_slice(Event::InitApply(x));
+        }
+        s.on_slice(Event::InitDone);
+        s.on_node(Event::Init);
+        s.on_node(Event::InitApply(node(&["192.168.1.10"])));
+        s.on_node(Event::InitDone);
+        s
+    }
+
+    fn n(name: &str) -> ServiceName {
+        ServiceName::new("default", name)
+    }
+
+    #[test]
+    fn nothing_is_output_until_every_list_is_complete() {
+        let mut s = Store::new("node-a", Vec::new());
+        s.on_service(Event::Init);
+        s.on_service(Event::InitApply(svc("a", "10.96.0.1", &[])));
+        s.on_service(Event::InitDone);
+        s.on_slice(Event::Init);
+        s.on_slice(Event::InitApply(slice("a-1", "a", &["10.244.0.1"])));
+        assert!(s.take_output().is_none(), "slices not listed yet: no prune on a partial view");
+        s.on_slice(Event::InitDone);
+        assert!(s.take_output().is_none(), "node not listed yet");
+        s.on_node(Event::Init);
+        s.on_node(Event::InitApply(node(&["192.168.1.10"])));
+        s.on_node(Event::InitDone);
+        let Some(Output::Full(model)) = s.take_output() else { panic!("full model expected") };
+        let fe = &model.services[&n("a")].frontends;
+        assert_eq!(fe.len(), 2, "ClusterIP and NodePort on the node address");
+        assert_eq!(fe[0].backends.len(), 1);
+        assert!(s.take_output().is_none());
+    }
+
+    #[test]
+    fn a_slice_change_outputs_only_its_service() {
+        let mut s = synced(vec![svc("a", "10.96.0.1", &[]), svc("b", "10.96.0.2", &[])], vec![slice("a-1", "a", &["10.244.0.1"])]);
+        s.take_output();
+        s.on_slice(Event::Apply(slice("a-1", "a", &["10.244.0.1", "10.244.0.2"])));
+        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].0, n("a"));
+        assert_eq!(changes[0].1.as_ref().unwrap().frontends[0].backends.len(), 2);
+        // The same object again is not a change.
+        s.on_slice(Event::Apply(slice("a-1", "a", &["10.244.0.1", "10.244.0.2"])));
+        assert!(s.take_output().is_none());
+        s.on_service(Event::Delete(svc("b", "10.96.0.2", &[])));
+        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        assert_eq!(changes, vec![(n("b"), None)]);
+    }
+
+    #[test]
+    fn a_relist_outputs_a_full_model_without_what_it_lost() {
+        let mut s = synced(vec![svc("a", "10.96.0.1", &[]), svc("b", "10.96.0.2", &[])], vec![]);
+        s.take_output();
+        // e.g. after 410 Gone: b was deleted while the watch was down.
+        s.on_service(Event::Init);
+        s.on_service(Event::InitApply(svc("a", "10.96.0.1", &[])));
+        assert!(s.take_output().is_none(), "mid-relist: nothing");
+        s.on_service(Event::InitDone);
+        let Some(Output::Full(model)) = s.take_output() else { panic!() };
+        assert_eq!(model.services.keys().cloned().collect::<Vec<_>>(), vec![n("a")]);
+    }
+
+    #[test]
+    fn a_contested_external_ip_goes_to_the_first_service_and_passes_on_when_released() {
+        let mut s = synced(vec![svc("a", "10.96.0.1", &["203.0.113.5"]), svc("b", "10.96.0.2", &["203.0.113.5"])], vec![]);
+        let Some(Output::Full(model)) = s.take_output() else { panic!() };
+        let has_ext = |m: &Service| m.frontends.iter().any(|f| f.address.to_string() == "203.0.113.5");
+        assert!(has_ext(&model.services[&n("a")]));
+        assert!(!has_ext(&model.services[&n("b")]));
+        assert_eq!(s.take_warnings().iter().filter(|w| w.reason == "frontend-conflict").count(), 1);
+
+        s.on_service(Event::Delete(svc("a", "10.96.0.1", &["203.0.113.5"])));
+        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        let map: BTreeMap<_, _> = changes.into_iter().collect();
+        assert_eq!(map[&n("a")], None);
+        assert!(has_ext(map[&n("b")].as_ref().unwrap()), "b takes the released frontend over");
+    }
+
+    #[test]
+    fn node_address_change_moves_nodeport_frontends_and_cidrs_filter_them() {
+        let mut s = synced(vec![svc("a", "10.96.0.1", &[])], vec![]);
+        s.take_output();
+        s.on_node(Event::Apply(node(&["192.168.1.10", "10.0.0.5"])));
+        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        let fe = &changes[0].1.as_ref().unwrap().frontends;
+        assert_eq!(fe.iter().filter(|f| f.kind == crate::model::FrontendKind::NodePort).count(), 2);
+
+        let mut s = Store::new("node-a", vec!["10.0.0.0/8".parse().unwrap()]);
+        s.on_node(Event::InitApply(node(&["192.168.1.10", "10.0.0.5"])));
+        assert_eq!(s.node().nodeport_addresses, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn cidrs_parse_and_match() {
+        let c: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(c.contains(&"10.1.2.3".parse().unwrap()));
+        assert!(!c.contains(&"11.0.0.1".parse().unwrap()));
+        let c6: Cidr = "fd00::/8".parse().unwrap();
+        assert!(c6.contains(&"fd12::1".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("nope".parse::<Cidr>().is_err());
+    }
+}

@@ -1,0 +1,96 @@
+//! The watch loop: kube-rs watchers on Services, EndpointSlices (with
+//! kube-proxy's label selectors) and this node's Node, feeding the `Store`.
+//! Changes are debounced: the first event of a burst starts the clock, and
+//! everything that arrives within `debounce` goes out as one batch of
+//! changed services. Watch errors (410 Gone, dropped connections, an
+//! apiserver that is down) are reported and retried with backoff by
+//! kube-runtime; the maps keep their state meanwhile.
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::{
+    core::v1::{Node, Service as K8sService},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    runtime::{watcher, WatchStreamExt as _},
+    Api, Client,
+};
+use tokio::sync::mpsc;
+
+use super::{
+    store::{Cidr, Output, Store},
+    translate::WATCH_SELECTOR,
+};
+use crate::source::SourceEvent;
+
+#[derive(Clone, Debug)]
+pub struct WatchConfig {
+    /// This node (downward API spec.nodeName): locality and NodePort addresses.
+    pub node_name: String,
+    /// --nodeport-addresses: which node addresses serve NodePorts (empty: all).
+    pub nodeport_cidrs: Vec<Cidr>,
+    /// How long to gather changes before applying them.
+    pub debounce: Duration,
+}
+
+fn watch_error(kind: &str, e: &watcher::Error) -> SourceEvent {
+    let reason = match e {
+        watcher::Error::InitialListFailed(_) => "list-failed",
+        watcher::Error::WatchStartFailed(_) => "watch-start-failed",
+        watcher::Error::WatchError(status) if status.code == 410 => "watch-expired",
+        watcher::Error::WatchError(_) => "watch-error",
+        watcher::Error::WatchFailed(_) => "watch-failed",
+        _ => "watch-error",
+    };
+    SourceEvent::Error { source: "kubernetes", reason, message: format!("watching {kind}: {e}; retrying, the maps keep their state") }
+}
+
+/// Runs until `tx` is closed.
+pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>) {
+    let selector = watcher::Config::default().labels(WATCH_SELECTOR);
+    let mut services = watcher(Api::<K8sService>::all(client.clone()), selector.clone()).default_backoff().boxed();
+    let mut slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector).default_backoff().boxed();
+    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
+    let mut nodes = watcher(Api::<Node>::all(client), node_cfg).default_backoff().boxed();
+
+    let mut store = Store::new(&cfg.node_name, cfg.nodeport_cidrs.clone());
+    // When the first unsent change arrived.
+    let mut first_change: Option<Instant> = None;
+    loop {
+        let deadline = first_change.map(|t| tokio::time::Instant::from_std(t + cfg.debounce));
+        tokio::select! {
+            Some(ev) = services.next() => match ev {
+                Ok(ev) => store.on_service(ev),
+                Err(e) => if tx.send(watch_error("services", &e)).await.is_err() { return },
+            },
+            Some(ev) = slices.next() => match ev {
+                Ok(ev) => store.on_slice(ev),
+                Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return },
+            },
+            Some(ev) = nodes.next() => match ev {
+                Ok(ev) => store.on_node(ev),
+                Err(e) => if tx.send(watch_error("nodes", &e)).await.is_err() { return },
+            },
+            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
+                let observed = first_change.take().unwrap_or_else(Instant::now);
+                for w in store.take_warnings() {
+                    if tx.send(SourceEvent::Warning { source: "kubernetes", reason: w.reason, message: w.message }).await.is_err() { return }
+                }
+                let event = match store.take_output() {
+                    Some(Output::Full(model)) => SourceEvent::Full { model, observed },
+                    Some(Output::Changes(changes)) => SourceEvent::Changes { changes, observed },
+                    None => continue,
+                };
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            else => return,
+        }
+        if first_change.is_none() && store.has_output() {
+            first_change = Some(Instant::now());
+        }
+    }
+}
