@@ -33,7 +33,8 @@ impl Drop for PinDir {
 pub struct Agent {
     child: Option<Child>,
     pub log: PathBuf,
-    pub services: PathBuf,
+    /// `--services FILE` or `--kubernetes ...`.
+    pub source_args: Vec<String>,
     pub cgroup: PathBuf,
     pub pin_dir: PathBuf,
     /// Where /metrics and /healthz listen (a free loopback port per agent).
@@ -53,6 +54,17 @@ impl Agent {
     }
 
     pub fn start_with(services: &Path, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
+        let source = vec!["--services".to_string(), services.display().to_string()];
+        Self::start_source(source, cgroup, pin_dir, extra_args)
+    }
+
+    /// Kubernetes mode against `api_server` (a URL), as node `node`.
+    pub fn start_kubernetes(api_server: &str, node: &str, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
+        let source = ["--kubernetes", "--k8s-api-server", api_server, "--node-name", node, "--min-sync-period", "20ms"];
+        Self::start_source(source.iter().map(|s| s.to_string()).collect(), cgroup, pin_dir, extra_args)
+    }
+
+    fn start_source(source_args: Vec<String>, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
         let log = std::env::temp_dir().join(format!(
             "lb-agent-{}.log",
             pin_dir.file_name().unwrap().to_string_lossy()
@@ -60,7 +72,7 @@ impl Agent {
         let mut agent = Agent {
             child: None,
             log,
-            services: services.to_path_buf(),
+            source_args,
             cgroup: cgroup.to_path_buf(),
             pin_dir: pin_dir.to_path_buf(),
             metrics: ([127, 0, 0, 1], free_port()).into(),
@@ -88,8 +100,8 @@ impl Agent {
         let _ = std::fs::remove_file(&self.log);
         let log = std::fs::File::create(&self.log).unwrap();
         let child = Command::new(crate::sibling_bin("lb-agent"))
-            .arg("--services")
-            .arg(&self.services)
+            .args(&self.source_args)
+            .env("KUBECONFIG", "/nonexistent")
             .arg("--cgroup")
             .arg(&self.cgroup)
             .arg("--pin-dir")

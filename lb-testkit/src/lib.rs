@@ -11,6 +11,7 @@
 //!   and the peer address they saw.
 //! * `probe`: runs `lb-probe` (client inside the cgroup and client namespace).
 pub mod agent;
+pub mod apiserver;
 pub mod cgroup;
 pub mod netns;
 pub mod probe;

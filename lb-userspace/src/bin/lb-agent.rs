@@ -174,6 +174,10 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
         }
     };
     let mut config = config;
+    // kube's default retry layer retries 503s for minutes, silently; the
+    // watchers' own backoff retries too, and reports every failure (counted
+    // in lb_source_errors_total), so an outage is visible at once.
+    config.default_retry = false;
     if let Some(url) = server {
         config.cluster_url = url.parse().with_context(|| format!("--k8s-api-server {url}"))?;
     }
