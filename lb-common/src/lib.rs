@@ -5,6 +5,7 @@
 //! in network byte order (see docs/datapath.md, "Byte order").
 #![no_std]
 
+pub mod affinity;
 pub mod backend;
 pub mod config;
 pub mod drop;

@@ -16,9 +16,11 @@ pub const LB_EVENTS: &str = "LB_EVENTS";
 pub const LB_CONFIG: &str = "LB_CONFIG";
 pub const LB_COUNTERS: &str = "LB_COUNTERS";
 pub const LB_EVENT_RATE: &str = "LB_EVENT_RATE";
+pub const LB_AFFINITY: &str = "LB_AFFINITY";
+pub const LB_AFFINITY_MATCH: &str = "LB_AFFINITY_MATCH";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 15] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -27,6 +29,8 @@ pub const ALL: [&str; 13] = [
     LB6_BACKENDS,
     LB6_REVNAT,
     LB6_SOCK_REVNAT,
+    LB_AFFINITY,
+    LB_AFFINITY_MATCH,
     LB_DROPS,
     LB_EVENTS,
     LB_CONFIG,
@@ -40,6 +44,7 @@ pub const DEFAULT_SERVICES_MAX: u32 = 65_536;
 pub const DEFAULT_BACKENDS_MAX: u32 = 65_536;
 pub const DEFAULT_REVNAT_MAX: u32 = 65_536;
 pub const DEFAULT_SOCK_REVNAT_MAX: u32 = 262_144;
+pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
 
 /// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
 /// Bump it on any change to a key or value type in this crate.

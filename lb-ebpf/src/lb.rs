@@ -1,14 +1,15 @@
 //! Service lookup and backend selection, written once for both address
 //! families and independent of the hook that asks (socket hooks today,
 //! tc/XDP later).
-use aya_ebpf::helpers::bpf_get_prandom_u32;
+use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use lb_common::{
+    affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     drop::DropReason,
-    service::{Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_VIP_MARKER},
+    service::{Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_VIP_MARKER},
 };
 
-use crate::maps::{LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES};
+use crate::maps::{LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES, LB_AFFINITY, LB_AFFINITY_MATCH};
 
 /// The maps of one address family.
 pub trait Family {
@@ -106,4 +107,35 @@ pub fn select_backend<F: Family>(key: &F::Key, svc: &ServiceValue) -> Result<(u3
         Some(b) => Ok((backend_id, b)),
         None => Err(DropReason::BackendMissing),
     }
+}
+
+/// `select_backend`, but with sessionAffinity: ClientIP honoured for
+/// services that ask for it: the client's last backend is reused while it is
+/// still selectable for the service and the timeout has not run out since
+/// its last use.
+#[inline(always)]
+pub fn select_backend_for<F: Family>(
+    key: &F::Key,
+    svc: &ServiceValue,
+    client: u64,
+) -> Result<(u32, F::Backend), DropReason> {
+    if svc.flags & SVC_FLAG_AFFINITY == 0 {
+        return select_backend::<F>(key, svc);
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let akey = AffinityKey { client, service_id: svc.service_id, pad: 0 };
+    if let Some(entry) = LB_AFFINITY.get_ptr_mut(&akey) {
+        let entry = unsafe { &mut *entry };
+        let fresh = now.saturating_sub(entry.last_used_ns) <= svc.affinity_timeout_s as u64 * 1_000_000_000;
+        let member = AffinityMatchKey { service_id: svc.service_id, backend_id: entry.backend_id };
+        if fresh && unsafe { LB_AFFINITY_MATCH.get(&member) }.is_some() {
+            if let Some(b) = F::backend(entry.backend_id) {
+                entry.last_used_ns = now;
+                return Ok((entry.backend_id, b));
+            }
+        }
+    }
+    let (id, backend) = select_backend::<F>(key, svc)?;
+    let _ = LB_AFFINITY.insert(&akey, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now }, 0);
+    Ok((id, backend))
 }

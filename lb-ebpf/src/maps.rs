@@ -5,11 +5,12 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
+    affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     event::EVENTS_RING_BYTES,
     drop::DROP_SLOTS,
-    maps::{DEFAULT_BACKENDS_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX},
+    maps::{DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX},
     revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
     service::{Service4Key, Service6Key, ServiceValue},
 };
@@ -66,3 +67,12 @@ pub static LB_COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0)
 /// Per-CPU token bucket of the event rate limiter.
 #[map]
 pub static LB_EVENT_RATE: PerCpuArray<RateState> = PerCpuArray::pinned(1, 0);
+
+/// sessionAffinity: ClientIP memory, written by the programs.
+#[map]
+pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(DEFAULT_AFFINITY_MAX, 0);
+
+/// (service, backend) pairs a service may currently select, written by the agent.
+#[map]
+pub static LB_AFFINITY_MATCH: HashMap<AffinityMatchKey, u8> =
+    HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);

@@ -20,6 +20,7 @@ pub const SERVICE_RANGE6: &str = "fd00:96::/64";
 
 pub struct Topology {
     pub client: Netns,
+    pub extra_clients: Vec<Netns>,
     pub backends: Vec<Netns>,
     // Dropped last: the hub holds the bridge every veth hangs on.
     pub hub: Netns,
@@ -42,7 +43,7 @@ impl Topology {
                 ns
             })
             .collect();
-        Self { client, backends, hub }
+        Self { client, extra_clients: Vec::new(), backends, hub }
     }
 
     /// Address of backend `i` (0-based): 10.250.0.11, .12, ...
@@ -53,6 +54,25 @@ impl Topology {
     /// IPv6 address of backend `i`: fd00:250::11, ::12, ...
     pub fn backend_ip6(i: usize) -> Ipv6Addr {
         Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, 0x11 + i as u16)
+    }
+
+    /// Adds another client namespace ("another pod") at 10.250.0.(1+n), with
+    /// the same blackhole routes. Returns its name.
+    pub fn add_client(&mut self, tag: &str) -> String {
+        let n = self.extra_clients.len() + 2;
+        let ns = Netns::create(&format!("lbt-{tag}-c{n}"));
+        plug(
+            &self.hub,
+            &ns,
+            &format!("c{n}"),
+            Ipv4Addr::new(10, 250, 0, n as u8),
+            Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, 0, n as u16),
+        );
+        ns.ip(&["route", "add", "blackhole", SERVICE_RANGE]);
+        ns.ip(&["-6", "route", "add", "blackhole", SERVICE_RANGE6]);
+        let name = ns.name.clone();
+        self.extra_clients.push(ns);
+        name
     }
 
     /// Adds one more backend namespace (for tests that add backends later).

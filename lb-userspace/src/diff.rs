@@ -36,7 +36,8 @@ struct Deltas {
 /// `replaced`: master keys of the frontends the desired state replaces (the
 /// frontends the services being reconciled own now).
 pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
-    let mut first = Vec::new(); // backends, revnat, markers to add
+    let mut early = Vec::new(); // affinity entries to withdraw before anything else
+    let mut first = Vec::new(); // backends, revnat, affinity entries, markers to add
     let mut frontends = Vec::new(); // per-frontend slot/master/slot-delete sequences
     let mut removals = Vec::new(); // removed frontends
     let mut d = Deltas::default();
@@ -57,6 +58,16 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         }
         if fe.is_cluster_ip() {
             *d.vip_users.entry(fe.key.address).or_default() += 1;
+        }
+        // A backend a client may no longer stick to is withdrawn first.
+        let id = fe.value.service_id;
+        let have = current.affinity.get(&id);
+        let want: std::collections::BTreeSet<u32> = fe.affinity.iter().copied().collect();
+        for b in have.into_iter().flatten().filter(|b| !want.contains(b)) {
+            early.push(MapOp::DeleteAffinityMatch(id, *b));
+        }
+        for b in want.iter().filter(|b| !have.is_some_and(|h| h.contains(b))) {
+            first.push(MapOp::UpsertAffinityMatch(id, *b));
         }
         let old_master = current.services.get(&fe.key);
         if old_master.is_some_and(|m| m.flags & SVC_FLAG_CLUSTER_IP != 0) {
@@ -100,7 +111,8 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
     let candidates: Vec<u32> = d.backend_refs.keys().copied().collect();
     let del_backends = unreferenced_backends(current, &d, desired, &candidates);
 
-    let mut ops = add_markers;
+    let mut ops = early;
+    ops.extend(add_markers);
     ops.extend(first);
     ops.extend(frontends);
     ops.extend(removals);
@@ -143,6 +155,14 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
 
     let live: HashSet<u32> = current.frontends().filter(|(k, _)| !unowned.contains(k)).map(|(_, v)| v.service_id).collect();
     let removed: HashSet<u32> = gone.iter().filter_map(|k| current.services.get(k)).map(|m| m.service_id).collect();
+    let mut orphans: Vec<(u32, u32)> = current
+        .affinity
+        .iter()
+        .filter(|(id, _)| !live.contains(id) && !removed.contains(id))
+        .flat_map(|(id, set)| set.iter().map(move |b| (*id, *b)))
+        .collect();
+    orphans.sort_unstable();
+    ops.extend(orphans.into_iter().map(|(id, b)| MapOp::DeleteAffinityMatch(id, b)));
     let mut stale: Vec<u32> =
         current.revnat.keys().filter(|id| !live.contains(id) && !removed.contains(id)).copied().collect();
     stale.sort_unstable();
@@ -166,6 +186,9 @@ fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &m
     let Some(master) = current.services.get(key) else {
         return;
     };
+    for b in current.affinity.get(&master.service_id).into_iter().flatten() {
+        out.push(MapOp::DeleteAffinityMatch(master.service_id, *b));
+    }
     out.push(MapOp::DeleteService(*key));
     if master.flags & SVC_FLAG_CLUSTER_IP != 0 {
         *d.vip_users.entry(key.address).or_default() -= 1;

@@ -273,6 +273,19 @@ impl<M: LbMaps> Reconciler<M> {
                 }
             }
         }
+        let affinity = self.state.affinity_entries()
+            + ops
+                .iter()
+                .filter(|op| matches!(op, MapOp::UpsertAffinityMatch(s, b) if !self.state.affinity.get(s).is_some_and(|set| set.contains(b))))
+                .count();
+        if affinity > cap.services as usize {
+            return Err(ServiceError::Capacity {
+                map: names::LB_AFFINITY_MATCH,
+                needed: affinity,
+                max: cap.services,
+                flag: "--map-size-services",
+            });
+        }
         Ok(())
     }
 }

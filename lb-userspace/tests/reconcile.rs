@@ -338,3 +338,32 @@ fn external_traffic_policy_local_adds_a_node_local_view_of_the_frontend() {
     assert!(all.2 & lb_common::service::SVC_FLAG_TWO_SCOPES != 0);
     assert_consistent(r.state());
 }
+
+#[test]
+fn affinity_match_entries_follow_the_selectable_backends() {
+    let mut svc = service(9, 80, &[1, 2]);
+    svc.frontends[0].affinity_timeout_s = Some(60);
+    let mut model = Model::default();
+    model.services.insert(name(9), svc.clone());
+    let mut r = reconciled(&model);
+    let id = r.state().frontends().next().unwrap().1.service_id;
+    assert_eq!(r.state().affinity[&id].len(), 2);
+
+    // Backend 2 turns terminating while 1 is ready: nobody may stick to it.
+    svc.frontends[0].backends[1].state = BackendState::Terminating;
+    model.services.insert(name(9), svc.clone());
+    r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    assert!(matches!(log[0], MapOp::DeleteAffinityMatch(..)), "withdrawn before anything else: {log:?}");
+    assert_eq!(r.state().affinity[&id].len(), 1);
+
+    // Only terminating ones left: they are what the service selects, so they match.
+    svc.frontends[0].backends[0].state = BackendState::Terminating;
+    model.services.insert(name(9), svc);
+    r.reconcile(&model).unwrap();
+    assert_eq!(r.state().affinity[&id].len(), 2);
+
+    model.services.clear();
+    r.reconcile(&model).unwrap();
+    assert!(r.state().affinity.is_empty());
+}

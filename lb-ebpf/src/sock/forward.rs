@@ -1,6 +1,6 @@
 //! cgroup/connect4, connect6, sendmsg4, sendmsg6: service address → backend.
 use aya_ebpf::{
-    helpers::{bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
     EbpfContext,
@@ -66,6 +66,12 @@ fn event(ctx: &SockAddrContext, hook: u8, proto: u8, family: u8, daddr: [u8; 16]
     e
 }
 
+/// The client identity for session affinity: the socket's network namespace.
+#[inline(always)]
+fn netns_cookie(ctx: &SockAddrContext) -> u64 {
+    unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
+}
+
 #[inline(always)]
 fn v4_bytes(a: u32) -> [u8; 16] {
     let mut b = [0u8; 16];
@@ -95,7 +101,7 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         }
         Lookup::Service(svc) => svc,
     };
-    let (backend_id, backend) = match lb::select_backend::<V4>(&key, &svc) {
+    let (backend_id, backend) = match lb::select_backend_for::<V4>(&key, &svc, netns_cookie(ctx)) {
         Ok(found) => found,
         Err(reason) => {
             if reason == DropReason::BackendMissing && log_enabled(LOG_WARN) {
@@ -157,7 +163,7 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         }
         Lookup::Service(svc) => svc,
     };
-    let (backend_id, backend) = match lb::select_backend::<V6>(&key, &svc) {
+    let (backend_id, backend) = match lb::select_backend_for::<V6>(&key, &svc, netns_cookie(ctx)) {
         Ok(found) => found,
         Err(reason) => {
             let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);

@@ -89,6 +89,9 @@ struct RunArgs {
     /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer).
     #[arg(long, default_value_t = MapSizes::default().sock_revnat)]
     map_size_sock_revnat: u32,
+    /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
+    #[arg(long, default_value_t = MapSizes::default().affinity)]
+    map_size_affinity: u32,
     /// Address of /metrics and /healthz. Loopback unless you choose otherwise.
     #[arg(long, default_value = "127.0.0.1:9967")]
     metrics_address: SocketAddr,
@@ -204,6 +207,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             backends: args.map_size_backends,
             revnat: args.map_size_services,
             sock_revnat: args.map_size_sock_revnat,
+            affinity: args.map_size_affinity,
         },
     };
     let report = datapath::install(&cfg)?;

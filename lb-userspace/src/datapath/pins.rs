@@ -7,6 +7,7 @@ use std::{
 use anyhow::bail;
 use aya::maps::MapData;
 use lb_common::{
+    affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     drop::DROP_SLOTS,
@@ -28,6 +29,8 @@ pub struct MapSizes {
     pub backends: u32,
     pub revnat: u32,
     pub sock_revnat: u32,
+    /// LB_AFFINITY: remembered (client, service) choices.
+    pub affinity: u32,
 }
 
 impl Default for MapSizes {
@@ -37,13 +40,14 @@ impl Default for MapSizes {
             backends: names::DEFAULT_BACKENDS_MAX,
             revnat: names::DEFAULT_REVNAT_MAX,
             sock_revnat: names::DEFAULT_SOCK_REVNAT_MAX,
+            affinity: names::DEFAULT_AFFINITY_MAX,
         }
     }
 }
 
 impl MapSizes {
     /// Map name → capacity; both families get the same sizes.
-    pub fn entries(&self) -> [(&'static str, u32); 8] {
+    pub fn entries(&self) -> [(&'static str, u32); 10] {
         [
             (names::LB4_SERVICES, self.services),
             (names::LB4_BACKENDS, self.backends),
@@ -53,6 +57,8 @@ impl MapSizes {
             (names::LB6_BACKENDS, self.backends),
             (names::LB6_REVNAT, self.revnat),
             (names::LB6_SOCK_REVNAT, self.sock_revnat),
+            (names::LB_AFFINITY, self.affinity),
+            (names::LB_AFFINITY_MATCH, self.services),
         ]
     }
 }
@@ -81,7 +87,7 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 13] = [
+        let expected: [(&str, usize, usize, Option<u32>); 15] = [
             (names::LB4_SERVICES, size_of::<Service4Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
             (names::LB4_BACKENDS, size_of::<u32>(), size_of::<Backend4>(), Some(sizes.backends)),
             (names::LB4_REVNAT, size_of::<u32>(), size_of::<RevNat4>(), Some(sizes.revnat)),
@@ -90,6 +96,8 @@ impl PinLayout {
             (names::LB6_BACKENDS, size_of::<u32>(), size_of::<Backend6>(), Some(sizes.backends)),
             (names::LB6_REVNAT, size_of::<u32>(), size_of::<RevNat6>(), Some(sizes.revnat)),
             (names::LB6_SOCK_REVNAT, size_of::<SockRevNat6Key>(), size_of::<SockRevNat6Value>(), Some(sizes.sock_revnat)),
+            (names::LB_AFFINITY, size_of::<AffinityKey>(), size_of::<AffinityValue>(), Some(sizes.affinity)),
+            (names::LB_AFFINITY_MATCH, size_of::<AffinityMatchKey>(), size_of::<u8>(), Some(sizes.services)),
             (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), Some(DROP_SLOTS)),
             (names::LB_EVENTS, 0, 0, Some(EVENTS_RING_BYTES)),
             (names::LB_CONFIG, size_of::<u32>(), size_of::<u32>(), Some(CONFIG_SLOTS)),

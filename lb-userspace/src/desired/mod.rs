@@ -30,6 +30,9 @@ pub struct DesiredFrontend {
     /// Backend id of slot i+1.
     pub slots: Vec<u32>,
     pub revnat: RevNatEntry,
+    /// sessionAffinity: the backends the service may select now (the active
+    /// ones, or the terminating ones when none is active); empty without affinity.
+    pub affinity: Vec<u32>,
 }
 
 impl DesiredFrontend {
@@ -153,5 +156,10 @@ fn build_frontend(
         pad: 0,
         affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
     };
-    Ok(DesiredFrontend { key, value, slots, revnat: RevNatEntry { address: fe.address, port: fe.port } })
+    let affinity = match fe.affinity_timeout_s {
+        None => Vec::new(),
+        Some(_) if !active.is_empty() => active,
+        Some(_) => terminating,
+    };
+    Ok(DesiredFrontend { key, value, slots, revnat: RevNatEntry { address: fe.address, port: fe.port }, affinity })
 }

@@ -5,6 +5,7 @@ use std::{io, path::Path};
 use anyhow::Context as _;
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
+    affinity::AffinityMatchKey,
     backend::{Backend4, Backend6},
     drop::{drop_index, Direction, DropReason},
     maps as names,
@@ -21,6 +22,7 @@ pub struct BpfMaps {
     services6: HashMap<MapData, Service6Key, ServiceValue>,
     backends6: HashMap<MapData, u32, Backend6>,
     revnat6: HashMap<MapData, u32, RevNat6>,
+    affinity: HashMap<MapData, AffinityMatchKey, u8>,
     capacity: Capacity,
 }
 
@@ -59,6 +61,7 @@ impl BpfMaps {
             services6: HashMap::try_from(open_pinned(pin_dir, names::LB6_SERVICES)?)?,
             backends6: HashMap::try_from(open_pinned(pin_dir, names::LB6_BACKENDS)?)?,
             revnat6: HashMap::try_from(open_pinned(pin_dir, names::LB6_REVNAT)?)?,
+            affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
             capacity,
         })
     }
@@ -95,6 +98,12 @@ impl LbMaps for BpfMaps {
             MapOp::UpsertRevNat(id, r) => self.revnat6.insert(id, c::revnat6(r), 0).map_err(io_error),
             MapOp::DeleteRevNat(id, _) if v4 => ignore_missing(self.revnat4.remove(id)),
             MapOp::DeleteRevNat(id, _) => ignore_missing(self.revnat6.remove(id)),
+            MapOp::UpsertAffinityMatch(s, b) => {
+                self.affinity.insert(AffinityMatchKey { service_id: *s, backend_id: *b }, 1, 0).map_err(io_error)
+            }
+            MapOp::DeleteAffinityMatch(s, b) => {
+                ignore_missing(self.affinity.remove(&AffinityMatchKey { service_id: *s, backend_id: *b }))
+            }
         };
         result.map_err(|source| MapWriteError { map: op.map_name(), op: format!("{op:?}"), source })
     }
@@ -127,7 +136,12 @@ impl LbMaps for BpfMaps {
             let (id, r) = e.context("reading LB6_REVNAT")?;
             revnat.push((id, c::revnat_from6(&r)));
         }
-        Ok(MapState::from_entries(services, backends, revnat))
+        let mut affinity = Vec::new();
+        for e in self.affinity.iter() {
+            let (k, _) = e.context("reading LB_AFFINITY_MATCH")?;
+            affinity.push((k.service_id, k.backend_id));
+        }
+        Ok(MapState::from_entries(services, backends, revnat, affinity))
     }
 
     fn capacity(&self) -> Capacity {
@@ -174,6 +188,8 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
         names::LB6_REVNAT => count::<u32, RevNat6>(map)?,
         names::LB4_SOCK_REVNAT => count::<SockRevNat4Key, SockRevNat4Value>(map)?,
         names::LB6_SOCK_REVNAT => count::<SockRevNat6Key, SockRevNat6Value>(map)?,
+        names::LB_AFFINITY => count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?,
+        names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
         _ => return Ok(None),
     };
     Ok(Some(n))

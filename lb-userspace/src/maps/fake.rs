@@ -41,6 +41,10 @@ impl LbMaps for FakeMaps {
             MapOp::UpsertService(k, _) => !self.state.services.contains_key(k) && services >= self.capacity.services as usize,
             MapOp::UpsertBackend(id, _) => !self.state.backends.contains_key(id) && backends >= self.capacity.backends as usize,
             MapOp::UpsertRevNat(id, _) => !self.state.revnat.contains_key(id) && revnat >= self.capacity.revnat as usize,
+            MapOp::UpsertAffinityMatch(svc, b) => {
+                !self.state.affinity.get(svc).is_some_and(|s| s.contains(b))
+                    && self.state.affinity_entries() >= self.capacity.services as usize
+            }
             _ => false,
         };
         if full {

@@ -88,6 +88,9 @@ pub enum MapOp {
     DeleteService(SvcKey),
     UpsertRevNat(u32, RevNatEntry),
     DeleteRevNat(u32, Family),
+    /// (service id, backend id): the backend is selectable for a service with session affinity.
+    UpsertAffinityMatch(u32, u32),
+    DeleteAffinityMatch(u32, u32),
 }
 
 impl MapOp {
@@ -97,6 +100,8 @@ impl MapOp {
             MapOp::UpsertService(k, _) | MapOp::DeleteService(k) => k.family(),
             MapOp::UpsertRevNat(_, r) => Family::of(&r.address),
             MapOp::DeleteBackend(_, f) | MapOp::DeleteRevNat(_, f) => *f,
+            // One map for both families.
+            MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => Family::V4,
         }
     }
 
@@ -112,6 +117,7 @@ impl MapOp {
             MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => {
                 if v4 { names::LB4_REVNAT } else { names::LB6_REVNAT }
             }
+            MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => names::LB_AFFINITY_MATCH,
         }
     }
 }

@@ -1,7 +1,10 @@
 //! `MapState`: the contents of the agent-written maps, plus indexes derived
 //! from them (backend references, ClusterIP addresses) kept up to date on
 //! every operation so a diff never has to scan the whole table.
-use std::{collections::HashMap, net::IpAddr};
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+};
 
 use lb_common::service::{SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
@@ -12,6 +15,9 @@ pub struct MapState {
     pub services: HashMap<SvcKey, ServiceValue>,
     pub backends: HashMap<u32, BackendEntry>,
     pub revnat: HashMap<u32, RevNatEntry>,
+    /// LB_AFFINITY_MATCH: service id → backends it may select.
+    pub affinity: HashMap<u32, BTreeSet<u32>>,
+    affinity_entries: usize,
     /// backend id → number of slots naming it.
     backend_refs: HashMap<u32, u32>,
     /// address → number of ClusterIP frontends on it (the VIP marker's users).
@@ -31,7 +37,10 @@ fn fam(address: &IpAddr) -> usize {
 impl PartialEq for MapState {
     /// Equal contents; the indexes follow from them.
     fn eq(&self, other: &Self) -> bool {
-        self.services == other.services && self.backends == other.backends && self.revnat == other.revnat
+        self.services == other.services
+            && self.backends == other.backends
+            && self.revnat == other.revnat
+            && self.affinity == other.affinity
     }
 }
 impl Eq for MapState {}
@@ -54,6 +63,7 @@ impl MapState {
         services: impl IntoIterator<Item = (SvcKey, ServiceValue)>,
         backends: impl IntoIterator<Item = (u32, BackendEntry)>,
         revnat: impl IntoIterator<Item = (u32, RevNatEntry)>,
+        affinity: impl IntoIterator<Item = (u32, u32)>,
     ) -> Self {
         let mut state = MapState::default();
         for (k, v) in services {
@@ -64,6 +74,9 @@ impl MapState {
         }
         for (id, r) in revnat {
             state.apply(&MapOp::UpsertRevNat(id, r));
+        }
+        for (svc, backend) in affinity {
+            state.apply(&MapOp::UpsertAffinityMatch(svc, backend));
         }
         state
     }
@@ -90,6 +103,21 @@ impl MapState {
             MapOp::DeleteRevNat(id, _) => {
                 if let Some(old) = self.revnat.remove(&id) {
                     self.sizes[fam(&old.address)][2] -= 1;
+                }
+            }
+            MapOp::UpsertAffinityMatch(svc, backend) => {
+                if self.affinity.entry(svc).or_default().insert(backend) {
+                    self.affinity_entries += 1;
+                }
+            }
+            MapOp::DeleteAffinityMatch(svc, backend) => {
+                if let Some(set) = self.affinity.get_mut(&svc) {
+                    if set.remove(&backend) {
+                        self.affinity_entries -= 1;
+                    }
+                    if set.is_empty() {
+                        self.affinity.remove(&svc);
+                    }
                 }
             }
             MapOp::UpsertService(k, v) => {
@@ -162,6 +190,10 @@ impl MapState {
     }
 
     /// Entries per family: (services, backends, revnat).
+    pub fn affinity_entries(&self) -> usize {
+        self.affinity_entries
+    }
+
     pub fn counts(&self, family: Family) -> (usize, usize, usize) {
         let [s, b, r] = self.sizes[family as usize];
         (s, b, r)

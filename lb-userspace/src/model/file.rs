@@ -241,14 +241,8 @@ fn to_service(at: &str, spec: &ServiceSpec) -> Result<Service, FileError> {
         }
     };
 
-    // Parsed and checked above so the file format is stable, but the data path
-    // does not implement these yet: refuse rather than silently ignore them.
-    if affinity_timeout_s.is_some() {
-        return Err(err(
-            format!("{at}.sessionAffinity"),
-            "ClientIP affinity is not implemented by this data path yet; remove it",
-        ));
-    }
+    // Parsed so the file format is stable, but not implemented by the data
+    // path yet: refuse rather than silently ignore it.
     if spec.algorithm != Algorithm::Random {
         return Err(err(
             format!("{at}.algorithm"),
@@ -502,9 +496,9 @@ services:
     }
 
     #[test]
-    fn session_affinity_and_maglev_are_refused_until_implemented() {
-        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP}]");
-        assert!(e.message.contains("not implemented"), "{e}");
+    fn maglev_is_refused_until_implemented_and_affinity_is_read() {
+        let m = parse("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP}]").unwrap();
+        assert_eq!(m.services[&ServiceName::new("default", "a")].frontends[0].affinity_timeout_s, Some(10_800));
         let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], algorithm: maglev}]");
         assert_eq!(e.field, "services[0].algorithm");
     }
