@@ -9,6 +9,14 @@ pub const CFG_TRACE: u32 = 1;
 /// Events per second per CPU before rate limiting (drops and traces).
 pub const CFG_EVENT_RATE: u32 = 2;
 
+/// Non-zero: translate only sockets of the host network namespace (pods keep
+/// the original service address, for meshes that need it), like Cilium's
+/// socketLB.hostNamespaceOnly.
+pub const CFG_HOST_NS_ONLY: u32 = 3;
+/// The host network namespace cookie, low and high 32 bits.
+pub const CFG_HOST_NETNS_COOKIE_LO: u32 = 4;
+pub const CFG_HOST_NETNS_COOKIE_HI: u32 = 5;
+
 pub const CONFIG_SLOTS: u32 = 16;
 
 pub const DEFAULT_LOG_LEVEL: u32 = 2;

@@ -4,7 +4,7 @@
 //! configuration and the generic counters.
 use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use lb_common::{
-    config::{CFG_EVENT_RATE, CFG_LOG_LEVEL, CFG_TRACE, CNT_EVENTS_LOST, CNT_EVENTS_RATE_LIMITED, CNT_EVENTS_SENT, DEFAULT_EVENT_RATE},
+    config::{CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LOG_LEVEL, CFG_TRACE, CNT_EVENTS_LOST, CNT_EVENTS_RATE_LIMITED, CNT_EVENTS_SENT, DEFAULT_EVENT_RATE},
     event::Event,
 };
 
@@ -15,6 +15,16 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 #[inline(always)]
 pub fn config(index: u32) -> u32 {
     LB_CONFIG.get(index).copied().unwrap_or(0)
+}
+
+/// With host-namespace-only socket LB, is this socket out of scope?
+#[inline(always)]
+pub fn outside_host_namespace(netns_cookie: u64) -> bool {
+    if config(CFG_HOST_NS_ONLY) == 0 {
+        return false;
+    }
+    let host = (config(CFG_HOST_NETNS_COOKIE_HI) as u64) << 32 | config(CFG_HOST_NETNS_COOKIE_LO) as u64;
+    netns_cookie != host
 }
 
 #[inline(always)]

@@ -40,6 +40,8 @@ pub struct Agent {
     /// Where /metrics and /healthz listen (a free loopback port per agent).
     pub metrics: std::net::SocketAddr,
     pub extra_args: Vec<String>,
+    /// Run the agent inside this network namespace (it then is the "host").
+    pub netns: Option<String>,
 }
 
 /// A loopback port nobody listens on right now.
@@ -64,7 +66,23 @@ impl Agent {
         Self::start_source(source.iter().map(|s| s.to_string()).collect(), cgroup, pin_dir, extra_args)
     }
 
+    /// Like `start_with`, with the agent running inside network namespace `netns`.
+    pub fn start_in_netns(netns: &str, services: &Path, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
+        let source = vec!["--services".to_string(), services.display().to_string()];
+        Self::start_source_in(source, cgroup, pin_dir, extra_args, Some(netns.to_string()))
+    }
+
     fn start_source(source_args: Vec<String>, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
+        Self::start_source_in(source_args, cgroup, pin_dir, extra_args, None)
+    }
+
+    fn start_source_in(
+        source_args: Vec<String>,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+        netns: Option<String>,
+    ) -> Self {
         let log = std::env::temp_dir().join(format!(
             "lb-agent-{}.log",
             pin_dir.file_name().unwrap().to_string_lossy()
@@ -77,6 +95,7 @@ impl Agent {
             pin_dir: pin_dir.to_path_buf(),
             metrics: ([127, 0, 0, 1], free_port()).into(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            netns,
         };
         agent.spawn();
         agent
@@ -99,7 +118,23 @@ impl Agent {
     fn spawn(&mut self) {
         let _ = std::fs::remove_file(&self.log);
         let log = std::fs::File::create(&self.log).unwrap();
-        let child = Command::new(crate::sibling_bin("lb-agent"))
+        let mut cmd = Command::new(crate::sibling_bin("lb-agent"));
+        // setns() in the child only: unlike `ip netns exec`, this keeps the
+        // mount namespace, so /sys/fs/bpf stays visible.
+        let ns_file = self.netns.as_ref().map(|n| std::fs::File::open(format!("/run/netns/{n}")).expect("netns"));
+        if let Some(f) = &ns_file {
+            use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+            let fd = f.as_raw_fd();
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .args(&self.source_args)
             .env("KUBECONFIG", "/nonexistent")
             .arg("--cgroup")

@@ -224,3 +224,26 @@ ID   Frontend            Service Type   Backend
     assert_eq!(json[1]["type"], "ClusterIP");
     assert_eq!(json[1]["backends"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn host_namespace_only_translates_host_sockets_and_leaves_pods_alone() {
+    let mut w = World::new("host_ns_only", 1);
+    let _servers = w.tcp_servers(8080, false);
+    w.write_services(&service_yaml(&[0], ""));
+    // The agent runs in the client namespace, which thereby is the "host".
+    let host = w.topo.client.name.clone();
+    let agent = Agent::start_in_netns(&host, &w.services, &w.cgroup.path, &w.pins.path, &["--socket-lb-host-namespace-only"]);
+    assert_eq!(agent.lbctl_json(&["config", "get"])["host-namespace-only"], "on");
+
+    for a in lb_testkit::probe::run(&w.cgroup.path, &host, "tcp", &format!("{VIP}:80"), 3) {
+        assert!(a.ok && a.backend() == Some("b1"), "host sockets are translated: {a:?}");
+    }
+    // A "pod" in another namespace keeps the service address: its connect is
+    // not translated, so it hits the blackhole route for the service range.
+    let tag = w.tag.clone();
+    let pod = w.topo.add_client(&tag);
+    for a in lb_testkit::probe::run(&w.cgroup.path, &pod, "tcp", &format!("{VIP}:80"), 3) {
+        assert!(!a.ok, "pod sockets must not be translated: {a:?}");
+        assert_ne!(a.errno, Some(111), "not refused by us either: {a:?}");
+    }
+}

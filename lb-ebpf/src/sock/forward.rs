@@ -82,6 +82,9 @@ fn v4_bytes(a: u32) -> [u8; 16] {
 /// `mapped`: the socket is IPv6 and dialed a v4-mapped address.
 #[inline(always)]
 fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
+    if events::outside_host_namespace(netns_cookie(ctx)) {
+        return ALLOW;
+    }
     let sa = SockAddr::new(ctx.sock_addr);
     let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
     let address = if mapped {
@@ -147,6 +150,9 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
 
 #[inline(always)]
 fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
+    if events::outside_host_namespace(netns_cookie(ctx)) {
+        return ALLOW;
+    }
     let sa = SockAddr::new(ctx.sock_addr);
     let words = sa.user_ip6_words();
     if v4_mapped(&words).is_some() {

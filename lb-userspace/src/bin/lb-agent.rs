@@ -21,7 +21,7 @@ use lb::{
     },
     sys,
 };
-use lb_common::config::{CFG_EVENT_RATE, CFG_LOG_LEVEL};
+use lb_common::config::{CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LOG_LEVEL};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{signal, SignalKind},
@@ -89,6 +89,11 @@ struct RunArgs {
     /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer).
     #[arg(long, default_value_t = MapSizes::default().sock_revnat)]
     map_size_sock_revnat: u32,
+    /// Translate only sockets of the host network namespace; pods keep the
+    /// original service address (for service meshes), like Cilium's
+    /// socketLB.hostNamespaceOnly.
+    #[arg(long)]
+    socket_lb_host_namespace_only: bool,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
     #[arg(long, default_value_t = MapSizes::default().affinity)]
     map_size_affinity: u32,
@@ -215,6 +220,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut config = RuntimeConfig::open(&cfg.pin_dir)?;
     config.set(CFG_LOG_LEVEL, log_level)?;
     config.set(CFG_EVENT_RATE, args.event_rate)?;
+    let cookie = sys::fs::own_netns_cookie()?;
+    config.set(CFG_HOST_NETNS_COOKIE_LO, cookie as u32)?;
+    config.set(CFG_HOST_NETNS_COOKIE_HI, (cookie >> 32) as u32)?;
+    config.set(CFG_HOST_NS_ONLY, u32::from(args.socket_lb_host_namespace_only))?;
+    if args.socket_lb_host_namespace_only {
+        info!(netns_cookie = cookie, "socket LB applies to the host network namespace only");
+    }
 
     let maps = BpfMaps::open(&cfg.pin_dir)?;
     let mut reconciler = Reconciler::restore(maps)?;

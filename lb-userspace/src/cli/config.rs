@@ -20,12 +20,13 @@ mod tests {
 
     #[test]
     fn table_matches_golden_output() {
-        let all: Vec<_> = SETTINGS.iter().zip([4, 1, 1000]).collect();
+        let all: Vec<_> = SETTINGS.iter().zip([4, 1, 1000, 0]).collect();
         let golden = "\
-Setting         Value   Meaning
-bpf-log-level   debug   aya-log level of the programs: off, error, warn, info, debug, trace
-trace           on      trace events for every translation: on or off
-event-rate      1000    events per second per CPU before rate limiting
+Setting               Value   Meaning
+bpf-log-level         debug   aya-log level of the programs: off, error, warn, info, debug, trace
+trace                 on      trace events for every translation: on or off
+event-rate            1000    events per second per CPU before rate limiting
+host-namespace-only   off     translate only sockets of the host network namespace: on or off
 ";
         assert_eq!(render_table(&all), golden);
         assert_eq!(to_json(&all)["bpf-log-level"], "debug");

@@ -16,7 +16,7 @@ pub struct Setting {
     pub default: u32,
 }
 
-pub const SETTINGS: [Setting; 3] = [
+pub const SETTINGS: [Setting; 4] = [
     Setting {
         name: "bpf-log-level",
         index: CFG_LOG_LEVEL,
@@ -29,6 +29,12 @@ pub const SETTINGS: [Setting; 3] = [
         index: CFG_EVENT_RATE,
         help: "events per second per CPU before rate limiting",
         default: DEFAULT_EVENT_RATE,
+    },
+    Setting {
+        name: "host-namespace-only",
+        index: CFG_HOST_NS_ONLY,
+        help: "translate only sockets of the host network namespace: on or off",
+        default: 0,
     },
 ];
 
@@ -51,7 +57,7 @@ pub fn parse_value(s: &Setting, text: &str) -> anyhow::Result<u32> {
             .position(|l| *l == text)
             .map(|p| p as u32)
             .with_context(|| format!("{}: {text:?} is not a level; use one of {}", s.name, LEVELS.join(", "))),
-        CFG_TRACE => match text {
+        CFG_TRACE | CFG_HOST_NS_ONLY => match text {
             "on" | "true" | "1" => Ok(1),
             "off" | "false" | "0" => Ok(0),
             _ => bail!("{}: use on or off", s.name),
@@ -66,7 +72,7 @@ pub fn parse_value(s: &Setting, text: &str) -> anyhow::Result<u32> {
 pub fn format_value(s: &Setting, v: u32) -> String {
     match s.index {
         CFG_LOG_LEVEL => LEVELS.get(v as usize).copied().unwrap_or("?").to_string(),
-        CFG_TRACE => if v != 0 { "on" } else { "off" }.to_string(),
+        CFG_TRACE | CFG_HOST_NS_ONLY => if v != 0 { "on" } else { "off" }.to_string(),
         _ => v.to_string(),
     }
 }

@@ -67,3 +67,21 @@ pub fn cgroup_id(path: &Path) -> anyhow::Result<u64> {
     use std::os::unix::fs::MetadataExt as _;
     Ok(std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?.ino())
 }
+
+/// The cookie of the caller's network namespace (SO_NETNS_COOKIE, Linux 5.14).
+pub fn own_netns_cookie() -> anyhow::Result<u64> {
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("socket()");
+    }
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE, (&mut cookie as *mut u64).cast(), &mut len) };
+    let err = std::io::Error::last_os_error();
+    unsafe { libc::close(fd) };
+    if r != 0 {
+        return Err(err).context("getsockopt(SO_NETNS_COOKIE): the kernel is older than 5.14; host-namespace-only socket LB needs it");
+    }
+    Ok(cookie)
+}
