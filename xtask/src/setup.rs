@@ -18,7 +18,13 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "gcc",
     "libc6-dev",
+    // For kubernetes-validate (the manifest tests), in a venv of its own.
+    "python3",
+    "python3-venv",
 ];
+
+/// Validates deploy/ manifests against the Kubernetes schemas, offline.
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -28,6 +34,7 @@ pub fn run() -> anyhow::Result<()> {
     }
     apt()?;
     bpf_linker()?;
+    kubernetes_validate()?;
     bpffs()?;
     cgroup2()?;
     eprintln!("xtask: setup complete");
@@ -102,6 +109,27 @@ fn bpf_linker() -> anyhow::Result<()> {
         ],
     );
     c.env("LLVM_PREFIX", "/usr/lib/llvm-22").current_dir(std::env::temp_dir());
+    super::run(c)
+}
+
+/// Where the test suite finds kubernetes-validate.
+pub fn kubernetes_validate_bin() -> PathBuf {
+    super::root().join("target/tools/kubernetes-validate/bin/kubernetes-validate")
+}
+
+fn kubernetes_validate() -> anyhow::Result<()> {
+    let bin = kubernetes_validate_bin();
+    if bin.exists() {
+        eprintln!("xtask: kubernetes-validate present");
+        return Ok(());
+    }
+    eprintln!("xtask: installing {KUBERNETES_VALIDATE} into target/tools (for the manifest tests)");
+    let venv = super::root().join("target/tools/kubernetes-validate");
+    let mut c = Command::new("/usr/bin/python3");
+    c.args(["-m", "venv"]).arg(&venv);
+    super::run(c)?;
+    let mut c = Command::new(venv.join("bin/pip"));
+    c.args(["install", "--quiet", KUBERNETES_VALIDATE]);
     super::run(c)
 }
 

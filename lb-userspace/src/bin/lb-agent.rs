@@ -56,26 +56,26 @@ struct RunArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "kubernetes")]
     services: Option<PathBuf>,
     /// Kubernetes mode: Services, EndpointSlices and this Node from the apiserver.
-    #[arg(long)]
+    #[arg(long, env = "LB_KUBERNETES")]
     kubernetes: bool,
     /// Apiserver address (host:port or URL). Needed without kube-proxy: a pod's
     /// KUBERNETES_SERVICE_HOST is a ClusterIP nobody translates yet.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", env = "LB_K8S_API_SERVER")]
     k8s_api_server: Option<String>,
     /// kubeconfig file [default: in-cluster credentials, then $KUBECONFIG / ~/.kube/config].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "LB_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// This node's name (downward API: spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// Node addresses that serve NodePorts, as CIDRs [default: every InternalIP/ExternalIP of the node].
-    #[arg(long, value_delimiter = ',', value_name = "CIDR,...")]
+    #[arg(long, value_delimiter = ',', value_name = "CIDR,...", env = "LB_NODEPORT_ADDRESSES")]
     nodeport_addresses: Vec<Cidr>,
     /// Gather Kubernetes changes this long before applying them.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration, env = "LB_MIN_SYNC_PERIOD")]
     min_sync_period: Duration,
     /// cgroup v2 directory to attach the socket hooks to [default: the cgroup2 root from /proc/mounts].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "LB_CGROUP")]
     cgroup: Option<PathBuf>,
     /// Where maps and links are pinned (on bpffs).
     #[arg(long, value_name = "DIR", default_value_os_t = datapath::pins::default_pin_dir())]
@@ -92,19 +92,19 @@ struct RunArgs {
     /// Translate only sockets of the host network namespace; pods keep the
     /// original service address (for service meshes), like Cilium's
     /// socketLB.hostNamespaceOnly.
-    #[arg(long)]
+    #[arg(long, env = "LB_SOCKET_LB_HOST_NAMESPACE_ONLY")]
     socket_lb_host_namespace_only: bool,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
     #[arg(long, default_value_t = MapSizes::default().affinity)]
     map_size_affinity: u32,
     /// Address of /metrics and /healthz. Loopback unless you choose otherwise.
-    #[arg(long, default_value = "127.0.0.1:9967")]
+    #[arg(long, default_value = "127.0.0.1:9967", env = "LB_METRICS_ADDRESS")]
     metrics_address: SocketAddr,
     /// /healthz turns unhealthy when an observed change is not in the maps after this long.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     healthz_grace: Duration,
     /// Log level of the eBPF programs (off, error, warn, info, debug, trace); debug covers hot paths.
-    #[arg(long, default_value = "warn")]
+    #[arg(long, default_value = "warn", env = "LB_BPF_LOG_LEVEL")]
     bpf_log_level: String,
     /// Drop/trace events per second per CPU before rate limiting.
     #[arg(long, default_value_t = lb_common::config::DEFAULT_EVENT_RATE)]
