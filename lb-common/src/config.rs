@@ -17,6 +17,14 @@ pub const CFG_HOST_NS_ONLY: u32 = 3;
 pub const CFG_HOST_NETNS_COOKIE_LO: u32 = 4;
 pub const CFG_HOST_NETNS_COOKIE_HI: u32 = 5;
 
+/// `nodeport::MODE_*`.
+pub const CFG_LB_MODE: u32 = 6;
+/// Size M of every Maglev table (a prime).
+pub const CFG_MAGLEV_M: u32 = 7;
+/// SNAT source ports: [min, max].
+pub const CFG_SNAT_PORT_MIN: u32 = 8;
+pub const CFG_SNAT_PORT_MAX: u32 = 9;
+
 pub const CONFIG_SLOTS: u32 = 16;
 
 pub const DEFAULT_LOG_LEVEL: u32 = 2;
@@ -32,15 +40,27 @@ pub const CNT_EVENTS_LOST: u32 = 2;
 pub const CNT_SOCK_TRANSLATIONS: u32 = 3;
 /// Replies/getpeername rewritten back to the service address.
 pub const CNT_SOCK_REVERSE: u32 = 4;
+/// Packets forwarded by the tc / XDP programs to a backend (new or known flow).
+pub const CNT_NP_FORWARD: u32 = 5;
+/// Replies translated back by the tc programs.
+pub const CNT_NP_REVERSE: u32 = 6;
+/// New conntrack entries.
+pub const CNT_CT_CREATED: u32 = 7;
+/// DSR flows learned on a backend's node.
+pub const CNT_DSR_LEARNED: u32 = 8;
 
 pub const COUNTER_SLOTS: u32 = 32;
 
-pub const COUNTER_NAMES: [(u32, &str); 5] = [
+pub const COUNTER_NAMES: [(u32, &str); 9] = [
     (CNT_EVENTS_SENT, "events_sent"),
     (CNT_EVENTS_RATE_LIMITED, "events_rate_limited"),
     (CNT_EVENTS_LOST, "events_lost"),
     (CNT_SOCK_TRANSLATIONS, "sock_translations"),
     (CNT_SOCK_REVERSE, "sock_reverse_translations"),
+    (CNT_NP_FORWARD, "nodeport_forwarded"),
+    (CNT_NP_REVERSE, "nodeport_reverse"),
+    (CNT_CT_CREATED, "ct_created"),
+    (CNT_DSR_LEARNED, "dsr_learned"),
 ];
 
 /// Per-CPU token bucket of the event rate limiter (`LB_EVENT_RATE`).

@@ -13,14 +13,32 @@ pub enum DropReason {
     BackendMissing = 3,
     /// Recording the reverse translation for a socket failed.
     RevNatUpdateFailed = 4,
+    /// A fragment addressed to a service frontend (ports are not in every fragment).
+    Fragment = 5,
+    /// Truncated or inconsistent headers on a packet to a service frontend.
+    InvalidPacket = 6,
+    /// No free source port for SNAT (collisions in LB4_CT).
+    SnatPortsExhausted = 7,
+    /// The conntrack table refused a new entry.
+    CtFull = 8,
+    /// No route to the backend (FIB lookup failed).
+    FibLookupFailed = 9,
+    /// No Maglev table for a service that asks for Maglev.
+    MaglevMissing = 10,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 4] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::NoBackend,
         DropReason::NoServicePort,
         DropReason::BackendMissing,
         DropReason::RevNatUpdateFailed,
+        DropReason::Fragment,
+        DropReason::InvalidPacket,
+        DropReason::SnatPortsExhausted,
+        DropReason::CtFull,
+        DropReason::FibLookupFailed,
+        DropReason::MaglevMissing,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -29,6 +47,12 @@ impl DropReason {
             DropReason::NoServicePort => "no-service-port",
             DropReason::BackendMissing => "backend-missing",
             DropReason::RevNatUpdateFailed => "revnat-update-failed",
+            DropReason::Fragment => "fragment",
+            DropReason::InvalidPacket => "invalid-packet",
+            DropReason::SnatPortsExhausted => "snat-ports-exhausted",
+            DropReason::CtFull => "ct-full",
+            DropReason::FibLookupFailed => "fib-lookup-failed",
+            DropReason::MaglevMissing => "maglev-missing",
         }
     }
 

@@ -13,6 +13,9 @@ pub const HOOK_CONNECT6: u8 = 5;
 pub const HOOK_SENDMSG6: u8 = 6;
 pub const HOOK_RECVMSG6: u8 = 7;
 pub const HOOK_GETPEERNAME6: u8 = 8;
+pub const HOOK_TC_INGRESS: u8 = 9;
+pub const HOOK_TC_EGRESS: u8 = 10;
+pub const HOOK_XDP: u8 = 11;
 
 pub const fn hook_name(hook: u8) -> &'static str {
     match hook {
@@ -24,6 +27,9 @@ pub const fn hook_name(hook: u8) -> &'static str {
         HOOK_SENDMSG6 => "sendmsg6",
         HOOK_RECVMSG6 => "recvmsg6",
         HOOK_GETPEERNAME6 => "getpeername6",
+        HOOK_TC_INGRESS => "tc-ingress",
+        HOOK_TC_EGRESS => "tc-egress",
+        HOOK_XDP => "xdp",
         _ => "unknown",
     }
 }

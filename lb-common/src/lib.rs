@@ -11,6 +11,7 @@ pub mod config;
 pub mod drop;
 pub mod event;
 pub mod maps;
+pub mod nodeport;
 pub mod revnat;
 pub mod service;
 

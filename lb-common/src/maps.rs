@@ -18,9 +18,12 @@ pub const LB_COUNTERS: &str = "LB_COUNTERS";
 pub const LB_EVENT_RATE: &str = "LB_EVENT_RATE";
 pub const LB_AFFINITY: &str = "LB_AFFINITY";
 pub const LB_AFFINITY_MATCH: &str = "LB_AFFINITY_MATCH";
+pub const LB4_CT: &str = "LB4_CT";
+pub const LB_DEVICES: &str = "LB_DEVICES";
+pub const LB_MAGLEV: &str = "LB_MAGLEV";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 18] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -31,6 +34,9 @@ pub const ALL: [&str; 15] = [
     LB6_SOCK_REVNAT,
     LB_AFFINITY,
     LB_AFFINITY_MATCH,
+    LB4_CT,
+    LB_DEVICES,
+    LB_MAGLEV,
     LB_DROPS,
     LB_EVENTS,
     LB_CONFIG,
@@ -45,6 +51,15 @@ pub const DEFAULT_BACKENDS_MAX: u32 = 65_536;
 pub const DEFAULT_REVNAT_MAX: u32 = 65_536;
 pub const DEFAULT_SOCK_REVNAT_MAX: u32 = 262_144;
 pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
+pub const DEFAULT_CT_MAX: u32 = 262_144;
+pub const DEFAULT_DEVICES_MAX: u32 = 64;
+/// Services that can use Maglev at once (the outer map of LB_MAGLEV).
+pub const DEFAULT_MAGLEV_MAX: u32 = 16_384;
+/// Default Maglev table size: a prime, about 100 × a typical backend count
+/// (the paper's M ≥ 100·N keeps the imbalance within a few percent).
+pub const DEFAULT_MAGLEV_M: u32 = 16_381;
+/// Maglev table sizes the agent accepts (primes, as the construction needs).
+pub const MAGLEV_PRIMES: [u32; 11] = [251, 509, 1_021, 2_039, 4_093, 8_191, 16_381, 32_749, 65_521, 65_537, 131_071];
 
 /// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
 /// Bump it on any change to a key or value type in this crate.

@@ -1,6 +1,7 @@
 //! Desired state: what the maps must hold for a set of services, computed
 //! from the model, the stable ids and the current slot layout.
 pub mod ids;
+pub mod maglev;
 pub mod slots;
 
 use std::collections::HashMap;

@@ -1,0 +1,107 @@
+//! North-south data path: traffic entering the node for NodePort,
+//! LoadBalancer and external-IP frontends (tc and XDP programs).
+
+/// How traffic to a remote backend is forwarded (`LB_CONFIG[CFG_LB_MODE]`).
+pub const MODE_SNAT: u32 = 0;
+/// Direct server return: the client's address is kept and the backend's node
+/// replies straight to the client from the service address.
+pub const MODE_DSR: u32 = 1;
+/// DSR for TCP, SNAT for UDP (UDP DSR would add the option to every datagram).
+pub const MODE_HYBRID: u32 = 2;
+
+/// IPv4 option carrying the service address to the backend's node in DSR
+/// mode: copied flag set (RFC 791, so fragments keep it), class 0, number 26
+/// (unassigned), like Cilium's DSR option. Length 8: type, length, port, address.
+pub const DSR_OPT_TYPE: u8 = 0x80 | 0x1a;
+pub const DSR_OPT_LEN: u8 = 8;
+
+/// `LB4_CT` entry kinds (part of the key).
+/// A flow from a client to a service frontend, as it arrives.
+pub const CT_SERVICE: u8 = 1;
+/// A reply that must be translated back (from a backend, or to a SNAT port).
+pub const CT_REVERSE: u8 = 2;
+/// On a backend's node in DSR mode: the reply of a pod to a DSR client.
+pub const CT_DSR: u8 = 3;
+
+/// `Ct4Value::flags`
+pub const CT_F_SNAT: u16 = 1 << 0;
+pub const CT_F_DSR: u16 = 1 << 1;
+pub const CT_F_LOCAL: u16 = 1 << 2;
+/// FIN or RST seen: the entry lives only a short while longer.
+pub const CT_F_CLOSING: u16 = 1 << 3;
+
+/// Lifetimes of conntrack entries without traffic, in seconds.
+pub const CT_LIFETIME_TCP: u64 = 21_600;
+pub const CT_LIFETIME_UDP: u64 = 120;
+pub const CT_LIFETIME_CLOSING: u64 = 10;
+
+/// Conntrack key: the tuple as seen on the wire in one direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Ct4Key {
+    /// Network byte order.
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// `CT_*`
+    pub kind: u8,
+    pub pad: [u8; 2],
+}
+
+/// Conntrack value. For `CT_SERVICE`: where the flow goes (`addr`/`port`:
+/// the backend; `nat_addr`/`nat_port`: the SNAT source, when `CT_F_SNAT`).
+/// For `CT_REVERSE` and `CT_DSR`: what a reply's source (`addr`/`port`) and,
+/// for SNAT, destination (`nat_addr`/`nat_port`: the client) become.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Ct4Value {
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub addr: u32,
+    pub nat_addr: u32,
+    pub port: u16,
+    pub nat_port: u16,
+    pub flags: u16,
+    pub pad: u16,
+    pub last_seen_ns: u64,
+}
+
+/// `LB_DEVICES`: the node's external devices (ifindex → its IPv4 address),
+/// the source address of SNATed packets leaving that device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Device {
+    /// Network byte order.
+    pub address: u32,
+    pub flags: u32,
+}
+
+/// Seed of the flow hash; part of the contract between nodes: every node must
+/// use the same one, so a flow maps to the same Maglev slot everywhere.
+pub const FLOW_HASH_SEED: u32 = 0x6c62_2d31; // "lb-1"
+
+/// Hash of a flow for Maglev, identical in the programs and in user space
+/// (tests compute the expected backend with it). The mixing is the
+/// finalizer of MurmurHash3 (Appleby), applied to each word in turn.
+#[inline(always)]
+pub const fn flow_hash(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> u32 {
+    let mut h = FLOW_HASH_SEED;
+    h = mix(h ^ saddr);
+    h = mix(h ^ daddr);
+    h = mix(h ^ ((sport as u32) << 16 | dport as u32));
+    mix(h ^ proto as u32)
+}
+
+#[inline(always)]
+const fn mix(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+crate::user_pod!(Ct4Key, Ct4Value, Device);
