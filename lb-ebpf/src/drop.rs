@@ -23,3 +23,12 @@ pub fn drop(reason: DropReason, direction: Direction, event: &mut Event) {
     event.reason = reason as u32;
     events::emit(event);
 }
+
+/// For packet programs (tc, XDP): no task context to report.
+#[inline(always)]
+pub fn drop_packet(reason: DropReason, direction: Direction, event: &mut Event) {
+    count(reason, direction);
+    event.kind = EVENT_DROP;
+    event.reason = reason as u32;
+    events::emit_packet(event);
+}

@@ -80,7 +80,25 @@ pub fn emit(event: &mut Event) {
     event.ktime_ns = now;
     event.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
     event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    match LB_EVENTS.output::<Event>(&*event, 0) {
+    send(event);
+}
+
+/// For packet programs: the current task is whoever the softirq
+/// interrupted, so no pid or comm (the helpers are not even allowed there).
+#[inline(always)]
+pub fn emit_packet(event: &mut Event) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !admit(now) {
+        bump(CNT_EVENTS_RATE_LIMITED);
+        return;
+    }
+    event.ktime_ns = now;
+    send(event);
+}
+
+#[inline(always)]
+fn send(event: &Event) {
+    match LB_EVENTS.output::<Event>(event, 0) {
         Ok(()) => bump(CNT_EVENTS_SENT),
         Err(_) => bump(CNT_EVENTS_LOST),
     }

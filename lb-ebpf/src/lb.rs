@@ -94,11 +94,12 @@ pub fn lookup_service<F: Family>(key: &F::Key) -> Lookup {
 #[inline(always)]
 pub fn select_backend<F: Family>(key: &F::Key, svc: &ServiceValue) -> Result<(u32, F::Backend), DropReason> {
     let n = if svc.count > 0 { svc.count } else { svc.terminating_count };
-    if n == 0 {
+    // A NonZero divisor leaves no panic path for the verifier to reject.
+    let Some(n) = core::num::NonZeroU32::new(n as u32) else {
         return Err(DropReason::NoBackend);
-    }
+    };
     // Slots count+1.. hold the terminating backends; with count == 0 they start at 1.
-    let slot = 1 + (unsafe { bpf_get_prandom_u32() } % n as u32) as u16;
+    let slot = 1 + (unsafe { bpf_get_prandom_u32() } % n) as u16;
     let backend_id = match F::service(&F::slot_key(key, slot)) {
         Some(v) => v.backend_id,
         None => return Err(DropReason::BackendMissing),

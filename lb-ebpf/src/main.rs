@@ -21,6 +21,8 @@ mod lb;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod nodeport;
+#[cfg(target_arch = "bpf")]
 mod sock;
 
 #[cfg(target_arch = "bpf")]

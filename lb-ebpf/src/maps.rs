@@ -1,7 +1,8 @@
 //! Map definitions. Names are the pin names (see lb_common::maps); the agent
 //! may change the capacities at load time.
 use aya_ebpf::{
-    macros::map,
+    btf_maps,
+    macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
@@ -10,7 +11,11 @@ use lb_common::{
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     event::EVENTS_RING_BYTES,
     drop::DROP_SLOTS,
-    maps::{DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX},
+    maps::{
+        DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX, DEFAULT_MAGLEV_MAX,
+        DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX,
+    },
+    nodeport::{Ct4Key, Ct4Value, Device},
     revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
     service::{Service4Key, Service6Key, ServiceValue},
 };
@@ -76,3 +81,26 @@ pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pin
 #[map]
 pub static LB_AFFINITY_MATCH: HashMap<AffinityMatchKey, u8> =
     HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
+
+/// North-south conntrack (tc / XDP), written by the programs.
+#[map]
+pub static LB4_CT: LruHashMap<Ct4Key, Ct4Value> = LruHashMap::pinned(DEFAULT_CT_MAX, 0);
+
+/// The node's external devices: ifindex → address used for SNAT.
+#[map]
+pub static LB_DEVICES: HashMap<u32, Device> = HashMap::pinned(DEFAULT_DEVICES_MAX, 0);
+
+/// BPF_F_INNER_MAP: inner tables may have any size (the configured M), and a
+/// table is replaced by swapping the inner map (one atomic update).
+const BPF_F_INNER_MAP: usize = 1 << 12;
+
+/// Maglev lookup tables: service id → array of M backend ids. Pinned by the
+/// loader (map_pin_path), as BTF map definitions carry no pinning here.
+#[btf_map]
+pub static LB_MAGLEV: btf_maps::HashOfMaps<u32, btf_maps::Array<u32, 1, BPF_F_INNER_MAP>, { DEFAULT_MAGLEV_MAX as usize }> =
+    btf_maps::HashOfMaps::new();
+
+/// Per-CPU scratch space of the tc and XDP programs (not pinned: nothing in
+/// it outlives one packet).
+#[map]
+pub static LB_SCRATCH: PerCpuArray<crate::nodeport::Scratch> = PerCpuArray::with_max_entries(1, 0);

@@ -21,7 +21,10 @@ use lb::{
     },
     sys,
 };
-use lb_common::config::{CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LOG_LEVEL};
+use lb_common::config::{
+    CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LB_MODE, CFG_LOG_LEVEL,
+    CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
+};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{signal, SignalKind},
@@ -94,6 +97,25 @@ struct RunArgs {
     /// socketLB.hostNamespaceOnly.
     #[arg(long, env = "LB_SOCKET_LB_HOST_NAMESPACE_ONLY")]
     socket_lb_host_namespace_only: bool,
+    /// External devices: tc (and XDP) programs serve NodePort, LoadBalancer
+    /// and external-IP traffic arriving there; their addresses serve NodePorts.
+    #[arg(long, value_delimiter = ',', value_name = "DEV,...", env = "LB_DEVICES")]
+    devices: Vec<String>,
+    /// How traffic to a backend on another node is forwarded.
+    #[arg(long, value_enum, default_value_t = LbMode::Snat, env = "LB_MODE")]
+    lb_mode: LbMode,
+    /// XDP acceleration on the devices.
+    #[arg(long, value_enum, default_value_t = datapath::Acceleration::Disabled, env = "LB_ACCELERATION")]
+    acceleration: datapath::Acceleration,
+    /// Size M of Maglev tables, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 65537, 131071).
+    #[arg(long, default_value_t = lb_common::maps::DEFAULT_MAGLEV_M, env = "LB_MAGLEV_TABLE_SIZE")]
+    maglev_table_size: u32,
+    /// Source ports for SNAT to remote backends (keep them out of ip_local_port_range and the NodePort range).
+    #[arg(long, default_value = "61000-65535", env = "LB_SNAT_PORT_RANGE")]
+    snat_port_range: PortRange,
+    /// Capacity of LB4_CT (north-south conntrack; one or two entries per flow).
+    #[arg(long, default_value_t = MapSizes::default().ct, env = "LB_MAP_SIZE_CT")]
+    map_size_ct: u32,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
     #[arg(long, default_value_t = MapSizes::default().affinity)]
     map_size_affinity: u32,
@@ -193,8 +215,40 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LbMode {
+    /// SNAT to this node's address; replies come back through this node.
+    Snat,
+    /// Direct server return: the client's address is kept, replies go straight back.
+    Dsr,
+    /// DSR for TCP, SNAT for UDP.
+    Hybrid,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PortRange(u16, u16);
+
+impl std::str::FromStr for PortRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, b) = s.split_once('-').ok_or("write the range as MIN-MAX, e.g. 61000-65535")?;
+        let (a, b): (u16, u16) = (a.parse().map_err(|_| "not a port")?, b.parse().map_err(|_| "not a port")?);
+        if a == 0 || b < a {
+            return Err(format!("{a}-{b}: the range must be non-empty and start above 0"));
+        }
+        Ok(PortRange(a, b))
+    }
+}
+
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let mode = mode(&args)?;
+    if !lb::desired::maglev::valid_size(args.maglev_table_size) {
+        bail!(
+            "--maglev-table-size {} is not one of the supported primes: {:?}",
+            args.maglev_table_size,
+            lb_common::maps::MAGLEV_PRIMES
+        );
+    }
     let log_level = datapath::config::parse_value(datapath::config::setting("bpf-log-level")?, &args.bpf_log_level)
         .context("--bpf-log-level")?;
     if args.event_rate == 0 {
@@ -213,7 +267,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             revnat: args.map_size_services,
             sock_revnat: args.map_size_sock_revnat,
             affinity: args.map_size_affinity,
+            ct: args.map_size_ct,
+            ..MapSizes::default()
         },
+        devices: args.devices.clone(),
+        acceleration: args.acceleration,
     };
     let report = datapath::install(&cfg)?;
     info!(pin_dir = %cfg.pin_dir.display(), maps_reused = report.maps_reused, "data path installed");
@@ -224,6 +282,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     config.set(CFG_HOST_NETNS_COOKIE_LO, cookie as u32)?;
     config.set(CFG_HOST_NETNS_COOKIE_HI, (cookie >> 32) as u32)?;
     config.set(CFG_HOST_NS_ONLY, u32::from(args.socket_lb_host_namespace_only))?;
+    config.set(
+        CFG_LB_MODE,
+        match args.lb_mode {
+            LbMode::Snat => lb_common::nodeport::MODE_SNAT,
+            LbMode::Dsr => lb_common::nodeport::MODE_DSR,
+            LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
+        },
+    )?;
+    config.set(CFG_MAGLEV_M, args.maglev_table_size)?;
+    config.set(CFG_SNAT_PORT_MIN, args.snat_port_range.0 as u32)?;
+    config.set(CFG_SNAT_PORT_MAX, args.snat_port_range.1 as u32)?;
     if args.socket_lb_host_namespace_only {
         info!(netns_cookie = cookie, "socket LB applies to the host network namespace only");
     }

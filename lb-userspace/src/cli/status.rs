@@ -15,7 +15,7 @@ pub struct Check {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct HookRow {
-    pub hook: &'static str,
+    pub hook: String,
     pub attached: bool,
     pub link_id: Option<u32>,
     pub prog_id: Option<u32>,
@@ -117,17 +117,21 @@ pub fn gather(pin_dir: &Path) -> Status {
             attached: h.pinned,
             link_id: h.link_id,
             prog_id: h.prog_id,
-            cgroup: h.cgroup_id.map(|id| {
-                cgroup2
-                    .as_ref()
-                    .ok()
-                    .and_then(|root| cgroup_path(root, id, 4))
-                    .map_or_else(|| format!("cgroup id {id}"), |p| p.display().to_string())
-            }),
+            cgroup: match (h.cgroup_id, h.ifindex) {
+                (Some(id), _) => Some(
+                    cgroup2
+                        .as_ref()
+                        .ok()
+                        .and_then(|root| cgroup_path(root, id, 4))
+                        .map_or_else(|| format!("cgroup id {id}"), |p| p.display().to_string()),
+                ),
+                (None, Some(ifindex)) => Some(format!("ifindex {ifindex}")),
+                _ => None,
+            },
         })
         .collect::<Vec<_>>();
     if installed {
-        let missing: Vec<&str> = hooks.iter().filter(|h| !h.attached).map(|h| h.hook).collect();
+        let missing: Vec<&str> = hooks.iter().filter(|h| !h.attached).map(|h| h.hook.as_str()).collect();
         checks.push(Check {
             name: "hooks",
             ok: missing.is_empty(),
@@ -162,10 +166,10 @@ pub fn render_table(s: &Status) -> String {
     }
     out.push_str(&super::drops::align(&t));
     if s.hooks.iter().any(|h| h.attached) {
-        let mut t = vec![["Hook".to_string(), "Link".into(), "Program".into(), "Cgroup".into()]];
+        let mut t = vec![["Hook".to_string(), "Link".into(), "Program".into(), "Attached to".into()]];
         for h in &s.hooks {
             let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
-            t.push([h.hook.to_string(), opt(h.link_id), opt(h.prog_id), h.cgroup.clone().unwrap_or_else(|| "-".into())]);
+            t.push([h.hook.clone(), opt(h.link_id), opt(h.prog_id), h.cgroup.clone().unwrap_or_else(|| "-".into())]);
         }
         out.push('\n');
         out.push_str(&super::drops::align(&t));
@@ -203,7 +207,7 @@ mod tests {
                 Check { name: "cgroup2", ok: true, detail: "mounted at /sys/fs/cgroup".into() },
                 Check { name: "datapath", ok: false, detail: "nothing pinned at /x".into() },
             ],
-            hooks: vec![HookRow { hook: "connect4", attached: true, link_id: Some(7), prog_id: Some(42), cgroup: Some("/sys/fs/cgroup/a".into()) }],
+            hooks: vec![HookRow { hook: "connect4".into(), attached: true, link_id: Some(7), prog_id: Some(42), cgroup: Some("/sys/fs/cgroup/a".into()) }],
             maps: vec![MapRow { map: "LB4_SERVICES", entries: Some(10), capacity: Some(400) }, MapRow { map: "LB_EVENTS", entries: None, capacity: Some(262144) }],
         };
         let golden = "\
@@ -214,7 +218,7 @@ Check      State     Detail
 cgroup2    ok        mounted at /sys/fs/cgroup
 datapath   MISSING   nothing pinned at /x
 
-Hook       Link   Program   Cgroup
+Hook       Link   Program   Attached to
 connect4   7      42        /sys/fs/cgroup/a
 
 Map            Entries   Capacity   Fill

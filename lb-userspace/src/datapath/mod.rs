@@ -1,26 +1,32 @@
 //! Installing the data path: load the eBPF object, reuse or create the pinned
-//! maps, attach every socket hook to the cgroup through a pinned BPF link, or
-//! swap the new program into the existing link. And the reverse: uninstall.
+//! maps, attach the socket hooks to the cgroup and the tc/XDP programs to the
+//! external devices, each through a pinned BPF link; on a restart or an
+//! upgrade, swap the new program into the existing link. And the reverse:
+//! uninstall.
 pub mod config;
 pub mod pins;
 
 use std::{
     fs::File,
-    os::fd::AsFd as _,
+    os::fd::{AsFd as _, BorrowedFd},
     path::{Path, PathBuf},
 };
 
 use anyhow::{bail, Context as _};
 use aya::{
-    programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr},
-    EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData},
+    programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode},
+    Ebpf, EbpfLoader,
 };
-use lb_common::maps as names;
+use lb_common::{maps as names, nodeport::Device};
 use tracing::{info, warn};
 
 pub use pins::{MapSizes, PinLayout};
 
-use crate::sys::{self, bpf as sysbpf};
+use crate::{
+    maps::{bpf::open_pinned, convert::ip4_to_map},
+    sys::{self, bpf as sysbpf},
+};
 
 /// The eBPF object, built by build.rs (aya-build) for bpfel-unknown-none.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"));
@@ -44,11 +50,30 @@ pub const HOOKS: [Hook; 8] = [
     Hook { name: "getpeername6", program: "lb_getpeername6", attach_type: sysbpf::BPF_CGROUP_INET6_GETPEERNAME },
 ];
 
+pub const TC_INGRESS: &str = "lb_tc_ingress";
+pub const TC_EGRESS: &str = "lb_tc_egress";
+pub const XDP: &str = "lb_xdp";
+
+/// XDP acceleration of the north-south path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Acceleration {
+    /// tc only.
+    #[default]
+    Disabled,
+    /// XDP in the driver on every device; refuse to start where it is not supported.
+    Native,
+    /// XDP in the driver where supported, tc alone elsewhere (logged).
+    BestEffort,
+}
+
 #[derive(Clone, Debug)]
 pub struct DatapathConfig {
     pub pin_dir: PathBuf,
     pub cgroup: PathBuf,
     pub sizes: MapSizes,
+    /// External devices for NodePort/LoadBalancer/external-IP traffic.
+    pub devices: Vec<String>,
+    pub acceleration: Acceleration,
 }
 
 /// What `install` did with each hook.
@@ -58,33 +83,49 @@ pub enum HookAction {
     Attached,
     /// A pinned link existed: the new program was swapped into it.
     Updated,
-    /// A pinned link existed on another cgroup: moved to the configured one.
-    Moved { from_cgroup_id: u64 },
+    /// A pinned link existed on another cgroup or a vanished device: replaced.
+    Moved,
+    /// Native XDP is not supported on this device (best-effort): tc only.
+    Skipped(String),
 }
 
 pub struct InstallReport {
-    pub hooks: Vec<(Hook, HookAction)>,
+    /// (link pin name, what happened)
+    pub hooks: Vec<(String, HookAction)>,
     pub maps_reused: bool,
     /// Reads the programs' aya-log records (AYA_LOGS); poll it to forward
     /// them to the `log` crate. None if the object has no log map.
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
-/// Loads the programs and makes every hook run them on `cfg.cgroup`, reusing
-/// pinned maps and links. Idempotent: running it again (an agent restart or
-/// upgrade) stacks nothing and keeps every map entry.
-pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
-    let layout = PinLayout::new(&cfg.pin_dir);
-    sys::fs::ensure_pin_dir(&cfg.pin_dir)?;
-    sys::fs::check_cgroup2(&cfg.cgroup)?;
-    let maps_reused = layout.check_pinned_maps(&cfg.sizes)?;
-
+/// Loads the object with its maps pinned under `pin_dir` (reusing pinned
+/// ones), without attaching anything. Returns the object and whether maps
+/// were already pinned.
+pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
+    let layout = PinLayout::new(pin_dir);
+    sys::fs::ensure_pin_dir(pin_dir)?;
+    let maps_reused = layout.check_pinned_maps(sizes)?;
     let mut loader = EbpfLoader::new();
-    loader.default_map_pin_directory(&cfg.pin_dir);
-    for (name, size) in cfg.sizes.entries() {
+    loader.default_map_pin_directory(pin_dir);
+    // BTF map definitions carry no pinning attribute: pin by path.
+    let maglev_pin = layout.map(names::LB_MAGLEV);
+    loader.map_pin_path(names::LB_MAGLEV, maglev_pin);
+    for (name, size) in sizes.entries() {
         loader.map_max_entries(name, size);
     }
-    let mut ebpf = loader.load(EBPF_OBJECT).context("loading the eBPF object (is this kernel new enough? see README requirements)")?;
+    let ebpf = loader
+        .load(EBPF_OBJECT)
+        .context("loading the eBPF object (is this kernel new enough? see README requirements)")?;
+    Ok((ebpf, maps_reused))
+}
+
+/// Loads the programs and makes every hook run them, reusing pinned maps and
+/// links. Idempotent: running it again (an agent restart or upgrade) stacks
+/// nothing and keeps every map entry.
+pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
+    sys::fs::check_cgroup2(&cfg.cgroup)?;
+    let (mut ebpf, maps_reused) = load(&cfg.pin_dir, &cfg.sizes)?;
+    let layout = PinLayout::new(&cfg.pin_dir);
     let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -101,38 +142,123 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
             .with_context(|| format!("program {} missing from the object", hook.program))?
             .try_into()?;
         prog.load().with_context(|| format!("verifier rejected {}", hook.program))?;
-        let link_pin = layout.link(hook.name);
-        let action = if link_pin.exists() {
-            let link = sysbpf::obj_get(&link_pin).with_context(|| format!("opening pinned link {}", link_pin.display()))?;
-            let linfo = sysbpf::cgroup_link_info(link.as_fd())?;
-            if linfo.cgroup_id == cgroup_id {
-                sysbpf::link_update(link.as_fd(), prog.fd()?.as_fd())
-                    .with_context(|| format!("swapping the program of link {}", link_pin.display()))?;
-                HookAction::Updated
-            } else {
-                // Attach on the new cgroup first, then drop the old link: no gap.
-                let fd_link = attach(prog, &cfg.cgroup)?;
-                std::fs::remove_file(&link_pin)?;
-                fd_link.pin(&link_pin).with_context(|| format!("pinning {}", link_pin.display()))?;
-                warn!(hook = hook.name, from_cgroup_id = linfo.cgroup_id, to = %cfg.cgroup.display(), "moved hook to another cgroup");
-                HookAction::Moved { from_cgroup_id: linfo.cgroup_id }
-            }
-        } else {
-            let fd_link = attach(prog, &cfg.cgroup)?;
-            fd_link.pin(&link_pin).with_context(|| format!("pinning {}", link_pin.display()))?;
-            HookAction::Attached
-        };
+        let pin = layout.link(hook.name);
+        let current = |link: BorrowedFd<'_>| Ok(sysbpf::cgroup_link_info(link)?.cgroup_id == cgroup_id);
+        let fd = prog.fd()?.try_clone()?;
+        let action = ensure_link(&pin, fd.as_fd(), current, || attach_cgroup(prog, &cfg.cgroup))?;
         info!(hook = hook.name, action = ?action, cgroup = %cfg.cgroup.display(), "hook ready");
-        hooks.push((hook, action));
+        hooks.push((hook.name.to_string(), action));
     }
+
+    let mut wanted_links: Vec<String> = HOOKS.iter().map(|h| h.name.to_string()).collect();
+    if !cfg.devices.is_empty() {
+        for (prog_name, attach) in [(TC_INGRESS, TcAttachType::Ingress), (TC_EGRESS, TcAttachType::Egress)] {
+            let prog: &mut SchedClassifier = ebpf.program_mut(prog_name).context("tc program missing")?.try_into()?;
+            prog.load().with_context(|| format!("verifier rejected {prog_name}"))?;
+            for dev in &cfg.devices {
+                let ifindex = sys::netdev::ifindex(dev)?;
+                let name = format!("{}@{dev}", if attach == TcAttachType::Ingress { "tc-ingress" } else { "tc-egress" });
+                let current = |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
+                let fd = prog.fd()?.try_clone()?;
+                let action = ensure_link(&layout.link(&name), fd.as_fd(), current, || {
+                    let id = prog.attach(dev, attach).with_context(|| format!("attaching {prog_name} to {dev}"))?;
+                    Ok(FdLink::try_from(prog.take_link(id)?)?)
+                })?;
+                info!(hook = %name, action = ?action, "device hook ready");
+                hooks.push((name.clone(), action));
+                wanted_links.push(name);
+            }
+        }
+        if cfg.acceleration != Acceleration::Disabled {
+            let prog: &mut Xdp = ebpf.program_mut(XDP).context("xdp program missing")?.try_into()?;
+            prog.load().context("verifier rejected lb_xdp")?;
+            for dev in &cfg.devices {
+                let ifindex = sys::netdev::ifindex(dev)?;
+                let name = format!("xdp@{dev}");
+                let current = |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
+                let fd = prog.fd()?.try_clone()?;
+                let attached = ensure_link(&layout.link(&name), fd.as_fd(), current, || {
+                    let id = prog.attach(dev, XdpMode::Driver).with_context(|| format!("attaching native XDP to {dev}"))?;
+                    Ok(FdLink::try_from(prog.take_link(id)?)?)
+                });
+                match attached {
+                    Ok(action) => {
+                        info!(hook = %name, action = ?action, "XDP ready");
+                        hooks.push((name.clone(), action));
+                        wanted_links.push(name);
+                    }
+                    Err(e) if cfg.acceleration == Acceleration::BestEffort => {
+                        warn!(device = %dev, "no native XDP ({e:#}): this device uses tc only");
+                        hooks.push((name, HookAction::Skipped(format!("{e:#}"))));
+                    }
+                    Err(e) => return Err(e.context("--acceleration native: use best-effort or disabled on this device")),
+                }
+            }
+        }
+    }
+    // Links of devices (or XDP) no longer configured: detach them.
+    if let Ok(entries) = std::fs::read_dir(layout.links_dir()) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !wanted_links.contains(&name) {
+                std::fs::remove_file(e.path())?;
+                info!(hook = %name, "detached (no longer configured)");
+            }
+        }
+    }
+    write_devices(&cfg.pin_dir, &cfg.devices)?;
     Ok(InstallReport { hooks, maps_reused, logger })
 }
 
-fn attach(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdLink> {
+/// Makes the pinned link at `pin` run the program `prog`: swapped into an
+/// existing link that is still `current` (same cgroup / device), else a new
+/// link attached first and the old one dropped after, so there is no gap.
+fn ensure_link(
+    pin: &Path,
+    prog: BorrowedFd<'_>,
+    current: impl Fn(BorrowedFd<'_>) -> anyhow::Result<bool>,
+    attach: impl FnOnce() -> anyhow::Result<FdLink>,
+) -> anyhow::Result<HookAction> {
+    if pin.exists() {
+        let link = sysbpf::obj_get(pin).with_context(|| format!("opening pinned link {}", pin.display()))?;
+        if current(link.as_fd())? {
+            sysbpf::link_update(link.as_fd(), prog).with_context(|| format!("swapping the program of {}", pin.display()))?;
+            return Ok(HookAction::Updated);
+        }
+        let new = attach()?;
+        std::fs::remove_file(pin)?;
+        new.pin(pin).with_context(|| format!("pinning {}", pin.display()))?;
+        return Ok(HookAction::Moved);
+    }
+    attach()?.pin(pin).with_context(|| format!("pinning {}", pin.display()))?;
+    Ok(HookAction::Attached)
+}
+
+fn attach_cgroup(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdLink> {
     let file = File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
     let id = prog.attach(file, CgroupAttachMode::Single).context("attaching to the cgroup")?;
     let link = prog.take_link(id)?;
     Ok(FdLink::try_from(link)?)
+}
+
+/// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source).
+fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
+    let mut map: BpfHashMap<MapData, u32, Device> = BpfHashMap::try_from(open_pinned(pin_dir, names::LB_DEVICES)?)?;
+    let mut wanted = Vec::new();
+    for dev in devices {
+        let ifindex = sys::netdev::ifindex(dev)?;
+        let Some(addr) = sys::netdev::ipv4_address(dev)? else {
+            bail!("device {dev} has no IPv4 address: SNAT to remote backends needs one (add it, or drop it from --devices)");
+        };
+        map.insert(ifindex, Device { address: ip4_to_map(addr), flags: 0 }, 0)?;
+        info!(device = %dev, ifindex, address = %addr, "external device");
+        wanted.push(ifindex);
+    }
+    let stale: Vec<u32> = map.keys().filter_map(Result::ok).filter(|k| !wanted.contains(k)).collect();
+    for k in stale {
+        map.remove(&k)?;
+    }
+    Ok(())
 }
 
 /// What `uninstall` removed.
@@ -149,11 +275,12 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
     if !pin_dir.exists() {
         return Ok(report);
     }
-    for hook in HOOKS {
-        let p = layout.link(hook.name);
-        if p.exists() {
-            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
-            report.links.push(hook.name.to_string());
+    if let Ok(entries) = std::fs::read_dir(layout.links_dir()) {
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            std::fs::remove_file(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
+            report.links.push(e.file_name().to_string_lossy().into_owned());
         }
     }
     for name in names::ALL {
@@ -173,38 +300,60 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
 /// A hook as the kernel sees it right now.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct HookStatus {
-    pub hook: &'static str,
+    pub hook: String,
     pub pinned: bool,
     pub link_id: Option<u32>,
     pub prog_id: Option<u32>,
+    /// Socket hooks: the cgroup id.
     pub cgroup_id: Option<u64>,
+    /// Device hooks: the ifindex.
+    pub ifindex: Option<u32>,
 }
 
+/// Every pinned link: the socket hooks first, then the device hooks.
 pub fn hook_status(pin_dir: &Path) -> Vec<HookStatus> {
     let layout = PinLayout::new(pin_dir);
-    HOOKS
+    let mut out: Vec<HookStatus> = HOOKS
         .iter()
         .map(|hook| {
-            let info = sysbpf::obj_get(&layout.link(hook.name))
-                .ok()
-                .and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
+            let info = sysbpf::obj_get(&layout.link(hook.name)).ok().and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
             HookStatus {
-                hook: hook.name,
+                hook: hook.name.to_string(),
                 pinned: info.is_some(),
                 link_id: info.map(|i| i.link_id),
                 prog_id: info.map(|i| i.prog_id),
                 cgroup_id: info.map(|i| i.cgroup_id),
+                ifindex: None,
             }
         })
-        .collect()
+        .collect();
+    let mut devices: Vec<String> = std::fs::read_dir(layout.links_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains('@'))
+        .collect();
+    devices.sort();
+    for name in devices {
+        let fd = sysbpf::obj_get(&layout.link(&name)).ok();
+        let info = fd.as_ref().and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
+        let ifindex = fd.as_ref().and_then(|fd| sysbpf::netdev_link_ifindex(fd.as_fd()).ok());
+        out.push(HookStatus {
+            hook: name,
+            pinned: info.is_some(),
+            link_id: info.map(|i| i.link_id),
+            prog_id: info.map(|i| i.prog_id),
+            cgroup_id: None,
+            ifindex,
+        });
+    }
+    out
 }
 
 /// Programs attached to `cgroup` per hook, ours or not (for checks that no
 /// second program got stacked).
 pub fn attached_programs(cgroup: &Path) -> anyhow::Result<Vec<(&'static str, Vec<u32>)>> {
     let dir = File::open(cgroup).with_context(|| format!("opening {}", cgroup.display()))?;
-    HOOKS
-        .iter()
-        .map(|h| Ok((h.name, sysbpf::cgroup_prog_ids(dir.as_fd(), h.attach_type)?)))
-        .collect()
+    HOOKS.iter().map(|h| Ok((h.name, sysbpf::cgroup_prog_ids(dir.as_fd(), h.attach_type)?))).collect()
 }

@@ -10,6 +10,7 @@ use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
+    nodeport::{Ct4Key, Ct4Value, Device},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
     maps as names,
@@ -31,6 +32,10 @@ pub struct MapSizes {
     pub sock_revnat: u32,
     /// LB_AFFINITY: remembered (client, service) choices.
     pub affinity: u32,
+    /// LB4_CT: north-south flows (each uses one to two entries).
+    pub ct: u32,
+    /// LB_MAGLEV: services with a Maglev table.
+    pub maglev: u32,
 }
 
 impl Default for MapSizes {
@@ -41,13 +46,15 @@ impl Default for MapSizes {
             revnat: names::DEFAULT_REVNAT_MAX,
             sock_revnat: names::DEFAULT_SOCK_REVNAT_MAX,
             affinity: names::DEFAULT_AFFINITY_MAX,
+            ct: names::DEFAULT_CT_MAX,
+            maglev: names::DEFAULT_MAGLEV_MAX,
         }
     }
 }
 
 impl MapSizes {
     /// Map name → capacity; both families get the same sizes.
-    pub fn entries(&self) -> [(&'static str, u32); 10] {
+    pub fn entries(&self) -> [(&'static str, u32); 12] {
         [
             (names::LB4_SERVICES, self.services),
             (names::LB4_BACKENDS, self.backends),
@@ -59,6 +66,8 @@ impl MapSizes {
             (names::LB6_SOCK_REVNAT, self.sock_revnat),
             (names::LB_AFFINITY, self.affinity),
             (names::LB_AFFINITY_MATCH, self.services),
+            (names::LB4_CT, self.ct),
+            (names::LB_MAGLEV, self.maglev),
         ]
     }
 }
@@ -87,7 +96,7 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 15] = [
+        let expected: [(&str, usize, usize, Option<u32>); 18] = [
             (names::LB4_SERVICES, size_of::<Service4Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
             (names::LB4_BACKENDS, size_of::<u32>(), size_of::<Backend4>(), Some(sizes.backends)),
             (names::LB4_REVNAT, size_of::<u32>(), size_of::<RevNat4>(), Some(sizes.revnat)),
@@ -98,6 +107,9 @@ impl PinLayout {
             (names::LB6_SOCK_REVNAT, size_of::<SockRevNat6Key>(), size_of::<SockRevNat6Value>(), Some(sizes.sock_revnat)),
             (names::LB_AFFINITY, size_of::<AffinityKey>(), size_of::<AffinityValue>(), Some(sizes.affinity)),
             (names::LB_AFFINITY_MATCH, size_of::<AffinityMatchKey>(), size_of::<u8>(), Some(sizes.services)),
+            (names::LB4_CT, size_of::<Ct4Key>(), size_of::<Ct4Value>(), Some(sizes.ct)),
+            (names::LB_DEVICES, size_of::<u32>(), size_of::<Device>(), Some(names::DEFAULT_DEVICES_MAX)),
+            (names::LB_MAGLEV, size_of::<u32>(), size_of::<u32>(), Some(sizes.maglev)),
             (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), Some(DROP_SLOTS)),
             (names::LB_EVENTS, 0, 0, Some(EVENTS_RING_BYTES)),
             (names::LB_CONFIG, size_of::<u32>(), size_of::<u32>(), Some(CONFIG_SLOTS)),

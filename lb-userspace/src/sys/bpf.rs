@@ -104,3 +104,20 @@ pub fn cgroup_prog_ids(cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<V
     ids.truncate(attr.get_u32(24) as usize);
     Ok(ids)
 }
+
+/// The ifindex a tcx or XDP link is attached to (0 once its device is gone):
+/// both keep it first in their part of struct bpf_link_info.
+pub fn netdev_link_ifindex(link: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u64; 32];
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_raw_fd() as u32);
+    attr.put_u32(4, std::mem::size_of_val(&info) as u32);
+    attr.put_u64(8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok((info[2] & 0xffff_ffff) as u32)
+}
+
+/// The program id a link runs.
+pub fn link_prog_id(link: BorrowedFd<'_>) -> io::Result<u32> {
+    Ok(cgroup_link_info(link)?.prog_id)
+}

@@ -1,3 +1,4 @@
 //! Thin wrappers over kernel interfaces that aya does not expose.
 pub mod bpf;
 pub mod fs;
+pub mod netdev;
