@@ -37,6 +37,7 @@ struct Deltas {
 /// frontends the services being reconciled own now).
 pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
     let mut early = Vec::new(); // affinity entries to withdraw before anything else
+    let mut maglev_deletes = Vec::new(); // tables of frontends that stopped using Maglev
     let mut first = Vec::new(); // backends, revnat, affinity entries, markers to add
     let mut frontends = Vec::new(); // per-frontend slot/master/slot-delete sequences
     let mut removals = Vec::new(); // removed frontends
@@ -68,6 +69,14 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         }
         for b in want.iter().filter(|b| !have.is_some_and(|h| h.contains(b))) {
             first.push(MapOp::UpsertAffinityMatch(id, *b));
+        }
+        // A new Maglev table goes in before the master that may name Maglev;
+        // a table no longer wanted goes after it.
+        match (&fe.maglev, current.maglev.get(&id)) {
+            (Some(t), Some(old)) if t == old => {}
+            (Some(t), _) => first.push(MapOp::SetMaglev(id, t.clone())),
+            (None, Some(_)) => maglev_deletes.push(MapOp::DeleteMaglev(id)),
+            (None, None) => {}
         }
         let old_master = current.services.get(&fe.key);
         if old_master.is_some_and(|m| m.flags & SVC_FLAG_CLUSTER_IP != 0) {
@@ -115,6 +124,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
     ops.extend(add_markers);
     ops.extend(first);
     ops.extend(frontends);
+    ops.extend(maglev_deletes);
     ops.extend(removals);
     ops.extend(del_markers);
     ops.extend(del_backends);
@@ -163,6 +173,9 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
         .collect();
     orphans.sort_unstable();
     ops.extend(orphans.into_iter().map(|(id, b)| MapOp::DeleteAffinityMatch(id, b)));
+    let mut tables: Vec<u32> = current.maglev.keys().filter(|id| !live.contains(id) && !removed.contains(id)).copied().collect();
+    tables.sort_unstable();
+    ops.extend(tables.into_iter().map(MapOp::DeleteMaglev));
     let mut stale: Vec<u32> =
         current.revnat.keys().filter(|id| !live.contains(id) && !removed.contains(id)).copied().collect();
     stale.sort_unstable();
@@ -200,6 +213,9 @@ fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &m
             out.push(MapOp::DeleteService(k));
             *d.backend_refs.entry(v.backend_id).or_default() -= 1;
         }
+    }
+    if current.maglev.contains_key(&master.service_id) {
+        out.push(MapOp::DeleteMaglev(master.service_id));
     }
     out.push(MapOp::DeleteRevNat(master.service_id, key.family()));
 }

@@ -19,7 +19,7 @@ use std::{
 use lb_common::maps as names;
 
 use crate::{
-    desired::{self, Desired, DesiredError, Ids},
+    desired::{self, BuildConfig, Desired, DesiredError, Ids},
     diff::{diff, sweep},
     maps::{Family, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
     model::{Model, Service, ServiceName},
@@ -73,6 +73,7 @@ pub struct Reconciler<M: LbMaps> {
     /// Services that were refused and wait for a retry.
     pending: BTreeSet<ServiceName>,
     needs_full_sync: bool,
+    cfg: BuildConfig,
 }
 
 impl<M: LbMaps> Reconciler<M> {
@@ -90,7 +91,15 @@ impl<M: LbMaps> Reconciler<M> {
             owned: BTreeMap::new(),
             pending: BTreeSet::new(),
             needs_full_sync: true,
+            cfg: BuildConfig::default(),
         })
+    }
+
+    /// Settings the desired state depends on (Maglev table size). Changing
+    /// them takes effect at the next full sync.
+    pub fn with_config(mut self, cfg: BuildConfig) -> Self {
+        self.cfg = cfg;
+        self
     }
 
     pub fn maps(&self) -> &M {
@@ -202,7 +211,7 @@ impl<M: LbMaps> Reconciler<M> {
             .collect();
         let mut desired = Desired::default();
         if let Some(svc) = self.target.services.get(name) {
-            if let Err(e) = desired::build([svc], &self.state, &mut self.ids, &mut desired) {
+            if let Err(e) = desired::build([svc], &self.state, &mut self.ids, &self.cfg, &mut desired) {
                 self.ids.retain_applied(&self.state);
                 return Err(Step::Refused(e.into()));
             }
@@ -272,6 +281,11 @@ impl<M: LbMaps> Reconciler<M> {
                     return Err(ServiceError::Capacity { map, needed, max, flag });
                 }
             }
+        }
+        let tables = self.state.maglev.len()
+            + ops.iter().filter(|op| matches!(op, MapOp::SetMaglev(s, _) if !self.state.maglev.contains_key(s))).count();
+        if tables > cap.maglev as usize {
+            return Err(ServiceError::Capacity { map: names::LB_MAGLEV, needed: tables, max: cap.maglev, flag: "--map-size-maglev" });
         }
         let affinity = self.state.affinity_entries()
             + ops

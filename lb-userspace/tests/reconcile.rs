@@ -15,7 +15,7 @@ use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 use proptest::prelude::*;
 
 fn backend(i: u8, state: BackendState) -> Backend {
-    Backend { address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, i)), port: 8080, state, local: false }
+    Backend { address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, i)), port: 8080, state, local: false, weight: 1 }
 }
 
 fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
@@ -79,6 +79,10 @@ fn assert_consistent(state: &MapState) {
     assert_eq!(markers, cluster_ips, "VIP markers must match ClusterIP addresses");
     let ids: HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
     assert_eq!(ids.len(), state.frontends().count(), "service ids unique");
+    for (id, table) in &state.maglev {
+        assert!(ids.contains(id), "Maglev table of a gone service {id}");
+        assert!(table.iter().all(|b| state.backends.contains_key(b)), "Maglev table names a missing backend");
+    }
     assert_eq!(state.revnat.len(), ids.len(), "stray revnat entries");
 }
 
@@ -184,7 +188,7 @@ fn ids_stay_stable_when_other_services_come_and_go() {
 #[test]
 fn service_that_does_not_fit_is_refused_whole_while_the_others_apply_and_retried_later() {
     let model = cluster(10);
-    let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity { services: 60, backends: 100, revnat: 100 })).unwrap();
+    let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity { services: 60, backends: 100, revnat: 100, maglev: 10 })).unwrap();
     r.reconcile(&model).unwrap(); // 10 × (master + 3 slots) + 10 markers = 50 entries
     r.maps_mut().take_log();
     // Three more services of 5 entries each: two fit (60), the third does not.
@@ -257,6 +261,10 @@ fn arb_model() -> impl Strategy<Value = Model> {
                 continue; // one owner per frontend, as the parsers guarantee
             }
             let mut s = service(vip, port, &[]);
+            // Some services use Maglev: its tables follow the same pipeline.
+            if vip % 2 == 1 {
+                s.frontends[0].algorithm = lb::model::Algorithm::Maglev;
+            }
             s.frontends[0].backends = backends
                 .into_iter()
                 .map(|(b, st)| {
@@ -366,4 +374,41 @@ fn affinity_match_entries_follow_the_selectable_backends() {
     model.services.clear();
     r.reconcile(&model).unwrap();
     assert!(r.state().affinity.is_empty());
+}
+
+#[test]
+fn maglev_table_is_written_before_the_master_and_follows_the_backends() {
+    let mut svc = service(11, 80, &[1, 2, 3]);
+    svc.frontends[0].algorithm = lb::model::Algorithm::Maglev;
+    let mut model = Model::default();
+    model.services.insert(name(11), svc.clone());
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    let table_at = log.iter().position(|op| matches!(op, MapOp::SetMaglev(..))).expect("a table is written");
+    let master_at = log.iter().position(|op| matches!(op, MapOp::UpsertService(k, _) if k.slot == 0 && k.port == 80)).unwrap();
+    assert!(table_at < master_at, "table before master: {log:?}");
+    let id = r.state().frontends().next().unwrap().1.service_id;
+    let table = &r.state().maglev[&id];
+    assert_eq!(table.len(), lb_common::maps::DEFAULT_MAGLEV_M as usize);
+    let ids: HashSet<u32> = table.iter().copied().collect();
+    assert_eq!(ids.len(), 3);
+
+    // Backend 2 leaves: a new table without it, written before its entry is deleted.
+    svc.frontends[0].backends.remove(1);
+    model.services.insert(name(11), svc.clone());
+    r.reconcile(&model).unwrap();
+    let log = r.maps_mut().take_log();
+    let table_at = log.iter().position(|op| matches!(op, MapOp::SetMaglev(..))).unwrap();
+    let delete_at = log.iter().position(|op| matches!(op, MapOp::DeleteBackend(..))).unwrap();
+    assert!(table_at < delete_at, "{log:?}");
+    assert_eq!(r.state().maglev[&id].iter().copied().collect::<HashSet<_>>().len(), 2);
+
+    // Back to random: the table goes.
+    svc.frontends[0].algorithm = lb::model::Algorithm::Random;
+    model.services.insert(name(11), svc);
+    r.reconcile(&model).unwrap();
+    assert!(r.state().maglev.is_empty());
+    // Unchanged model: nothing written, not even the table.
+    assert_eq!(r.reconcile(&model).unwrap().ops, 0);
 }

@@ -116,6 +116,9 @@ struct RunArgs {
     /// Capacity of LB4_CT (north-south conntrack; one or two entries per flow).
     #[arg(long, default_value_t = MapSizes::default().ct, env = "LB_MAP_SIZE_CT")]
     map_size_ct: u32,
+    /// Capacity of LB_MAGLEV (services using Maglev at once).
+    #[arg(long, default_value_t = MapSizes::default().maglev, env = "LB_MAP_SIZE_MAGLEV")]
+    map_size_maglev: u32,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
     #[arg(long, default_value_t = MapSizes::default().affinity)]
     map_size_affinity: u32,
@@ -268,7 +271,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             sock_revnat: args.map_size_sock_revnat,
             affinity: args.map_size_affinity,
             ct: args.map_size_ct,
-            ..MapSizes::default()
+            maglev: args.map_size_maglev,
         },
         devices: args.devices.clone(),
         acceleration: args.acceleration,
@@ -298,7 +301,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let maps = BpfMaps::open(&cfg.pin_dir)?;
-    let mut reconciler = Reconciler::restore(maps)?;
+    let mut reconciler =
+        Reconciler::restore(maps)?.with_config(lb::desired::BuildConfig { maglev_m: args.maglev_table_size });
     info!(entries = reconciler.state().services.len(), backends = reconciler.state().backends.len(), "restored state from pinned maps");
 
     let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
@@ -321,7 +325,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let (reload_tx, reload_rx) = mpsc::channel(1);
         match mode {
             Mode::File(path) => {
-                tokio::spawn(source::file::run(path, tx, reload_rx));
+                // NodePorts listen on the devices' addresses (filtered like
+                // kube-proxy's --nodeport-addresses).
+                let mut nodeport_addresses = Vec::new();
+                for dev in &args.devices {
+                    if let Some(a) = sys::netdev::ipv4_address(dev)? {
+                        let ip = std::net::IpAddr::V4(a);
+                        if args.nodeport_addresses.is_empty() || args.nodeport_addresses.iter().any(|c| c.contains(&ip)) {
+                            nodeport_addresses.push(ip);
+                        }
+                    }
+                }
+                let ctx = lb::model::file::FileContext { nodeport_addresses };
+                tokio::spawn(source::file::run(path, ctx, tx, reload_rx));
             }
             Mode::Kubernetes(watch_cfg) => {
                 let client = kube_client(&args).await?;

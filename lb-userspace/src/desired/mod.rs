@@ -4,7 +4,7 @@ pub mod ids;
 pub mod maglev;
 pub mod slots;
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use lb_common::{
     backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
@@ -34,6 +34,22 @@ pub struct DesiredFrontend {
     /// sessionAffinity: the backends the service may select now (the active
     /// ones, or the terminating ones when none is active); empty without affinity.
     pub affinity: Vec<u32>,
+    /// The Maglev table, for services that use Maglev (built from the same
+    /// selectable backends).
+    pub maglev: Option<Arc<Vec<u32>>>,
+}
+
+/// Settings the desired state depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildConfig {
+    /// Size M of Maglev tables.
+    pub maglev_m: u32,
+}
+
+impl Default for BuildConfig {
+    fn default() -> Self {
+        Self { maglev_m: lb_common::maps::DEFAULT_MAGLEV_M }
+    }
 }
 
 impl DesiredFrontend {
@@ -81,17 +97,18 @@ pub fn build<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     current: &MapState,
     ids: &mut Ids,
+    cfg: &BuildConfig,
     out: &mut Desired,
 ) -> Result<(), DesiredError> {
     for service in services {
         for fe in &service.frontends {
-            let mut all = build_frontend(fe, SCOPE_ALL, &fe.backends, current, ids, &mut out.backends)?;
+            let mut all = build_frontend(fe, SCOPE_ALL, &fe.backends, current, ids, cfg, &mut out.backends)?;
             // externalTrafficPolicy: Local: a second, node-local view for
             // traffic from outside the node (the tc/XDP path reads scope 1).
             if fe.external_traffic_local {
                 all.value.flags |= SVC_FLAG_TWO_SCOPES;
                 let local: Vec<_> = fe.backends.iter().filter(|b| b.local).cloned().collect();
-                let view = build_frontend(fe, SCOPE_LOCAL, &local, current, ids, &mut out.backends)?;
+                let view = build_frontend(fe, SCOPE_LOCAL, &local, current, ids, cfg, &mut out.backends)?;
                 out.frontends.push(all);
                 out.frontends.push(view);
             } else {
@@ -108,6 +125,7 @@ fn build_frontend(
     fe_backends: &[crate::model::Backend],
     current: &MapState,
     ids: &mut Ids,
+    cfg: &BuildConfig,
     backends: &mut HashMap<u32, BackendEntry>,
 ) -> Result<DesiredFrontend, DesiredError> {
     let proto = fe.protocol.number();
@@ -116,6 +134,9 @@ fn build_frontend(
 
     let mut active = Vec::new();
     let mut terminating = Vec::new();
+    // For Maglev: stable name and weight of each selectable backend.
+    let mut active_named = Vec::new();
+    let mut terminating_named = Vec::new();
     for b in fe_backends {
         // Maintenance backends are never selected; a frontend only reaches
         // backends of its own family.
@@ -132,9 +153,20 @@ fn build_frontend(
         let id = ids.backend_id(&entry)?;
         // The same endpoint in several services: the most usable state wins.
         backends.entry(id).and_modify(|e| e.state = e.state.min(entry.state)).or_insert(entry);
+        let named = maglev::MaglevBackend {
+            name: format!("{}:{}/{}", b.address, b.port, fe.protocol.as_str()),
+            id,
+            weight: b.weight.max(1),
+        };
         match b.state {
-            BackendState::Active => active.push(id),
-            _ => terminating.push(id),
+            BackendState::Active => {
+                active.push(id);
+                active_named.push(named);
+            }
+            _ => {
+                terminating.push(id);
+                terminating_named.push(named);
+            }
         }
     }
     let previous = current.slots_of(&key);
@@ -157,10 +189,14 @@ fn build_frontend(
         pad: 0,
         affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
     };
+    let maglev = (fe.algorithm == Algorithm::Maglev).then(|| {
+        let set = if active_named.is_empty() { &terminating_named } else { &active_named };
+        Arc::new(maglev::build(set, cfg.maglev_m))
+    });
     let affinity = match fe.affinity_timeout_s {
         None => Vec::new(),
         Some(_) if !active.is_empty() => active,
         Some(_) => terminating,
     };
-    Ok(DesiredFrontend { key, value, slots, revnat: RevNatEntry { address: fe.address, port: fe.port }, affinity })
+    Ok(DesiredFrontend { key, value, slots, revnat: RevNatEntry { address: fe.address, port: fe.port }, affinity, maglev })
 }

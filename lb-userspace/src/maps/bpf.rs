@@ -1,9 +1,9 @@
 //! The real maps: opened from their pins, so the agent and lbctl see the same
 //! objects whether or not the agent that created them is still running.
-use std::{io, path::Path};
+use std::{io, os::fd::AsFd as _, path::Path};
 
 use anyhow::Context as _;
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
     affinity::AffinityMatchKey,
     backend::{Backend4, Backend6},
@@ -23,8 +23,13 @@ pub struct BpfMaps {
     backends6: HashMap<MapData, u32, Backend6>,
     revnat6: HashMap<MapData, u32, RevNat6>,
     affinity: HashMap<MapData, AffinityMatchKey, u8>,
+    maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
     capacity: Capacity,
 }
+
+/// Inner maps of LB_MAGLEV may have any size (the configured M): the flag
+/// the program's template carries, include/uapi/linux/bpf.h BPF_F_INNER_MAP.
+const BPF_F_INNER_MAP: u32 = 1 << 12;
 
 /// Opens a pinned map, with an error that says what to do when it is missing.
 pub fn open_pinned(pin_dir: &Path, name: &str) -> anyhow::Result<Map> {
@@ -53,6 +58,7 @@ impl BpfMaps {
             services: max_entries(pin_dir, names::LB4_SERVICES)?,
             backends: max_entries(pin_dir, names::LB4_BACKENDS)?,
             revnat: max_entries(pin_dir, names::LB4_REVNAT)?,
+            maglev: max_entries(pin_dir, names::LB_MAGLEV)?,
         };
         Ok(Self {
             services4: HashMap::try_from(open_pinned(pin_dir, names::LB4_SERVICES)?)?,
@@ -62,6 +68,7 @@ impl BpfMaps {
             backends6: HashMap::try_from(open_pinned(pin_dir, names::LB6_BACKENDS)?)?,
             revnat6: HashMap::try_from(open_pinned(pin_dir, names::LB6_REVNAT)?)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
+            maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
             capacity,
         })
     }
@@ -79,6 +86,18 @@ fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
     match r.map_err(io_error) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other,
+    }
+}
+
+impl BpfMaps {
+    /// A new inner table, filled in one batch, then swapped in for the old
+    /// one by a single update of the outer map: a lookup sees the old table
+    /// or the new one, never a mix.
+    fn set_maglev(&mut self, service_id: u32, table: &[u32]) -> io::Result<()> {
+        let inner = Array::<MapData, u32>::create(table.len() as u32, BPF_F_INNER_MAP).map_err(io_error)?;
+        let keys: Vec<u32> = (0..table.len() as u32).collect();
+        crate::sys::bpf::map_update_batch(inner.map().fd().as_fd(), &keys, table)?;
+        self.maglev.insert(service_id, &inner, 0).map_err(io_error)
     }
 }
 
@@ -104,6 +123,8 @@ impl LbMaps for BpfMaps {
             MapOp::DeleteAffinityMatch(s, b) => {
                 ignore_missing(self.affinity.remove(&AffinityMatchKey { service_id: *s, backend_id: *b }))
             }
+            MapOp::SetMaglev(s, table) => self.set_maglev(*s, table),
+            MapOp::DeleteMaglev(s) => ignore_missing(self.maglev.remove(s)),
         };
         result.map_err(|source| MapWriteError { map: op.map_name(), op: format!("{op:?}"), source })
     }
@@ -141,7 +162,15 @@ impl LbMaps for BpfMaps {
             let (k, _) = e.context("reading LB_AFFINITY_MATCH")?;
             affinity.push((k.service_id, k.backend_id));
         }
-        Ok(MapState::from_entries(services, backends, revnat, affinity))
+        let mut maglev = Vec::new();
+        for k in self.maglev.keys() {
+            let k = k.context("reading LB_MAGLEV")?;
+            let inner: Array<MapData, u32> = self.maglev.get(&k, 0).context("reading a Maglev table")?;
+            let table = crate::sys::bpf::array_lookup_all(inner.map().fd().as_fd(), inner.len() as usize)
+                .context("reading a Maglev table")?;
+            maglev.push((k, table));
+        }
+        Ok(MapState::from_entries(services, backends, revnat, affinity, maglev))
     }
 
     fn capacity(&self) -> Capacity {
@@ -190,6 +219,12 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
         names::LB6_SOCK_REVNAT => count::<SockRevNat6Key, SockRevNat6Value>(map)?,
         names::LB_AFFINITY => count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?,
         names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
+        names::LB4_CT => count::<lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value>(map)?,
+        names::LB_DEVICES => count::<u32, lb_common::nodeport::Device>(map)?,
+        names::LB_MAGLEV => {
+            let m: HashOfMaps<MapData, u32, Array<MapData, u32>> = HashOfMaps::try_from(map)?;
+            m.keys().filter(Result::is_ok).count()
+        }
         _ => return Ok(None),
     };
     Ok(Some(n))

@@ -41,6 +41,7 @@ impl LbMaps for FakeMaps {
             MapOp::UpsertService(k, _) => !self.state.services.contains_key(k) && services >= self.capacity.services as usize,
             MapOp::UpsertBackend(id, _) => !self.state.backends.contains_key(id) && backends >= self.capacity.backends as usize,
             MapOp::UpsertRevNat(id, _) => !self.state.revnat.contains_key(id) && revnat >= self.capacity.revnat as usize,
+            MapOp::SetMaglev(svc, _) => !self.state.maglev.contains_key(svc) && self.state.maglev.len() >= self.capacity.maglev as usize,
             MapOp::UpsertAffinityMatch(svc, b) => {
                 !self.state.affinity.get(svc).is_some_and(|s| s.contains(b))
                     && self.state.affinity_entries() >= self.capacity.services as usize
@@ -55,7 +56,7 @@ impl LbMaps for FakeMaps {
             });
         }
         self.state.apply(op);
-        self.log.push(*op);
+        self.log.push(op.clone());
         Ok(())
     }
 

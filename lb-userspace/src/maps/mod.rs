@@ -12,7 +12,7 @@ pub mod convert;
 pub mod fake;
 pub mod state;
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 pub use lb_common::service::ServiceValue;
 use lb_common::maps as names;
@@ -80,7 +80,7 @@ pub struct RevNatEntry {
 
 /// One element update or delete. The reconciler emits them in an order that
 /// keeps every intermediate state valid for a concurrent reader.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MapOp {
     UpsertBackend(u32, BackendEntry),
     DeleteBackend(u32, Family),
@@ -91,6 +91,9 @@ pub enum MapOp {
     /// (service id, backend id): the backend is selectable for a service with session affinity.
     UpsertAffinityMatch(u32, u32),
     DeleteAffinityMatch(u32, u32),
+    /// A service's whole Maglev table (backend id per slot), swapped in at once.
+    SetMaglev(u32, Arc<Vec<u32>>),
+    DeleteMaglev(u32),
 }
 
 impl MapOp {
@@ -101,7 +104,10 @@ impl MapOp {
             MapOp::UpsertRevNat(_, r) => Family::of(&r.address),
             MapOp::DeleteBackend(_, f) | MapOp::DeleteRevNat(_, f) => *f,
             // One map for both families.
-            MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => Family::V4,
+            MapOp::UpsertAffinityMatch(..)
+            | MapOp::DeleteAffinityMatch(..)
+            | MapOp::SetMaglev(..)
+            | MapOp::DeleteMaglev(..) => Family::V4,
         }
     }
 
@@ -118,6 +124,7 @@ impl MapOp {
                 if v4 { names::LB4_REVNAT } else { names::LB6_REVNAT }
             }
             MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => names::LB_AFFINITY_MATCH,
+            MapOp::SetMaglev(..) | MapOp::DeleteMaglev(..) => names::LB_MAGLEV,
         }
     }
 }
@@ -128,11 +135,18 @@ pub struct Capacity {
     pub services: u32,
     pub backends: u32,
     pub revnat: u32,
+    /// Services with a Maglev table.
+    pub maglev: u32,
 }
 
 impl Default for Capacity {
     fn default() -> Self {
-        Self { services: names::DEFAULT_SERVICES_MAX, backends: names::DEFAULT_BACKENDS_MAX, revnat: names::DEFAULT_REVNAT_MAX }
+        Self {
+            services: names::DEFAULT_SERVICES_MAX,
+            backends: names::DEFAULT_BACKENDS_MAX,
+            revnat: names::DEFAULT_REVNAT_MAX,
+            maglev: names::DEFAULT_MAGLEV_MAX,
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
 };
 
 use lb_common::service::{SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
@@ -18,6 +19,8 @@ pub struct MapState {
     /// LB_AFFINITY_MATCH: service id → backends it may select.
     pub affinity: HashMap<u32, BTreeSet<u32>>,
     affinity_entries: usize,
+    /// LB_MAGLEV: service id → its table.
+    pub maglev: HashMap<u32, Arc<Vec<u32>>>,
     /// backend id → number of slots naming it.
     backend_refs: HashMap<u32, u32>,
     /// address → number of ClusterIP frontends on it (the VIP marker's users).
@@ -41,6 +44,7 @@ impl PartialEq for MapState {
             && self.backends == other.backends
             && self.revnat == other.revnat
             && self.affinity == other.affinity
+            && self.maglev == other.maglev
     }
 }
 impl Eq for MapState {}
@@ -64,6 +68,7 @@ impl MapState {
         backends: impl IntoIterator<Item = (u32, BackendEntry)>,
         revnat: impl IntoIterator<Item = (u32, RevNatEntry)>,
         affinity: impl IntoIterator<Item = (u32, u32)>,
+        maglev: impl IntoIterator<Item = (u32, Vec<u32>)>,
     ) -> Self {
         let mut state = MapState::default();
         for (k, v) in services {
@@ -78,11 +83,20 @@ impl MapState {
         for (svc, backend) in affinity {
             state.apply(&MapOp::UpsertAffinityMatch(svc, backend));
         }
+        for (svc, table) in maglev {
+            state.apply(&MapOp::SetMaglev(svc, Arc::new(table)));
+        }
         state
     }
 
     pub fn apply(&mut self, op: &MapOp) {
-        match *op {
+        match op.clone() {
+            MapOp::SetMaglev(svc, table) => {
+                self.maglev.insert(svc, table);
+            }
+            MapOp::DeleteMaglev(svc) => {
+                self.maglev.remove(&svc);
+            }
             MapOp::UpsertBackend(id, b) => {
                 if let Some(old) = self.backends.insert(id, b) {
                     self.sizes[fam(&old.address)][1] -= 1;

@@ -17,6 +17,11 @@
 //!         state: terminating      # active (default), terminating, maintenance
 //! ```
 //!
+//! NodePort and LoadBalancer services (`type`, `ports[].nodePort`,
+//! `loadBalancerIPs`, `externalTrafficPolicy`), `algorithm: maglev` and
+//! backend `weight`s are supported too; NodePorts need the node's addresses,
+//! which the agent takes from its `--devices`.
+//!
 //! Errors name the field (`services[1].ports[0].port`) and say how to fix it.
 //! Parsing is all-or-nothing: an invalid file never becomes a model, so the
 //! maps keep the last good state.
@@ -44,6 +49,13 @@ pub struct ServicesFile {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServiceSpec {
     pub name: String,
+    /// ClusterIP (default), NodePort or LoadBalancer.
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub internal_traffic_policy: Option<String>,
+    #[serde(default)]
+    pub external_traffic_policy: Option<String>,
     #[serde(default = "default_namespace")]
     pub namespace: String,
     #[serde(default, rename = "clusterIPs")]
@@ -79,6 +91,8 @@ pub struct PortSpec {
     pub protocol: String,
     #[serde(default)]
     pub target_port: Option<u32>,
+    #[serde(default)]
+    pub node_port: Option<u32>,
 }
 
 fn default_protocol() -> String {
@@ -94,6 +108,15 @@ pub struct BackendSpec {
     /// The backend runs on this node.
     #[serde(default)]
     pub local: bool,
+    /// Relative share with Maglev (1-65535, default 1).
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+/// What the file itself cannot say: this node's addresses for NodePorts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileContext {
+    pub nodeport_addresses: Vec<IpAddr>,
 }
 
 /// An invalid services file: which field, what is wrong, how to fix it.
@@ -120,14 +143,18 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FileError {
     FileError { field: field.into(), message: message.into() }
 }
 
-/// Parses and validates a services file.
+/// Parses and validates a services file (no NodePorts: no node addresses).
 pub fn parse(text: &str) -> Result<Model, FileError> {
-    let file: ServicesFile = serde_saphyr::from_str(text)
-        .map_err(|e| err("", format!("not a valid services file: {e}")))?;
-    to_model(&file)
+    parse_with(text, &FileContext::default())
 }
 
-pub fn to_model(file: &ServicesFile) -> Result<Model, FileError> {
+pub fn parse_with(text: &str, ctx: &FileContext) -> Result<Model, FileError> {
+    let file: ServicesFile = serde_saphyr::from_str(text)
+        .map_err(|e| err("", format!("not a valid services file: {e}")))?;
+    to_model(&file, ctx)
+}
+
+pub fn to_model(file: &ServicesFile, ctx: &FileContext) -> Result<Model, FileError> {
     let mut model = Model::default();
     // frontend (address, port, protocol) → owner, to refuse the same address:port in two services
     let mut frontend_owner: BTreeMap<(IpAddr, u16, u8), String> = BTreeMap::new();
@@ -155,7 +182,7 @@ pub fn to_model(file: &ServicesFile) -> Result<Model, FileError> {
             }
         }
         let name = ServiceName::new(spec.namespace.clone(), spec.name.clone());
-        let service = to_service(&at, spec)?;
+        let service = to_service(&at, spec, ctx)?;
         for fe in &service.frontends {
             let key = (fe.address, fe.port, fe.protocol.number());
             if let Some(prev) = frontend_owner.insert(key, format!("{at} ({name})")) {
@@ -180,7 +207,7 @@ pub fn to_model(file: &ServicesFile) -> Result<Model, FileError> {
     Ok(model)
 }
 
-fn to_service(at: &str, spec: &ServiceSpec) -> Result<Service, FileError> {
+fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service, FileError> {
     if spec.name.trim().is_empty() {
         return Err(err(format!("{at}.name"), "must not be empty; name the service"));
     }
@@ -241,17 +268,25 @@ fn to_service(at: &str, spec: &ServiceSpec) -> Result<Service, FileError> {
         }
     };
 
-    // Parsed so the file format is stable, but not implemented by the data
-    // path yet: refuse rather than silently ignore it.
-    if spec.algorithm != Algorithm::Random {
-        return Err(err(
-            format!("{at}.algorithm"),
-            "maglev is not implemented by this data path yet; use random or remove it",
-        ));
+    let kind = spec.kind.as_deref().unwrap_or("ClusterIP");
+    if !matches!(kind, "ClusterIP" | "NodePort" | "LoadBalancer") {
+        return Err(err(format!("{at}.type"), format!("{kind:?} is not supported; use ClusterIP, NodePort or LoadBalancer")));
     }
+    let policy = |field: &str, v: &Option<String>| match v.as_deref() {
+        None | Some("Cluster") => Ok(false),
+        Some("Local") => Ok(true),
+        Some(other) => Err(err(format!("{at}.{field}"), format!("{other:?} is not a policy; use Cluster or Local"))),
+    };
+    let internal_local = policy("internalTrafficPolicy", &spec.internal_traffic_policy)?;
+    let external_local = policy("externalTrafficPolicy", &spec.external_traffic_policy)?;
 
     let mut backends_by_address: Vec<(IpAddr, &BackendSpec)> = Vec::new();
     for (j, b) in spec.backends.iter().enumerate() {
+        if let Some(w) = b.weight {
+            if !(1..=65_535).contains(&w) {
+                return Err(err(format!("{at}.backends[{j}].weight"), format!("{w} is out of range; use 1-65535")));
+            }
+        }
         let field = format!("{at}.backends[{j}].address");
         let address: IpAddr = b.address.trim().parse().map_err(|_| {
             err(field.clone(), format!("{:?} is not an IP address; write e.g. 10.244.1.2", b.address))
@@ -303,22 +338,37 @@ fn to_service(at: &str, spec: &ServiceSpec) -> Result<Service, FileError> {
                 return Err(err(format!("{pat}.name"), format!("port name {name:?} is used twice; port names must be unique")));
             }
         }
-        for (address, kind) in &addresses {
+        let mut fronts: Vec<(IpAddr, u16, FrontendKind)> = addresses.iter().map(|(a, k)| (*a, port, *k)).collect();
+        if let Some(np) = p.node_port {
+            let field = format!("{pat}.nodePort");
+            if kind == "ClusterIP" {
+                return Err(err(field, "a ClusterIP service has no nodePort; set type: NodePort or LoadBalancer"));
+            }
+            let np = check_port(&field, np)?;
+            if ctx.nodeport_addresses.is_empty() {
+                return Err(err(field, "NodePorts need this node's addresses: start lb-agent with --devices"));
+            }
+            fronts.extend(ctx.nodeport_addresses.iter().map(|a| (*a, np, FrontendKind::NodePort)));
+        }
+        for (address, fport, fkind) in fronts {
             let mut backends: Vec<Backend> = backends_by_address
                 .iter()
                 .filter(|(a, _)| a.is_ipv4() == address.is_ipv4())
-                .map(|(a, b)| Backend { address: *a, port: target, state: b.state, local: b.local })
+                .map(|(a, b)| Backend { address: *a, port: target, state: b.state, local: b.local, weight: b.weight.unwrap_or(1) })
                 .collect();
+            if fkind == FrontendKind::ClusterIP && internal_local {
+                backends.retain(|b| b.local);
+            }
             backends.sort();
             frontends.push(Frontend {
-                address: *address,
-                port,
+                address,
+                port: fport,
                 protocol,
-                kind: *kind,
+                kind: fkind,
                 port_name: p.name.clone(),
                 algorithm: spec.algorithm,
                 affinity_timeout_s,
-                external_traffic_local: false,
+                external_traffic_local: external_local && fkind != FrontendKind::ClusterIP,
                 backends,
             });
         }
@@ -496,11 +546,31 @@ services:
     }
 
     #[test]
-    fn maglev_is_refused_until_implemented_and_affinity_is_read() {
-        let m = parse("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP}]").unwrap();
-        assert_eq!(m.services[&ServiceName::new("default", "a")].frontends[0].affinity_timeout_s, Some(10_800));
-        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], algorithm: maglev}]");
-        assert_eq!(e.field, "services[0].algorithm");
+    fn maglev_weights_and_affinity_are_read() {
+        let m = parse("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP, algorithm: maglev, backends: [{address: 10.0.0.1, weight: 3}]}]").unwrap();
+        let fe = &m.services[&ServiceName::new("default", "a")].frontends[0];
+        assert_eq!(fe.affinity_timeout_s, Some(10_800));
+        assert_eq!(fe.algorithm, Algorithm::Maglev);
+        assert_eq!(fe.backends[0].weight, 3);
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1, weight: 0}]}]");
+        assert_eq!(e.field, "services[0].backends[0].weight");
+    }
+
+    #[test]
+    fn nodeports_use_the_node_addresses_and_policies_apply() {
+        let yaml = "services: [{name: a, type: NodePort, externalTrafficPolicy: Local, internalTrafficPolicy: Local, clusterIPs: [10.96.0.1], ports: [{port: 80, nodePort: 30080}], backends: [{address: 10.0.0.1, local: true}, {address: 10.0.0.2}]}]";
+        let e = bad(yaml);
+        assert_eq!(e.field, "services[0].ports[0].nodePort");
+        assert!(e.message.contains("--devices"), "{e}");
+        let ctx = FileContext { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()] };
+        let m = parse_with(yaml, &ctx).unwrap();
+        let fe = &m.services[&ServiceName::new("default", "a")].frontends;
+        assert_eq!(fe.len(), 2);
+        assert_eq!((fe[1].port, fe[1].kind, fe[1].external_traffic_local), (30080, FrontendKind::NodePort, true));
+        assert_eq!(fe[1].backends.len(), 2, "node-local clients use every backend");
+        assert_eq!(fe[0].backends.len(), 1, "internalTrafficPolicy: Local keeps the local one");
+        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, nodePort: 30080}]}]");
+        assert!(e.message.contains("type: NodePort"), "{e}");
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub struct Backend {
     pub state: BackendState,
     /// Runs on this node (used by `Local` traffic policies).
     pub local: bool,
+    /// Relative share for Maglev (at least 1).
+    pub weight: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -25,9 +25,9 @@ pub enum LoadError {
     },
 }
 
-pub fn load(path: &Path) -> Result<Model, LoadError> {
+pub fn load(path: &Path, ctx: &services_file::FileContext) -> Result<Model, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
-    services_file::parse(&text).map_err(|source| LoadError::Invalid { path: path.to_path_buf(), source })
+    services_file::parse_with(&text, ctx).map_err(|source| LoadError::Invalid { path: path.to_path_buf(), source })
 }
 
 /// Sends `()` whenever the file may have changed. Keep the returned watcher alive.
@@ -56,7 +56,12 @@ pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::R
 /// The file source as a task: a full model at start and after every change
 /// (inotify) or `reload` request (SIGHUP); an error event when the file
 /// cannot be read or is invalid.
-pub async fn run(path: PathBuf, tx: mpsc::Sender<super::SourceEvent>, mut reload: mpsc::Receiver<()>) {
+pub async fn run(
+    path: PathBuf,
+    ctx: services_file::FileContext,
+    tx: mpsc::Sender<super::SourceEvent>,
+    mut reload: mpsc::Receiver<()>,
+) {
     use super::SourceEvent;
     let (_watcher, mut changes) = match watch(&path) {
         Ok(w) => w,
@@ -67,7 +72,7 @@ pub async fn run(path: PathBuf, tx: mpsc::Sender<super::SourceEvent>, mut reload
     };
     let mut observed = std::time::Instant::now();
     loop {
-        let event = match load(&path) {
+        let event = match load(&path, &ctx) {
             Ok(model) => SourceEvent::Full { model, observed },
             Err(e) => SourceEvent::Error {
                 source: "file",

@@ -14,6 +14,8 @@ const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 
 /// Attach types of the socket hooks (enum bpf_attach_type).
 pub const BPF_CGROUP_INET4_CONNECT: u32 = 10;
@@ -120,4 +122,48 @@ pub fn netdev_link_ifindex(link: BorrowedFd<'_>) -> io::Result<u32> {
 /// The program id a link runs.
 pub fn link_prog_id(link: BorrowedFd<'_>) -> io::Result<u32> {
     Ok(cgroup_link_info(link)?.prog_id)
+}
+
+/// Writes `values[i]` at key `keys[i]` in one syscall (BPF_MAP_UPDATE_BATCH,
+/// Linux 5.6): a Maglev table of 16381 slots is one call, not 16381.
+pub fn map_update_batch(map: BorrowedFd<'_>, keys: &[u32], values: &[u32]) -> io::Result<()> {
+    assert_eq!(keys.len(), values.len());
+    let mut attr = Attr::new();
+    attr.put_u64(16, keys.as_ptr() as u64);
+    attr.put_u64(24, values.as_ptr() as u64);
+    attr.put_u32(32, keys.len() as u32); // count
+    attr.put_u32(36, map.as_raw_fd() as u32); // map_fd
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+    let done = attr.get_u32(32) as usize;
+    if done != keys.len() {
+        return Err(io::Error::other(format!("batch update wrote {done} of {} entries", keys.len())));
+    }
+    Ok(())
+}
+
+/// Reads an array map of u32 values whole (BPF_MAP_LOOKUP_BATCH).
+pub fn array_lookup_all(map: BorrowedFd<'_>, len: usize) -> io::Result<Vec<u32>> {
+    let mut keys = vec![0u32; len];
+    let mut values = vec![0u32; len];
+    let mut out_batch = 0u32;
+    let mut attr = Attr::new();
+    attr.put_u64(8, (&mut out_batch as *mut u32) as u64); // out_batch
+    attr.put_u64(16, keys.as_mut_ptr() as u64);
+    attr.put_u64(24, values.as_mut_ptr() as u64);
+    attr.put_u32(32, len as u32);
+    attr.put_u32(36, map.as_raw_fd() as u32);
+    match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        // ENOENT: the last batch (here: all of it) was read.
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        Err(e) => return Err(e),
+    }
+    let n = attr.get_u32(32) as usize;
+    let mut out = vec![0u32; len];
+    for i in 0..n.min(len) {
+        if let Some(slot) = out.get_mut(keys[i] as usize) {
+            *slot = values[i];
+        }
+    }
+    Ok(out)
 }

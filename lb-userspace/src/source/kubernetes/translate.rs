@@ -245,7 +245,7 @@ fn backends_for_port(
                 continue;
             };
             let local = !node.name.is_empty() && ep.node_name.as_deref() == Some(node.name.as_str());
-            let b = Backend { address, port: number, state, local };
+            let b = Backend { address, port: number, state, local, weight: 1 };
             by_addr
                 .entry((address, number))
                 .and_modify(|old| {
