@@ -13,7 +13,9 @@
 pub mod agent;
 pub mod apiserver;
 pub mod cgroup;
+pub mod dataplane;
 pub mod netns;
+pub mod packets;
 pub mod probe;
 pub mod servers;
 pub mod topology;

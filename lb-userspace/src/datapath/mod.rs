@@ -241,8 +241,9 @@ fn attach_cgroup(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdL
     Ok(FdLink::try_from(link)?)
 }
 
-/// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source).
-fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
+/// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source), for
+/// the devices of the caller's network namespace.
+pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
     let mut map: BpfHashMap<MapData, u32, Device> = BpfHashMap::try_from(open_pinned(pin_dir, names::LB_DEVICES)?)?;
     let mut wanted = Vec::new();
     for dev in devices {

@@ -1,0 +1,155 @@
+//! The north-south programs loaded for BPF_PROG_TEST_RUN, inside a network
+//! namespace of their own (FIB lookups run in the caller's namespace), with
+//! maps filled through the real reconciler.
+use std::{net::Ipv4Addr, time::Duration};
+
+use aya::{
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    Ebpf,
+};
+use lb::{
+    datapath::{self, config::RuntimeConfig, MapSizes},
+    maps::bpf::BpfMaps,
+    model::Model,
+    reconcile::Reconciler,
+};
+
+use crate::{agent::PinDir, netns::Netns, packets::Mac};
+
+/// The test node: `ext0` 192.168.50.2/24, the client 192.168.50.1 and node B
+/// 192.168.50.3 as static neighbours, pods of node B (10.244.2.0/24) routed
+/// via node B.
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 2);
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 1);
+pub const NODE_B_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 3);
+pub const CLIENT_MAC: Mac = [0x02, 0, 0, 0, 0, 0x01];
+pub const NODE_B_MAC: Mac = [0x02, 0, 0, 0, 0, 0x03];
+pub const EXT0_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
+
+/// tc verdicts and XDP actions.
+pub const TC_ACT_OK: u32 = 0;
+pub const TC_ACT_SHOT: u32 = 2;
+pub const TC_ACT_REDIRECT: u32 = 7;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+
+pub struct Dataplane {
+    pub ebpf: Ebpf,
+    pub reconciler: Reconciler<BpfMaps>,
+    pub ifindex: u32,
+    pub pins: PinDir,
+    // Last: the namespace outlives everything that was made in it.
+    pub netns: Netns,
+}
+
+impl Dataplane {
+    /// Builds the namespace, enters it on the calling thread (test_run uses
+    /// the caller's namespace for FIB lookups) and loads the programs.
+    pub fn new(tag: &str) -> Self {
+        let netns = Netns::create(&format!("lbt-{tag}-np"));
+        netns.ip(&["link", "add", "ext0", "address", "02:00:00:00:00:02", "type", "veth", "peer", "name", "ext0p"]);
+        netns.ip(&["addr", "add", "192.168.50.2/24", "dev", "ext0"]);
+        netns.ip(&["link", "set", "ext0", "up"]);
+        netns.ip(&["link", "set", "ext0p", "up"]);
+        netns.ip(&["neigh", "add", "192.168.50.1", "lladdr", "02:00:00:00:00:01", "dev", "ext0", "nud", "permanent"]);
+        netns.ip(&["neigh", "add", "192.168.50.3", "lladdr", "02:00:00:00:00:03", "dev", "ext0", "nud", "permanent"]);
+        netns.ip(&["route", "add", "10.244.2.0/24", "via", "192.168.50.3", "dev", "ext0"]);
+        // bpf_fib_lookup answers only where forwarding is on (like the stack).
+        crate::run("ip", &["netns", "exec", &netns.name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"]);
+        crate::netns::enter(&netns.name).expect("entering the test namespace");
+
+        let pins = PinDir::create(tag);
+        let (mut ebpf, _) = datapath::load(&pins.path, &MapSizes::default()).expect("loading the object");
+        for name in [datapath::TC_INGRESS, datapath::TC_EGRESS] {
+            let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            p.load().unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        }
+        let x: &mut Xdp = ebpf.program_mut(datapath::XDP).unwrap().try_into().unwrap();
+        x.load().expect("lb_xdp");
+        datapath::write_devices(&pins.path, &["ext0".to_string()]).expect("LB_DEVICES");
+        let reconciler = Reconciler::restore(BpfMaps::open(&pins.path).unwrap()).unwrap();
+        let ifindex = lb::sys::netdev::ifindex("ext0").unwrap();
+        let dp = Self { ebpf, reconciler, ifindex, pins, netns };
+        dp.config(lb_common::config::CFG_MAGLEV_M, lb_common::maps::DEFAULT_MAGLEV_M);
+        dp.config(lb_common::config::CFG_SNAT_PORT_MIN, 61000);
+        dp.config(lb_common::config::CFG_SNAT_PORT_MAX, 65535);
+        dp
+    }
+
+    pub fn config(&self, index: u32, value: u32) {
+        RuntimeConfig::open(&self.pins.path).unwrap().set(index, value).unwrap();
+    }
+
+    pub fn apply(&mut self, model: &Model) {
+        self.reconciler.reconcile(model).expect("reconcile");
+    }
+
+    fn skb_ctx(&self) -> Vec<u8> {
+        // struct __sk_buff: ingress_ifindex at 36, ifindex at 40; the kernel
+        // accepts those (and a few others) from user space and rejects the rest.
+        let mut ctx = vec![0u8; 192];
+        ctx[36..40].copy_from_slice(&self.ifindex.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
+        ctx
+    }
+
+    fn run_tc(&self, name: &str, packet: &[u8], repeat: u32) -> (u32, Vec<u8>, Duration) {
+        let p: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
+        let mut out = vec![0u8; packet.len() + 64];
+        let ctx = self.skb_ctx();
+        let r = p
+            .test_run(TestRunOptions { data_in: Some(packet), data_out: Some(&mut out), ctx_in: Some(&ctx), repeat, ..Default::default() })
+            .unwrap_or_else(|e| panic!("test_run {name} ({} bytes): {e:?}", packet.len()));
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out, r.duration)
+    }
+
+    pub fn tc_ingress(&self, packet: &[u8]) -> (u32, Vec<u8>) {
+        let (rc, out, _) = self.run_tc(datapath::TC_INGRESS, packet, 1);
+        (rc, out)
+    }
+
+    pub fn tc_egress(&self, packet: &[u8]) -> (u32, Vec<u8>) {
+        let (rc, out, _) = self.run_tc(datapath::TC_EGRESS, packet, 1);
+        (rc, out)
+    }
+
+    /// ns/packet over `repeat` runs (the kernel's own average).
+    pub fn tc_ingress_timed(&self, packet: &[u8], repeat: u32) -> Duration {
+        self.run_tc(datapath::TC_INGRESS, packet, repeat).2
+    }
+
+    pub fn xdp(&self, packet: &[u8]) -> (u32, Vec<u8>) {
+        let (rc, out, _) = self.run_xdp(packet, 1);
+        (rc, out)
+    }
+
+    pub fn xdp_timed(&self, packet: &[u8], repeat: u32) -> Duration {
+        self.run_xdp(packet, repeat).2
+    }
+
+    fn run_xdp(&self, packet: &[u8], repeat: u32) -> (u32, Vec<u8>, Duration) {
+        let p: &Xdp = self.ebpf.program(datapath::XDP).unwrap().try_into().unwrap();
+        let mut out = vec![0u8; packet.len() + 64];
+        // struct xdp_md: data 0, data_end = length, data_meta 0, ingress_ifindex.
+        let mut ctx = vec![0u8; 24];
+        ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+        ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
+        let r = p
+            .test_run(TestRunOptions { data_in: Some(packet), data_out: Some(&mut out), ctx_in: Some(&ctx), repeat, ..Default::default() })
+            .unwrap_or_else(|e| panic!("test_run xdp: {e:#}"));
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out, r.duration)
+    }
+
+    /// Packets counted for a drop reason (ingress).
+    pub fn drops(&self, reason: &str) -> u64 {
+        lb::maps::bpf::read_drops(&self.pins.path)
+            .unwrap()
+            .iter()
+            .filter(|d| d.reason == reason && d.direction == "ingress")
+            .map(|d| d.packets)
+            .sum()
+    }
+}
