@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod apiserver;
 pub mod cgroup;
+pub mod cluster;
 pub mod dataplane;
 pub mod netns;
 pub mod packets;

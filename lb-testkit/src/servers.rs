@@ -79,3 +79,41 @@ pub fn udp(netns: &str, addr: SocketAddr, name: &str) -> Server {
     ready_rx.recv_timeout(Duration::from_secs(5)).expect("server ready");
     Server { stop, thread: Some(thread) }
 }
+
+/// A TCP server that keeps each connection open and answers every line with
+/// "<name> <line>": for flows that must live across a configuration change.
+pub fn tcp_echo(netns: &str, addr: SocketAddr, name: &str) -> Server {
+    use std::io::{BufRead as _, BufReader};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (ns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
+    let thread = std::thread::spawn(move || {
+        crate::netns::enter(&ns).expect("enter backend netns");
+        let listener = TcpListener::bind(addr).expect("bind backend");
+        set_timeout(listener.as_raw_fd());
+        ready_tx.send(()).unwrap();
+        while !flag.load(Ordering::Relaxed) {
+            if let Ok((conn, _)) = listener.accept() {
+                let (name, flag) = (name.clone(), flag.clone());
+                std::thread::spawn(move || {
+                    conn.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                    let mut w = conn.try_clone().unwrap();
+                    let mut r = BufReader::new(conn);
+                    let mut line = String::new();
+                    while !flag.load(Ordering::Relaxed) {
+                        line.clear();
+                        match r.read_line(&mut line) {
+                            Ok(0) => return,
+                            Ok(_) => {
+                                let _ = w.write_all(format!("{name} {}", line).as_bytes());
+                            }
+                            Err(_) => continue,
+                        }
+                    }
+                });
+            }
+        }
+    });
+    ready_rx.recv_timeout(Duration::from_secs(5)).expect("server ready");
+    Server { stop, thread: Some(thread) }
+}

@@ -96,11 +96,10 @@ pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
         return Parsed::Invalid(false);
     }
     let l4_min = if l4proto == IPPROTO_TCP { 20 } else { 8 };
-    // Only comparisons with the packet end: the verifier forbids arithmetic on it.
-    if p.data() + l4 + l4_min > p.data_end()
-        || (tot_len as usize) < ip_len + l4_min
-        || p.data() + ETH_HLEN + tot_len as usize > p.data_end()
-    {
+    // Headers must be directly readable; the IP length must fit the whole
+    // packet (linear part and fragments). Only comparisons with the packet
+    // end: the verifier forbids arithmetic on it.
+    if p.data() + l4 + l4_min > p.data_end() || (tot_len as usize) < ip_len + l4_min || !p.covers(ETH_HLEN + tot_len as usize) {
         return Parsed::Invalid(true);
     }
     if l4proto == IPPROTO_TCP {

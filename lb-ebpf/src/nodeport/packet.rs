@@ -48,6 +48,9 @@ pub const IP_MF_OR_OFFSET: u16 = (0x3fffu16).to_be();
 pub trait Pkt {
     fn data(&self) -> usize;
     fn data_end(&self) -> usize;
+    /// Whether the whole packet (not only what direct access reaches: an skb
+    /// keeps payload in page fragments) is at least `len` bytes long.
+    fn covers(&self, len: usize) -> bool;
 }
 
 #[inline(always)]

@@ -30,6 +30,24 @@ impl Pkt for Tc<'_> {
     fn data_end(&self) -> usize {
         unsafe { core::ptr::read_volatile(&(*self.ctx.skb.skb).data_end) as usize }
     }
+    #[inline(always)]
+    fn covers(&self, len: usize) -> bool {
+        len as u32 <= self.ctx.len()
+    }
+}
+
+/// Headers we read directly: Ethernet, an IPv4 header with the DSR option,
+/// TCP. Packets from local sockets or GRO can keep part of them in page
+/// fragments; pull them into the linear area first.
+const HEADERS: usize = 14 + 28 + 20;
+
+#[inline(always)]
+fn pull_headers(ctx: &TcContext) {
+    let t = Tc { ctx, hook: 0 };
+    if t.data() + HEADERS > t.data_end() {
+        let want = if ctx.len() < HEADERS as u32 { ctx.len() } else { HEADERS as u32 };
+        let _ = ctx.pull_data(want);
+    }
 }
 
 impl NpContext for Tc<'_> {
@@ -93,10 +111,12 @@ fn verdict(a: Action) -> i32 {
 
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
+    pull_headers(&ctx);
     verdict(super::ingress(&Tc { ctx: &ctx, hook: HOOK_TC_INGRESS }))
 }
 
 #[classifier]
 pub fn lb_tc_egress(ctx: TcContext) -> i32 {
+    pull_headers(&ctx);
     verdict(super::egress(&Tc { ctx: &ctx, hook: HOOK_TC_EGRESS }))
 }

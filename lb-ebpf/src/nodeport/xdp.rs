@@ -26,6 +26,11 @@ impl Pkt for Xdp<'_> {
     fn data_end(&self) -> usize {
         unsafe { core::ptr::read_volatile(&(*self.ctx.ctx).data_end) as usize }
     }
+    /// Single-buffer XDP: the frame is all linear.
+    #[inline(always)]
+    fn covers(&self, len: usize) -> bool {
+        self.data() + len <= self.data_end()
+    }
 }
 
 impl NpContext for Xdp<'_> {
