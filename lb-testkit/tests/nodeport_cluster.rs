@@ -14,7 +14,7 @@ use std::{
 use lb_common::config::{CNT_DSR_LEARNED, CNT_NP_FORWARD, CNT_NP_REVERSE};
 use lb_testkit::{
     cluster::{Cluster, CLIENT, NODE_A, NODE_B, POD_A, POD_B},
-    servers, unique, wait_until,
+    servers, unique,
 };
 
 /// The same services on every node; `node` decides which backends are local.
@@ -78,6 +78,17 @@ fn snat_round_trip_through_node_a_to_a_backend_on_node_b_and_a_local_backend_on_
         assert!(a.seen_client().unwrap().starts_with(&format!("{CLIENT}:")), "local backend sees the client: {a:?}");
     }
     assert!(Cluster::counter(&c.a, CNT_NP_REVERSE) > 0, "replies came back through node A");
+
+    // lbctl shows the tracked flows: SNAT to b0 through node A's address.
+    let ct = c.a.agent.as_ref().unwrap().lbctl_json(&["ct", "list"]);
+    let rows = ct.as_array().unwrap();
+    let snat: Vec<_> = rows.iter().filter(|r| r["kind"] == "service" && r["target"] == format!("{}:8080", POD_B[0])).collect();
+    assert_eq!(snat.len(), 5, "one entry per connection: {ct:#}");
+    for r in &snat {
+        assert!(r["flags"].as_array().unwrap().contains(&"snat".into()), "{r}");
+        assert!(r["nat"].as_str().unwrap().starts_with(&format!("{NODE_A}:")), "{r}");
+    }
+    assert!(rows.iter().filter(|r| r["kind"] == "reverse").count() >= 5, "{ct:#}");
 }
 
 #[test]
@@ -173,9 +184,13 @@ fn two_nodes_with_the_same_config_pick_the_same_backend_for_the_same_flow() {
     };
     let via_a = ask(&c);
     assert!(via_a.iter().collect::<BTreeSet<_>>().len() >= 2, "flows spread over the backends: {via_a:?}");
+    // Both agents built the same table, slot for slot (lbctl reads it back).
+    let table = |n: &lb_testkit::cluster::Node| n.agent.as_ref().unwrap().lbctl_json(&["maglev", "get", "203.0.113.40:53/UDP"]);
+    let (ta, tb) = (table(&c.a), table(&c.b));
+    assert_eq!(ta["size"], 16381, "{ta}");
+    assert_eq!(ta["backends"], tb["backends"], "same slots per backend on both nodes");
     c.client.ip(&["route", "replace", "203.0.113.0/24", "via", &NODE_B.to_string()]);
     // Node B serves them locally; the choice must not depend on the node.
-    assert!(wait_until(Duration::from_secs(5), || true));
     let via_b = ask(&c);
     assert_eq!(via_a, via_b, "the same flow, the same backend, whichever node it reaches");
 }

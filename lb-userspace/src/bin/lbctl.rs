@@ -54,6 +54,16 @@ enum Command {
         #[arg(long)]
         count: Option<usize>,
     },
+    /// North-south connection tracking (NodePort, LoadBalancer, external IPs).
+    Ct {
+        #[command(subcommand)]
+        command: CtCommand,
+    },
+    /// Maglev lookup tables of services that use them.
+    Maglev {
+        #[command(subcommand)]
+        command: MaglevCommand,
+    },
     /// Run-time settings of the programs (log level, tracing, event rate).
     Config {
         #[command(subcommand)]
@@ -73,6 +83,18 @@ enum ServiceCommand {
 enum BackendCommand {
     /// List every backend.
     List,
+}
+
+#[derive(Subcommand)]
+enum CtCommand {
+    /// List every tracked flow and reverse entry.
+    List,
+}
+
+#[derive(Subcommand)]
+enum MaglevCommand {
+    /// Slots per backend in one service's table, by id or frontend.
+    Get { service: String },
 }
 
 #[derive(Subcommand)]
@@ -155,6 +177,28 @@ fn run() -> anyhow::Result<()> {
             match out {
                 Output::Table => print!("{}", cli::drops::render_table(&counts)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&counts)?),
+            }
+        }
+        Command::Ct { command: CtCommand::List } => {
+            let entries = lb::maps::bpf::read_ct(&cli.pin_dir)?;
+            let rows = cli::conntrack::rows(&entries, monitor::reader::monotonic_ns());
+            match out {
+                Output::Table => print!("{}", cli::conntrack::render_table(&rows)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+            }
+        }
+        Command::Maglev { command: MaglevCommand::Get { service } } => {
+            let state = BpfMaps::open(&cli.pin_dir)?.dump()?;
+            let rows = cli::service_list::rows(&state);
+            let Some(found) = cli::service_list::find(&rows, &service).first().map(|r| r.id) else {
+                bail!("no service {service:?}: give a service id or a frontend like 10.96.0.10:80/TCP (see lbctl service list)");
+            };
+            let Some(summary) = cli::maglev::summary(&state, found) else {
+                bail!("service {found} has no Maglev table: it selects backends at random (set `algorithm: maglev` in the services file or the lb.dev/algorithm=maglev annotation on the Service)");
+            };
+            match out {
+                Output::Table => print!("{}", cli::maglev::render_table(&summary)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
             }
         }
         Command::Config { command } => {

@@ -1,6 +1,8 @@
 //! lbctl's views: each turns map contents into rows, then a table or JSON.
 pub mod backend_list;
 pub mod config;
+pub mod conntrack;
+pub mod maglev;
 pub mod drops;
 pub mod service_list;
 pub mod status;
