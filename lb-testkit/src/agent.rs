@@ -101,18 +101,19 @@ impl Agent {
         agent
     }
 
-    /// GET on the agent's metrics server: (status code, body).
+    /// GET on the agent's metrics server: (status code, body). An agent in a network namespace listens there: the request is made
+    /// from a thread that enters it.
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        use std::io::{Read as _, Write as _};
-        let mut s = std::net::TcpStream::connect(self.metrics).expect("connecting to the metrics server");
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        // The servers answer with Content-Length, not chunked: the body is as is.
-        (code, body.to_string())
+        let (addr, path) = (self.metrics, path.to_string());
+        match self.netns.clone() {
+            None => http_get(addr, &path),
+            Some(ns) => std::thread::spawn(move || {
+                crate::netns::enter(&ns).expect("entering the agent's namespace");
+                http_get(addr, &path)
+            })
+            .join()
+            .unwrap(),
+        }
     }
 
     fn spawn(&mut self) {
@@ -267,4 +268,18 @@ impl Drop for Monitor {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// GET over HTTP/1.1 (the metrics server): (status code, body).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the metrics server");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    // The servers answer with Content-Length, not chunked: the body is as is.
+    (code, body.to_string())
 }

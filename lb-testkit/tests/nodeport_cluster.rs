@@ -108,6 +108,21 @@ fn dsr_backend_sees_the_client_and_its_reply_skips_node_a() {
     assert!(Cluster::counter(&c.b, CNT_DSR_LEARNED) >= 5, "node B learned the service from the option");
     assert!(Cluster::counter(&c.b, CNT_NP_REVERSE) >= 5, "node B rewrote the replies");
     assert_eq!(Cluster::counter(&c.a, CNT_NP_REVERSE), 0, "no reply passed through node A");
+    // The same counters reach Prometheus.
+    assert!(metric(&c.b, "lb_dsr_requests_learned_total") >= 5.0);
+    assert!(metric(&c.a, "lb_nodeport_packets_total{direction=\"forward\"}") >= 5.0);
+    assert_eq!(metric(&c.a, "lb_nodeport_packets_total{direction=\"reverse\"}"), 0.0);
+}
+
+/// One sample from a node agent's /metrics, by its exact name and labels.
+fn metric(node: &lb_testkit::cluster::Node, series: &str) -> f64 {
+    let (code, body) = node.agent.as_ref().unwrap().http_get("/metrics");
+    assert_eq!(code, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+        .parse()
+        .unwrap()
 }
 
 #[test]

@@ -57,6 +57,22 @@ impl Collector for BpfCollector {
             for (label, i) in [("forward", CNT_SOCK_TRANSLATIONS), ("reverse", CNT_SOCK_REVERSE)] {
                 ConstCounter::new(get(i)).encode(e.encode_family(&[("direction", label)])?)?;
             }
+            let mut e = encoder.encode_descriptor(
+                "nodeport_packets",
+                "Packets translated by the tc/XDP programs: forward (client to backend) and reverse (replies back to the service address)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (label, i) in [("forward", CNT_NP_FORWARD), ("reverse", CNT_NP_REVERSE)] {
+                ConstCounter::new(get(i)).encode(e.encode_family(&[("direction", label)])?)?;
+            }
+            for (name, help, i) in [
+                ("conntrack_entries_created", "North-south flows entered into LB4_CT", CNT_CT_CREATED),
+                ("dsr_requests_learned", "DSR requests received on this node (service address taken from the IP option)", CNT_DSR_LEARNED),
+            ] {
+                let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+                ConstCounter::new(get(i)).encode(e)?;
+            }
         }
         Ok(())
     }

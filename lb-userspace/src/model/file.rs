@@ -580,4 +580,21 @@ services:
         let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], sessionAffinity: ClientIP, sessionAffinityTimeoutSeconds: 0}]");
         assert_eq!(e.field, "services[0].sessionAffinityTimeoutSeconds");
     }
+
+    /// The examples users copy from the README must be valid files.
+    #[test]
+    fn every_services_file_example_in_the_readme_parses() {
+        let readme = include_str!("../../../README.md");
+        let blocks: Vec<&str> =
+            readme.split("```yaml\n").skip(1).filter_map(|b| b.split("```").next()).filter(|b| b.starts_with("services:")).collect();
+        assert!(blocks.len() >= 2, "README has services file examples");
+        // As run with --devices (the NodePort example needs node addresses).
+        let ctx = FileContext { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()] };
+        for b in blocks {
+            if let Err(e) = parse_with(b, &ctx) {
+                panic!("README example does not parse: {e}\n{b}");
+            }
+        }
+    }
+
 }
