@@ -11,14 +11,12 @@
 //!
 //! Only entries whose value changes are written. `sweep` removes what no
 //! frontend accounts for (after a restart or a failed write).
-use std::{
-    collections::{HashMap, HashSet},
-    net::IpAddr,
-};
+use std::net::IpAddr;
 
 use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
 use crate::{
+    collections::{HashMap, HashSet},
     desired::Desired,
     maps::{
         state::{is_marker, vip_marker_key},

@@ -11,6 +11,7 @@
 //! `reconcile` drives the pipeline; `datapath` loads, pins and attaches the
 //! eBPF programs; `sys` holds the few raw syscalls aya does not wrap.
 pub mod cli;
+pub mod collections;
 pub mod datapath;
 pub mod desired;
 pub mod diff;

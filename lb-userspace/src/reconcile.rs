@@ -12,13 +12,14 @@
 //! swept. Because slots and ids are restored, a restarted agent with an
 //! unchanged model writes nothing.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
 use lb_common::maps as names;
 
 use crate::{
+    collections::{HashMap, HashSet},
     desired::{self, BuildConfig, Desired, DesiredError, Ids},
     diff::{diff, sweep},
     maps::{Family, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
@@ -87,7 +88,7 @@ impl<M: LbMaps> Reconciler<M> {
             state,
             ids,
             target: Model::default(),
-            owners: HashMap::new(),
+            owners: HashMap::default(),
             owned: BTreeMap::new(),
             pending: BTreeSet::new(),
             needs_full_sync: true,
@@ -239,18 +240,23 @@ impl<M: LbMaps> Reconciler<M> {
     }
 
     fn write(&mut self, what: &str, ops: &[MapOp]) -> Result<(), ReconcileError> {
-        for (i, op) in ops.iter().enumerate() {
-            if let Err(source) = self.maps.apply(op) {
-                self.needs_full_sync = true;
-                self.ids.retain_applied(&self.state);
-                return Err(ReconcileError::Apply { service: what.to_string(), applied: i, total: ops.len(), source });
-            }
+        let (applied, failure) = match self.maps.apply_all(ops) {
+            Ok(()) => (ops.len(), None),
+            Err((applied, e)) => (applied, Some(e)),
+        };
+        // The mirror follows exactly what reached the maps.
+        for op in &ops[..applied] {
             self.state.apply(op);
             match op {
                 MapOp::DeleteRevNat(id, _) => self.ids.release_service(*id),
                 MapOp::DeleteBackend(id, _) => self.ids.release_backend(*id),
                 _ => {}
             }
+        }
+        if let Some(source) = failure {
+            self.needs_full_sync = true;
+            self.ids.retain_applied(&self.state);
+            return Err(ReconcileError::Apply { service: what.to_string(), applied, total: ops.len(), source });
         }
         Ok(())
     }

@@ -6,7 +6,9 @@
 //! pinned maps when the agent restarts, and a freed id is not handed out
 //! again until the id space wraps, so a stale reference (a socket's
 //! reverse-NAT entry) never points at a different frontend.
-use std::{collections::HashMap, hash::Hash, net::IpAddr};
+use std::{hash::Hash, net::IpAddr};
+
+use crate::collections::{HashMap, HashSet};
 
 use crate::maps::{state::is_marker, BackendEntry, MapState, SvcKey};
 
@@ -28,7 +30,7 @@ struct IdTable<K> {
 
 impl<K: Hash + Eq + Copy> IdTable<K> {
     fn new(kind: &'static str, max: u32) -> Self {
-        Self { kind, by_key: HashMap::new(), by_id: HashMap::new(), next: 1, max }
+        Self { kind, by_key: HashMap::default(), by_id: HashMap::default(), next: 1, max }
     }
 
     fn restore(&mut self, key: K, id: u32) {
@@ -139,7 +141,7 @@ impl Ids {
 
     /// Forgets ids allocated for changes that were never applied.
     pub fn retain_applied(&mut self, state: &MapState) {
-        let live: std::collections::HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
+        let live: HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
         self.services.retain(|id| live.contains(&id));
         self.backends.retain(|id| state.backends.contains_key(&id));
     }

@@ -4,7 +4,9 @@ pub mod ids;
 pub mod maglev;
 pub mod slots;
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
+
+use crate::collections::HashMap;
 
 use lb_common::{
     backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
@@ -153,20 +155,19 @@ fn build_frontend(
         let id = ids.backend_id(&entry)?;
         // The same endpoint in several services: the most usable state wins.
         backends.entry(id).and_modify(|e| e.state = e.state.min(entry.state)).or_insert(entry);
-        let named = maglev::MaglevBackend {
-            name: format!("{}:{}/{}", b.address, b.port, fe.protocol.as_str()),
-            id,
-            weight: b.weight.max(1),
+        let (ids_list, named_list) = match b.state {
+            BackendState::Active => (&mut active, &mut active_named),
+            _ => (&mut terminating, &mut terminating_named),
         };
-        match b.state {
-            BackendState::Active => {
-                active.push(id);
-                active_named.push(named);
-            }
-            _ => {
-                terminating.push(id);
-                terminating_named.push(named);
-            }
+        ids_list.push(id);
+        // Names only where a table is built: formatting one per backend
+        // is measurable in a full sync of a big cluster.
+        if fe.algorithm == Algorithm::Maglev {
+            named_list.push(maglev::MaglevBackend {
+                name: format!("{}:{}/{}", b.address, b.port, fe.protocol.as_str()),
+                id,
+                weight: b.weight.max(1),
+            });
         }
     }
     let previous = current.slots_of(&key);

@@ -7,7 +7,7 @@
 //! slot instead of renumbering N-1 of them, and an unchanged service produces
 //! no write at all (which is what makes an agent restart invisible).
 
-use std::collections::HashSet;
+use crate::collections::HashSet;
 
 /// `previous`: backend ids in their current slot order.
 /// `active`, `terminating`: the new sets, in a deterministic order.
@@ -18,7 +18,7 @@ pub fn plan(previous: &[u32], active: &[u32], terminating: &[u32]) -> Vec<u32> {
     let terminating_set: HashSet<u32> = terminating.iter().copied().collect();
 
     let mut layout: Vec<Option<u32>> = vec![None; total];
-    let mut placed = HashSet::new();
+    let mut placed = HashSet::default();
     for (i, id) in previous.iter().enumerate() {
         let stays = if i < a { active_set.contains(id) } else { i < total && terminating_set.contains(id) };
         if stays && placed.insert(*id) {

@@ -101,7 +101,81 @@ impl BpfMaps {
     }
 }
 
+/// Which run of batchable writes an operation belongs to: upserts into the
+/// same hash map. Everything else is written on its own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Services4,
+    Services6,
+    Backends4,
+    Backends6,
+    RevNat4,
+    RevNat6,
+}
+
+fn run_of(op: &MapOp) -> Option<Run> {
+    let v4 = op.family() == Family::V4;
+    match op {
+        MapOp::UpsertService(..) => Some(if v4 { Run::Services4 } else { Run::Services6 }),
+        MapOp::UpsertBackend(..) => Some(if v4 { Run::Backends4 } else { Run::Backends6 }),
+        MapOp::UpsertRevNat(..) => Some(if v4 { Run::RevNat4 } else { Run::RevNat6 }),
+        _ => None,
+    }
+}
+
+impl BpfMaps {
+    /// One run of upserts into one map, as a single BPF_MAP_UPDATE_BATCH.
+    fn write_run(&mut self, run: Run, ops: &[MapOp]) -> Result<(), (usize, io::Error)> {
+        use crate::sys::bpf::map_update_batch_of as batch;
+        macro_rules! go {
+            ($map:expr, $pat:pat => ($k:expr, $v:expr)) => {{
+                let (keys, values): (Vec<_>, Vec<_>) = ops
+                    .iter()
+                    .map(|op| match op {
+                        $pat => ($k, $v),
+                        _ => unreachable!("a run holds one kind of write"),
+                    })
+                    .unzip();
+                batch($map.map().fd().as_fd(), &keys, &values)
+            }};
+        }
+        match run {
+            Run::Services4 => go!(self.services4, MapOp::UpsertService(k, v) => (c::svc_key4(k), *v)),
+            Run::Services6 => go!(self.services6, MapOp::UpsertService(k, v) => (c::svc_key6(k), *v)),
+            Run::Backends4 => go!(self.backends4, MapOp::UpsertBackend(id, b) => (*id, c::backend4(b))),
+            Run::Backends6 => go!(self.backends6, MapOp::UpsertBackend(id, b) => (*id, c::backend6(b))),
+            Run::RevNat4 => go!(self.revnat4, MapOp::UpsertRevNat(id, r) => (*id, c::revnat4(r))),
+            Run::RevNat6 => go!(self.revnat6, MapOp::UpsertRevNat(id, r) => (*id, c::revnat6(r))),
+        }
+    }
+}
+
 impl LbMaps for BpfMaps {
+    /// Consecutive upserts into one map go in one syscall: a full sync of
+    /// 10 000 services × 10 endpoints makes about 40 000 calls instead of
+    /// 230 000. The order of writes is unchanged.
+    fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
+        let mut i = 0;
+        while i < ops.len() {
+            let run = run_of(&ops[i]);
+            let end = match run {
+                Some(r) => i + ops[i..].iter().take_while(|op| run_of(op) == Some(r)).count(),
+                None => i + 1,
+            };
+            match run {
+                Some(r) if end - i > 1 => {
+                    if let Err((done, source)) = self.write_run(r, &ops[i..end]) {
+                        let failed = &ops[i + done.min(end - i - 1)];
+                        return Err((i + done, MapWriteError { map: failed.map_name(), op: format!("{failed:?}"), source }));
+                    }
+                }
+                _ => self.apply(&ops[i]).map_err(|e| (i, e))?,
+            }
+            i = end;
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
         let v4 = op.family() == Family::V4;
         let result = match op {

@@ -163,6 +163,15 @@ pub struct MapWriteError {
 pub trait LbMaps {
     /// Applies one operation to the maps.
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError>;
+    /// Applies `ops` in order. On failure: how many were applied before the
+    /// failing one, and its error. Writers may group consecutive writes to
+    /// one map into fewer syscalls, never reorder them.
+    fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
+        for (i, op) in ops.iter().enumerate() {
+            self.apply(op).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     /// Reads back everything the agent owns.
     fn dump(&self) -> anyhow::Result<MapState>;
     fn capacity(&self) -> Capacity;

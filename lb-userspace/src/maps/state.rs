@@ -2,11 +2,12 @@
 //! from them (backend references, ClusterIP addresses) kept up to date on
 //! every operation so a diff never has to scan the whole table.
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::BTreeSet,
     net::IpAddr,
     sync::Arc,
 };
 
+use crate::collections::HashMap;
 use lb_common::service::{SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
 use super::{BackendEntry, Family, MapOp, RevNatEntry, ServiceValue, SvcKey};

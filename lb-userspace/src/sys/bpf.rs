@@ -141,6 +141,30 @@ pub fn map_update_batch(map: BorrowedFd<'_>, keys: &[u32], values: &[u32]) -> io
     Ok(())
 }
 
+/// Writes `values[i]` at `keys[i]` for any plain key and value types, in
+/// order, in one syscall. The kernel updates element by element exactly as
+/// single updates would (kernel/bpf/syscall.c, generic_map_update_batch),
+/// so readers see the same sequence of states; only the syscalls are
+/// saved. On failure: how many were written before it, and the error.
+pub fn map_update_batch_of<K: Copy, V: Copy>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> Result<(), (usize, io::Error)> {
+    assert_eq!(keys.len(), values.len());
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut attr = Attr::new();
+    attr.put_u64(16, keys.as_ptr() as u64);
+    attr.put_u64(24, values.as_ptr() as u64);
+    attr.put_u32(32, keys.len() as u32); // count
+    attr.put_u32(36, map.as_raw_fd() as u32); // map_fd
+    let result = bpf(BPF_MAP_UPDATE_BATCH, &mut attr);
+    let done = attr.get_u32(32) as usize;
+    match result {
+        Ok(_) if done == keys.len() => Ok(()),
+        Ok(_) => Err((done, io::Error::other(format!("batch update wrote {done} of {} entries", keys.len())))),
+        Err(e) => Err((done.min(keys.len()), e)),
+    }
+}
+
 /// Reads an array map of u32 values whole (BPF_MAP_LOOKUP_BATCH).
 pub fn array_lookup_all(map: BorrowedFd<'_>, len: usize) -> io::Result<Vec<u32>> {
     let mut keys = vec![0u32; len];
