@@ -8,7 +8,10 @@ fn main() -> anyhow::Result<()> {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR")?;
     let root = Path::new(&manifest_dir).parent().expect("workspace root");
     let ebpf_dir = root.join("lb-ebpf");
-    println!("cargo:rerun-if-changed={}", root.join("lb-common/src").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        root.join("lb-common/src").display()
+    );
     println!("cargo:rerun-if-env-changed=LB_EBPF_TOOLCHAIN");
 
     // Debian's rustc-web ships a prebuilt `core` for bpfel-unknown-none, so no

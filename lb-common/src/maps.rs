@@ -59,7 +59,9 @@ pub const DEFAULT_MAGLEV_MAX: u32 = 16_384;
 /// (the paper's M ≥ 100·N keeps the imbalance within a few percent).
 pub const DEFAULT_MAGLEV_M: u32 = 16_381;
 /// Maglev table sizes the agent accepts (primes, as the construction needs).
-pub const MAGLEV_PRIMES: [u32; 11] = [251, 509, 1_021, 2_039, 4_093, 8_191, 16_381, 32_749, 65_521, 65_537, 131_071];
+pub const MAGLEV_PRIMES: [u32; 11] = [
+    251, 509, 1_021, 2_039, 4_093, 8_191, 16_381, 32_749, 65_521, 65_537, 131_071,
+];
 
 /// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
 /// Bump it on any change to a key or value type in this crate.

@@ -64,4 +64,11 @@ pub struct SockRevNat6Value {
     pub service_id: u32,
 }
 
-crate::user_pod!(RevNat4, SockRevNat4Key, SockRevNat4Value, RevNat6, SockRevNat6Key, SockRevNat6Value);
+crate::user_pod!(
+    RevNat4,
+    SockRevNat4Key,
+    SockRevNat4Value,
+    RevNat6,
+    SockRevNat6Key,
+    SockRevNat6Value
+);

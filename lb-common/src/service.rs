@@ -38,12 +38,22 @@ pub struct Service4Key {
 
 impl Service4Key {
     pub const fn new(address: u32, dport: u16, proto: u8, scope: u8, backend_slot: u16) -> Self {
-        Self { address, dport, backend_slot, proto, scope, pad: [0; 2] }
+        Self {
+            address,
+            dport,
+            backend_slot,
+            proto,
+            scope,
+            pad: [0; 2],
+        }
     }
 
     /// The same frontend at another slot.
     pub const fn with_slot(&self, backend_slot: u16) -> Self {
-        Self { backend_slot, ..*self }
+        Self {
+            backend_slot,
+            ..*self
+        }
     }
 }
 
@@ -82,12 +92,28 @@ pub struct Service6Key {
 }
 
 impl Service6Key {
-    pub const fn new(address: [u8; 16], dport: u16, proto: u8, scope: u8, backend_slot: u16) -> Self {
-        Self { address, dport, backend_slot, proto, scope, pad: [0; 2] }
+    pub const fn new(
+        address: [u8; 16],
+        dport: u16,
+        proto: u8,
+        scope: u8,
+        backend_slot: u16,
+    ) -> Self {
+        Self {
+            address,
+            dport,
+            backend_slot,
+            proto,
+            scope,
+            pad: [0; 2],
+        }
     }
 
     pub const fn with_slot(&self, backend_slot: u16) -> Self {
-        Self { backend_slot, ..*self }
+        Self {
+            backend_slot,
+            ..*self
+        }
     }
 }
 

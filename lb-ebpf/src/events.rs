@@ -4,7 +4,11 @@
 //! configuration and the generic counters.
 use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use lb_common::{
-    config::{CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LOG_LEVEL, CFG_TRACE, CNT_EVENTS_LOST, CNT_EVENTS_RATE_LIMITED, CNT_EVENTS_SENT, DEFAULT_EVENT_RATE},
+    config::{
+        CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY,
+        CFG_LOG_LEVEL, CFG_TRACE, CNT_EVENTS_LOST, CNT_EVENTS_RATE_LIMITED, CNT_EVENTS_SENT,
+        DEFAULT_EVENT_RATE,
+    },
     event::Event,
 };
 
@@ -23,7 +27,8 @@ pub fn outside_host_namespace(netns_cookie: u64) -> bool {
     if config(CFG_HOST_NS_ONLY) == 0 {
         return false;
     }
-    let host = (config(CFG_HOST_NETNS_COOKIE_HI) as u64) << 32 | config(CFG_HOST_NETNS_COOKIE_LO) as u64;
+    let host =
+        (config(CFG_HOST_NETNS_COOKIE_HI) as u64) << 32 | config(CFG_HOST_NETNS_COOKIE_LO) as u64;
     netns_cookie != host
 }
 
@@ -53,13 +58,23 @@ fn admit(now: u64) -> bool {
         0 => DEFAULT_EVENT_RATE as u64,
         r => r as u64,
     };
-    let Some(state) = LB_EVENT_RATE.get_ptr_mut(0) else { return false };
+    let Some(state) = LB_EVENT_RATE.get_ptr_mut(0) else {
+        return false;
+    };
     let state = unsafe { &mut *state };
     let cap = rate * NS_PER_SEC;
     let elapsed = now.saturating_sub(state.last_ns);
     // budget is in token-nanoseconds: one event costs NS_PER_SEC of it.
-    let refill = if elapsed >= NS_PER_SEC { cap } else { elapsed * rate };
-    let budget = if state.budget + refill > cap { cap } else { state.budget + refill };
+    let refill = if elapsed >= NS_PER_SEC {
+        cap
+    } else {
+        elapsed * rate
+    };
+    let budget = if state.budget + refill > cap {
+        cap
+    } else {
+        state.budget + refill
+    };
     state.last_ns = now;
     if budget < NS_PER_SEC {
         state.budget = budget;

@@ -6,10 +6,14 @@ use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     drop::DropReason,
-    service::{Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_VIP_MARKER},
+    service::{
+        Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY, SVC_FLAG_VIP_MARKER,
+    },
 };
 
-use crate::maps::{LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES, LB_AFFINITY, LB_AFFINITY_MATCH};
+use crate::maps::{
+    LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES, LB_AFFINITY, LB_AFFINITY_MATCH,
+};
 
 /// The maps of one address family.
 pub trait Family {
@@ -92,8 +96,15 @@ pub fn lookup_service<F: Family>(key: &F::Key) -> Lookup {
 /// Picks a backend uniformly at random among the active backends, or among
 /// the terminating ones when none is active (KEP-1669).
 #[inline(always)]
-pub fn select_backend<F: Family>(key: &F::Key, svc: &ServiceValue) -> Result<(u32, F::Backend), DropReason> {
-    let n = if svc.count > 0 { svc.count } else { svc.terminating_count };
+pub fn select_backend<F: Family>(
+    key: &F::Key,
+    svc: &ServiceValue,
+) -> Result<(u32, F::Backend), DropReason> {
+    let n = if svc.count > 0 {
+        svc.count
+    } else {
+        svc.terminating_count
+    };
     // A NonZero divisor leaves no panic path for the verifier to reject.
     let Some(n) = core::num::NonZeroU32::new(n as u32) else {
         return Err(DropReason::NoBackend);
@@ -124,11 +135,19 @@ pub fn select_backend_for<F: Family>(
         return select_backend::<F>(key, svc);
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let akey = AffinityKey { client, service_id: svc.service_id, pad: 0 };
+    let akey = AffinityKey {
+        client,
+        service_id: svc.service_id,
+        pad: 0,
+    };
     if let Some(entry) = LB_AFFINITY.get_ptr_mut(&akey) {
         let entry = unsafe { &mut *entry };
-        let fresh = now.saturating_sub(entry.last_used_ns) <= svc.affinity_timeout_s as u64 * 1_000_000_000;
-        let member = AffinityMatchKey { service_id: svc.service_id, backend_id: entry.backend_id };
+        let fresh =
+            now.saturating_sub(entry.last_used_ns) <= svc.affinity_timeout_s as u64 * 1_000_000_000;
+        let member = AffinityMatchKey {
+            service_id: svc.service_id,
+            backend_id: entry.backend_id,
+        };
         if fresh && unsafe { LB_AFFINITY_MATCH.get(&member) }.is_some() {
             if let Some(b) = F::backend(entry.backend_id) {
                 entry.last_used_ns = now;
@@ -137,6 +156,14 @@ pub fn select_backend_for<F: Family>(
         }
     }
     let (id, backend) = select_backend::<F>(key, svc)?;
-    let _ = LB_AFFINITY.insert(&akey, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now }, 0);
+    let _ = LB_AFFINITY.insert(
+        &akey,
+        &AffinityValue {
+            backend_id: id,
+            pad: 0,
+            last_used_ns: now,
+        },
+        0,
+    );
     Ok((id, backend))
 }

@@ -9,14 +9,16 @@ use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
-    event::EVENTS_RING_BYTES,
     drop::DROP_SLOTS,
+    event::EVENTS_RING_BYTES,
     maps::{
-        DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX, DEFAULT_MAGLEV_MAX,
-        DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX,
+        DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
+        DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX,
     },
     nodeport::{Ct4Key, Ct4Value, Device},
-    revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    revnat::{
+        RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
+    },
     service::{Service4Key, Service6Key, ServiceValue},
 };
 
@@ -30,10 +32,12 @@ pub static LB4_SERVICES: HashMap<Service4Key, ServiceValue> =
     HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static LB4_BACKENDS: HashMap<u32, Backend4> = HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
+pub static LB4_BACKENDS: HashMap<u32, Backend4> =
+    HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static LB4_REVNAT: HashMap<u32, RevNat4> = HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
+pub static LB4_REVNAT: HashMap<u32, RevNat4> =
+    HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
 
 /// Written by the programs themselves; LRU so entries of closed sockets age out.
 #[map]
@@ -45,10 +49,12 @@ pub static LB6_SERVICES: HashMap<Service6Key, ServiceValue> =
     HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static LB6_BACKENDS: HashMap<u32, Backend6> = HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
+pub static LB6_BACKENDS: HashMap<u32, Backend6> =
+    HashMap::pinned(DEFAULT_BACKENDS_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static LB6_REVNAT: HashMap<u32, RevNat6> = HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
+pub static LB6_REVNAT: HashMap<u32, RevNat6> =
+    HashMap::pinned(DEFAULT_REVNAT_MAX, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static LB6_SOCK_REVNAT: LruHashMap<SockRevNat6Key, SockRevNat6Value> =
@@ -75,7 +81,8 @@ pub static LB_EVENT_RATE: PerCpuArray<RateState> = PerCpuArray::pinned(1, 0);
 
 /// sessionAffinity: ClientIP memory, written by the programs.
 #[map]
-pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(DEFAULT_AFFINITY_MAX, 0);
+pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+    LruHashMap::pinned(DEFAULT_AFFINITY_MAX, 0);
 
 /// (service, backend) pairs a service may currently select, written by the agent.
 #[map]
@@ -97,8 +104,11 @@ const BPF_F_INNER_MAP: usize = 1 << 12;
 /// Maglev lookup tables: service id → array of M backend ids. Pinned by the
 /// loader (map_pin_path), as BTF map definitions carry no pinning here.
 #[btf_map]
-pub static LB_MAGLEV: btf_maps::HashOfMaps<u32, btf_maps::Array<u32, 1, BPF_F_INNER_MAP>, { DEFAULT_MAGLEV_MAX as usize }> =
-    btf_maps::HashOfMaps::new();
+pub static LB_MAGLEV: btf_maps::HashOfMaps<
+    u32,
+    btf_maps::Array<u32, 1, BPF_F_INNER_MAP>,
+    { DEFAULT_MAGLEV_MAX as usize },
+> = btf_maps::HashOfMaps::new();
 
 /// Per-CPU scratch space of the tc and XDP programs (not pinned: nothing in
 /// it outlives one packet).

@@ -46,7 +46,11 @@ pub struct Agent {
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Agent {
@@ -61,18 +65,48 @@ impl Agent {
     }
 
     /// Kubernetes mode against `api_server` (a URL), as node `node`.
-    pub fn start_kubernetes(api_server: &str, node: &str, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
-        let source = ["--kubernetes", "--k8s-api-server", api_server, "--node-name", node, "--min-sync-period", "20ms"];
-        Self::start_source(source.iter().map(|s| s.to_string()).collect(), cgroup, pin_dir, extra_args)
+    pub fn start_kubernetes(
+        api_server: &str,
+        node: &str,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+    ) -> Self {
+        let source = [
+            "--kubernetes",
+            "--k8s-api-server",
+            api_server,
+            "--node-name",
+            node,
+            "--min-sync-period",
+            "20ms",
+        ];
+        Self::start_source(
+            source.iter().map(|s| s.to_string()).collect(),
+            cgroup,
+            pin_dir,
+            extra_args,
+        )
     }
 
     /// Like `start_with`, with the agent running inside network namespace `netns`.
-    pub fn start_in_netns(netns: &str, services: &Path, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
+    pub fn start_in_netns(
+        netns: &str,
+        services: &Path,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+    ) -> Self {
         let source = vec!["--services".to_string(), services.display().to_string()];
         Self::start_source_in(source, cgroup, pin_dir, extra_args, Some(netns.to_string()))
     }
 
-    fn start_source(source_args: Vec<String>, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
+    fn start_source(
+        source_args: Vec<String>,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+    ) -> Self {
         Self::start_source_in(source_args, cgroup, pin_dir, extra_args, None)
     }
 
@@ -122,7 +156,10 @@ impl Agent {
         let mut cmd = Command::new(crate::sibling_bin("lb-agent"));
         // setns() in the child only: unlike `ip netns exec`, this keeps the
         // mount namespace, so /sys/fs/bpf stays visible.
-        let ns_file = self.netns.as_ref().map(|n| std::fs::File::open(format!("/run/netns/{n}")).expect("netns"));
+        let ns_file = self
+            .netns
+            .as_ref()
+            .map(|n| std::fs::File::open(format!("/run/netns/{n}")).expect("netns"));
         if let Some(f) = &ns_file {
             use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
             let fd = f.as_raw_fd();
@@ -211,7 +248,11 @@ impl Agent {
             .arg(&self.pin_dir)
             .output()
             .expect("running lbctl");
-        assert!(out.status.success(), "lbctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "lbctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -258,8 +299,13 @@ impl Monitor {
         }
         let mut out = String::new();
         std::io::Read::read_to_string(self.child.stdout.as_mut().unwrap(), &mut out).unwrap();
-        assert!(ok, "lbctl monitor did not see its events in time; got:\n{out}");
-        out.lines().map(|l| serde_json::from_str(l).expect("monitor json")).collect()
+        assert!(
+            ok,
+            "lbctl monitor did not see its events in time; got:\n{out}"
+        );
+        out.lines()
+            .map(|l| serde_json::from_str(l).expect("monitor json"))
+            .collect()
     }
 }
 
@@ -275,11 +321,19 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(addr).expect("connecting to the metrics server");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     // The servers answer with Content-Length, not chunked: the body is as is.
     (code, body.to_string())
 }

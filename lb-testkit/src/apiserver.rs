@@ -80,18 +80,32 @@ pub struct FakeApiServer {
 
 impl FakeApiServer {
     pub fn start() -> Self {
-        let shared = Arc::new(Shared { inner: Mutex::new(Inner { rv: 1, ..Default::default() }), changed: Notify::new() });
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                rv: 1,
+                ..Default::default()
+            }),
+            changed: Notify::new(),
+        });
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
         let state = shared.clone();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
                 let app = Router::new()
                     .route("/api/v1/services", get(handle))
                     .route("/apis/discovery.k8s.io/v1/endpointslices", get(handle))
                     .route("/api/v1/nodes", get(handle))
-                    .fallback(|uri: Uri| async move { (StatusCode::NOT_FOUND, format!("fake apiserver: no route {uri}")) })
+                    .fallback(|uri: Uri| async move {
+                        (
+                            StatusCode::NOT_FOUND,
+                            format!("fake apiserver: no route {uri}"),
+                        )
+                    })
                     .with_state(state);
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 addr_tx.send(listener.local_addr().unwrap()).unwrap();
@@ -103,7 +117,11 @@ impl FakeApiServer {
             });
         });
         let addr = addr_rx.recv().unwrap();
-        Self { addr, shared, shutdown: Some(shutdown) }
+        Self {
+            addr,
+            shared,
+            shutdown: Some(shutdown),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -125,10 +143,17 @@ impl FakeApiServer {
             obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
             let key = (
                 kind,
-                obj["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                obj["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
                 obj["metadata"]["name"].as_str().unwrap().to_string(),
             );
-            let ty = if s.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
+            let ty = if s.objects.contains_key(&key) {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
             s.objects.insert(key, obj.clone());
             let rv = s.rv;
             s.events.push((rv, kind, ty, obj));
@@ -137,7 +162,10 @@ impl FakeApiServer {
 
     pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
         self.with(|s| {
-            if let Some(mut obj) = s.objects.remove(&(kind, namespace.to_string(), name.to_string())) {
+            if let Some(mut obj) =
+                s.objects
+                    .remove(&(kind, namespace.to_string(), name.to_string()))
+            {
                 s.rv += 1;
                 obj["metadata"]["resourceVersion"] = json!(s.rv.to_string());
                 let rv = s.rv;
@@ -150,7 +178,8 @@ impl FakeApiServer {
     /// compacted away): only a relist can find out. Use with `expire`.
     pub fn delete_silently(&self, kind: Kind, namespace: &str, name: &str) {
         self.with(|s| {
-            s.objects.remove(&(kind, namespace.to_string(), name.to_string()));
+            s.objects
+                .remove(&(kind, namespace.to_string(), name.to_string()));
             s.rv += 1;
         });
     }
@@ -219,11 +248,13 @@ fn labels_match(obj: &Value, selector: Option<&String>) -> bool {
 
 fn fields_match(obj: &Value, selector: Option<&String>) -> bool {
     let Some(sel) = selector else { return true };
-    sel.split(',').filter(|r| !r.is_empty()).all(|r| match r.split_once('=') {
-        Some(("metadata.name", v)) => obj["metadata"]["name"].as_str() == Some(v),
-        Some(("metadata.namespace", v)) => obj["metadata"]["namespace"].as_str() == Some(v),
-        _ => true,
-    })
+    sel.split(',')
+        .filter(|r| !r.is_empty())
+        .all(|r| match r.split_once('=') {
+            Some(("metadata.name", v)) => obj["metadata"]["name"].as_str() == Some(v),
+            Some(("metadata.namespace", v)) => obj["metadata"]["namespace"].as_str() == Some(v),
+            _ => true,
+        })
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
@@ -231,21 +262,39 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
            "message": message, "reason": reason, "code": code})
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, uri: Uri, Query(q): Query<HashMap<String, String>>) -> Response {
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     let kind = match uri.path() {
         "/api/v1/services" => Kind::Service,
         "/apis/discovery.k8s.io/v1/endpointslices" => Kind::EndpointSlice,
         _ => Kind::Node,
     };
     let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
-    let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let (labels, fields) = (q.get("labelSelector").cloned(), q.get("fieldSelector").cloned());
+    let from: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let (labels, fields) = (
+        q.get("labelSelector").cloned(),
+        q.get("fieldSelector").cloned(),
+    );
     let name = format!("{kind:?}").to_lowercase() + "s";
     {
         let mut s = shared.inner.lock().unwrap();
-        s.requests.push(if watch { format!("watch {name} from {from}") } else { format!("list {name}") });
+        s.requests.push(if watch {
+            format!("watch {name} from {from}")
+        } else {
+            format!("list {name}")
+        });
         if s.down {
-            return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(status(503, "ServiceUnavailable", "apiserver is down"))).into_response();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(status(503, "ServiceUnavailable", "apiserver is down")),
+            )
+                .into_response();
         }
     }
     if !watch {
@@ -261,7 +310,9 @@ async fn handle(State(shared): State<Arc<Shared>>, uri: Uri, Query(q): Query<Has
         let items: Vec<Value> = s
             .objects
             .iter()
-            .filter(|((k, _, _), o)| *k == kind && labels_match(o, labels.as_ref()) && fields_match(o, fields.as_ref()))
+            .filter(|((k, _, _), o)| {
+                *k == kind && labels_match(o, labels.as_ref()) && fields_match(o, fields.as_ref())
+            })
             .map(|(_, o)| o.clone())
             .collect();
         let body = json!({"kind": kind.list_kind(), "apiVersion": kind.api_version(),
@@ -288,13 +339,18 @@ async fn handle(State(shared): State<Arc<Shared>>, uri: Uri, Query(q): Query<Has
                     }
                     if next < s.compacted {
                         let line = json!({"type": "ERROR", "object": status(410, "Expired", &format!("too old resource version: {next} ({})", s.compacted))});
-                        return Some((Ok::<_, std::io::Error>(format!("{line}\n")), (shared.clone(), next, true)));
+                        return Some((
+                            Ok::<_, std::io::Error>(format!("{line}\n")),
+                            (shared.clone(), next, true),
+                        ));
                     }
                     let mut out = String::new();
                     for (rv, k, ty, obj) in &s.events {
                         if *rv > next && *k == kind {
                             next = *rv;
-                            if labels_match(obj, labels.as_ref()) && fields_match(obj, fields.as_ref()) {
+                            if labels_match(obj, labels.as_ref())
+                                && fields_match(obj, fields.as_ref())
+                            {
                                 out.push_str(&json!({"type": ty, "object": obj}).to_string());
                                 out.push('\n');
                             }
@@ -308,7 +364,10 @@ async fn handle(State(shared): State<Arc<Shared>>, uri: Uri, Query(q): Query<Has
             }
         }
     });
-    Response::builder().header("content-type", "application/json").body(Body::from_stream(stream)).unwrap()
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap()
 }
 
 /// Objects for tests, shaped as the apiserver returns them.
@@ -316,15 +375,34 @@ pub mod objects {
     use serde_json::{json, Value};
 
     /// A ClusterIP service with one port.
-    pub fn service(namespace: &str, name: &str, cluster_ip: &str, port: u16, target: u16, proto: &str) -> Value {
+    pub fn service(
+        namespace: &str,
+        name: &str,
+        cluster_ip: &str,
+        port: u16,
+        target: u16,
+        proto: &str,
+    ) -> Value {
         json!({"kind": "Service", "metadata": {"name": name, "namespace": namespace},
                "spec": {"type": "ClusterIP", "clusterIP": cluster_ip, "clusterIPs": [cluster_ip],
                         "ports": [{"name": "p", "port": port, "targetPort": target, "protocol": proto}]}})
     }
 
     /// An EndpointSlice of `service` with ready endpoints on `node`.
-    pub fn slice(namespace: &str, name: &str, service: &str, ips: &[&str], port: u16, proto: &str, node: &str) -> Value {
-        let family = if ips.first().is_some_and(|ip| ip.contains(':')) { "IPv6" } else { "IPv4" };
+    pub fn slice(
+        namespace: &str,
+        name: &str,
+        service: &str,
+        ips: &[&str],
+        port: u16,
+        proto: &str,
+        node: &str,
+    ) -> Value {
+        let family = if ips.first().is_some_and(|ip| ip.contains(':')) {
+            "IPv6"
+        } else {
+            "IPv4"
+        };
         json!({"kind": "EndpointSlice",
                "metadata": {"name": name, "namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
                "addressType": family,

@@ -19,6 +19,8 @@ impl ChildCgroup {
 impl Drop for ChildCgroup {
     fn drop(&mut self) {
         // Probe processes have exited by now; allow a moment for the kernel to notice.
-        crate::wait_until(Duration::from_secs(5), || std::fs::remove_dir(&self.path).is_ok() || !self.path.exists());
+        crate::wait_until(Duration::from_secs(5), || {
+            std::fs::remove_dir(&self.path).is_ok() || !self.path.exists()
+        });
     }
 }

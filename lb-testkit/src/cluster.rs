@@ -25,7 +25,11 @@ pub const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 1);
 pub const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 2);
 pub const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 3);
 pub const POD_A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
-pub const POD_B: [Ipv4Addr; 3] = [Ipv4Addr::new(10, 244, 2, 10), Ipv4Addr::new(10, 244, 2, 11), Ipv4Addr::new(10, 244, 2, 12)];
+pub const POD_B: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(10, 244, 2, 10),
+    Ipv4Addr::new(10, 244, 2, 11),
+    Ipv4Addr::new(10, 244, 2, 12),
+];
 /// LoadBalancer addresses, routed by the client to node A (or B).
 pub const LB_RANGE: &str = "203.0.113.0/24";
 
@@ -59,7 +63,9 @@ impl Cluster {
         hub.ip(&["link", "add", "br0", "type", "bridge"]);
         hub.ip(&["link", "set", "br0", "up"]);
         let plug = |ns: &Netns, port: &str, addr: Ipv4Addr| {
-            hub.ip(&["link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+            hub.ip(&[
+                "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+            ]);
             hub.ip(&["link", "set", port, "master", "br0", "up"]);
             ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
             ns.ip(&["link", "set", "eth0", "up"]);
@@ -78,7 +84,9 @@ impl Cluster {
         b_ns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE_A.to_string()]);
         let pod = |name: &str, node: &Netns, gw: &str, addrs: &[Ipv4Addr]| {
             let ns = Netns::create(&format!("lbt-{tag}-{name}"));
-            node.ip(&["link", "add", "pod0", "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+            node.ip(&[
+                "link", "add", "pod0", "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+            ]);
             node.ip(&["addr", "add", &format!("{gw}/24"), "dev", "pod0"]);
             node.ip(&["link", "set", "pod0", "up"]);
             for a in addrs {
@@ -117,7 +125,13 @@ impl Cluster {
         }
         let mut args = vec!["--devices", "eth0"];
         args.extend_from_slice(extra);
-        node.agent = Some(Agent::start_in_netns(&node.ns.name, &node.services, &node.cgroup.path, &node.pins.path, &args));
+        node.agent = Some(Agent::start_in_netns(
+            &node.ns.name,
+            &node.services,
+            &node.cgroup.path,
+            &node.pins.path,
+            &args,
+        ));
     }
 
     pub fn probe(&self, mode: &str, target: &str, n: usize) -> Vec<crate::probe::Attempt> {
@@ -127,8 +141,10 @@ impl Cluster {
     /// A counter of a node's data path (`lb_common::config::CNT_*`), summed over CPUs.
     pub fn counter(node: &Node, index: u32) -> u64 {
         use aya::maps::{MapData, PerCpuArray};
-        let map: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(lb::maps::bpf::open_pinned(&node.pins.path, lb_common::maps::LB_COUNTERS).unwrap()).unwrap();
+        let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(
+            lb::maps::bpf::open_pinned(&node.pins.path, lb_common::maps::LB_COUNTERS).unwrap(),
+        )
+        .unwrap();
         map.get(&index, 0).unwrap().iter().sum()
     }
 }

@@ -48,19 +48,69 @@ impl Dataplane {
     /// the caller's namespace for FIB lookups) and loads the programs.
     pub fn new(tag: &str) -> Self {
         let netns = Netns::create(&format!("lbt-{tag}-np"));
-        netns.ip(&["link", "add", "ext0", "address", "02:00:00:00:00:02", "type", "veth", "peer", "name", "ext0p"]);
+        netns.ip(&[
+            "link",
+            "add",
+            "ext0",
+            "address",
+            "02:00:00:00:00:02",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "ext0p",
+        ]);
         netns.ip(&["addr", "add", "192.168.50.2/24", "dev", "ext0"]);
         netns.ip(&["link", "set", "ext0", "up"]);
         netns.ip(&["link", "set", "ext0p", "up"]);
-        netns.ip(&["neigh", "add", "192.168.50.1", "lladdr", "02:00:00:00:00:01", "dev", "ext0", "nud", "permanent"]);
-        netns.ip(&["neigh", "add", "192.168.50.3", "lladdr", "02:00:00:00:00:03", "dev", "ext0", "nud", "permanent"]);
-        netns.ip(&["route", "add", "10.244.2.0/24", "via", "192.168.50.3", "dev", "ext0"]);
+        netns.ip(&[
+            "neigh",
+            "add",
+            "192.168.50.1",
+            "lladdr",
+            "02:00:00:00:00:01",
+            "dev",
+            "ext0",
+            "nud",
+            "permanent",
+        ]);
+        netns.ip(&[
+            "neigh",
+            "add",
+            "192.168.50.3",
+            "lladdr",
+            "02:00:00:00:00:03",
+            "dev",
+            "ext0",
+            "nud",
+            "permanent",
+        ]);
+        netns.ip(&[
+            "route",
+            "add",
+            "10.244.2.0/24",
+            "via",
+            "192.168.50.3",
+            "dev",
+            "ext0",
+        ]);
         // bpf_fib_lookup answers only where forwarding is on (like the stack).
-        crate::run("ip", &["netns", "exec", &netns.name, "sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"]);
+        crate::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &netns.name,
+                "sysctl",
+                "-qw",
+                "net.ipv4.conf.all.forwarding=1",
+            ],
+        );
         crate::netns::enter(&netns.name).expect("entering the test namespace");
 
         let pins = PinDir::create(tag);
-        let (mut ebpf, _) = datapath::load(&pins.path, &MapSizes::default()).expect("loading the object");
+        let (mut ebpf, _) =
+            datapath::load(&pins.path, &MapSizes::default()).expect("loading the object");
         for name in [datapath::TC_INGRESS, datapath::TC_EGRESS] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("{name}: {e:#}"));
@@ -70,15 +120,27 @@ impl Dataplane {
         datapath::write_devices(&pins.path, &["ext0".to_string()]).expect("LB_DEVICES");
         let reconciler = Reconciler::restore(BpfMaps::open(&pins.path).unwrap()).unwrap();
         let ifindex = lb::sys::netdev::ifindex("ext0").unwrap();
-        let dp = Self { ebpf, reconciler, ifindex, pins, netns };
-        dp.config(lb_common::config::CFG_MAGLEV_M, lb_common::maps::DEFAULT_MAGLEV_M);
+        let dp = Self {
+            ebpf,
+            reconciler,
+            ifindex,
+            pins,
+            netns,
+        };
+        dp.config(
+            lb_common::config::CFG_MAGLEV_M,
+            lb_common::maps::DEFAULT_MAGLEV_M,
+        );
         dp.config(lb_common::config::CFG_SNAT_PORT_MIN, 61000);
         dp.config(lb_common::config::CFG_SNAT_PORT_MAX, 65535);
         dp
     }
 
     pub fn config(&self, index: u32, value: u32) {
-        RuntimeConfig::open(&self.pins.path).unwrap().set(index, value).unwrap();
+        RuntimeConfig::open(&self.pins.path)
+            .unwrap()
+            .set(index, value)
+            .unwrap();
     }
 
     pub fn apply(&mut self, model: &Model) {
@@ -99,7 +161,13 @@ impl Dataplane {
         let mut out = vec![0u8; packet.len() + 64];
         let ctx = self.skb_ctx();
         let r = p
-            .test_run(TestRunOptions { data_in: Some(packet), data_out: Some(&mut out), ctx_in: Some(&ctx), repeat, ..Default::default() })
+            .test_run(TestRunOptions {
+                data_in: Some(packet),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                repeat,
+                ..Default::default()
+            })
             .unwrap_or_else(|e| panic!("test_run {name} ({} bytes): {e:?}", packet.len()));
         out.truncate(r.data_size_out as usize);
         (r.return_value, out, r.duration)
@@ -130,14 +198,25 @@ impl Dataplane {
     }
 
     fn run_xdp(&self, packet: &[u8], repeat: u32) -> (u32, Vec<u8>, Duration) {
-        let p: &Xdp = self.ebpf.program(datapath::XDP).unwrap().try_into().unwrap();
+        let p: &Xdp = self
+            .ebpf
+            .program(datapath::XDP)
+            .unwrap()
+            .try_into()
+            .unwrap();
         let mut out = vec![0u8; packet.len() + 64];
         // struct xdp_md: data 0, data_end = length, data_meta 0, ingress_ifindex.
         let mut ctx = vec![0u8; 24];
         ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
         ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
         let r = p
-            .test_run(TestRunOptions { data_in: Some(packet), data_out: Some(&mut out), ctx_in: Some(&ctx), repeat, ..Default::default() })
+            .test_run(TestRunOptions {
+                data_in: Some(packet),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                repeat,
+                ..Default::default()
+            })
             .unwrap_or_else(|e| panic!("test_run xdp: {e:#}"));
         out.truncate(r.data_size_out as usize);
         (r.return_value, out, r.duration)

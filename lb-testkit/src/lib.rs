@@ -26,7 +26,11 @@ use std::time::{Duration, Instant};
 
 /// A short unique tag for names: test name + pid, cut to fit.
 pub fn unique(test: &str) -> String {
-    let short: String = test.chars().filter(|c| c.is_ascii_alphanumeric()).take(12).collect();
+    let short: String = test
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect();
     format!("{short}-{}", std::process::id())
 }
 
@@ -47,7 +51,16 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 /// Path of a binary built next to the test executable (target/<profile>/NAME).
 pub fn sibling_bin(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| if d.ends_with("deps") { d.parent() } else { Some(d) }).expect("target dir");
+    let dir = exe
+        .parent()
+        .and_then(|d| {
+            if d.ends_with("deps") {
+                d.parent()
+            } else {
+                Some(d)
+            }
+        })
+        .expect("target dir");
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -59,7 +72,10 @@ pub fn sibling_bin(name: &str) -> std::path::PathBuf {
 
 /// Runs a command, panicking with its output when it fails.
 pub fn run(cmd: &str, args: &[&str]) {
-    let out = std::process::Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(
         out.status.success(),
         "{cmd} {}: {}{}",

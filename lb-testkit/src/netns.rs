@@ -8,9 +8,13 @@ pub struct Netns {
 impl Netns {
     pub fn create(name: &str) -> Self {
         // A namespace left by a crashed run of the same pid would make `add` fail.
-        let _ = std::process::Command::new("ip").args(["netns", "del", name]).output();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", name])
+            .output();
         crate::run("ip", &["netns", "add", name]);
-        let ns = Self { name: name.to_string() };
+        let ns = Self {
+            name: name.to_string(),
+        };
         ns.ip(&["link", "set", "lo", "up"]);
         ns
     }
@@ -25,7 +29,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 

@@ -10,8 +10,19 @@ pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 pub const FIN: u8 = 0x01;
 
-pub fn tcp(src: Mac, dst: Mac, saddr: Ipv4Addr, daddr: Ipv4Addr, sport: u16, dport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(src, dst).ipv4(saddr.octets(), daddr.octets(), 64).tcp(sport, dport, 1000, 65535);
+pub fn tcp(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut b = PacketBuilder::ethernet2(src, dst)
+        .ipv4(saddr.octets(), daddr.octets(), 64)
+        .tcp(sport, dport, 1000, 65535);
     if flags & SYN != 0 {
         b = b.syn();
     }
@@ -26,8 +37,18 @@ pub fn tcp(src: Mac, dst: Mac, saddr: Ipv4Addr, daddr: Ipv4Addr, sport: u16, dpo
     out
 }
 
-pub fn udp(src: Mac, dst: Mac, saddr: Ipv4Addr, daddr: Ipv4Addr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
-    let b = PacketBuilder::ethernet2(src, dst).ipv4(saddr.octets(), daddr.octets(), 64).udp(sport, dport);
+pub fn udp(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(src, dst)
+        .ipv4(saddr.octets(), daddr.octets(), 64)
+        .udp(sport, dport);
     let mut out = Vec::new();
     b.write(&mut out, payload).unwrap();
     out
@@ -56,7 +77,11 @@ pub fn inspect(frame: &[u8]) -> View {
     let eth_src: Mac = frame[6..12].try_into().unwrap();
     assert_eq!(&frame[12..14], &[0x08, 0x00], "not IPv4");
     let (ip, rest) = Ipv4Header::from_slice(&frame[14..]).expect("IPv4 header");
-    assert_eq!(ip.header_checksum, ip.calc_header_checksum(), "IPv4 header checksum");
+    assert_eq!(
+        ip.header_checksum,
+        ip.calc_header_checksum(),
+        "IPv4 header checksum"
+    );
     let l4_len = ip.total_len as usize - ip.header_len();
     let l4 = &rest[..l4_len];
     let (sport, dport, payload) = match ip.protocol.0 {

@@ -28,12 +28,16 @@ pub struct Attempt {
 impl Attempt {
     /// Name of the backend that answered.
     pub fn backend(&self) -> Option<&str> {
-        self.reply.as_deref().and_then(|r| r.split_whitespace().next())
+        self.reply
+            .as_deref()
+            .and_then(|r| r.split_whitespace().next())
     }
 
     /// Client address as the backend saw it.
     pub fn seen_client(&self) -> Option<&str> {
-        self.reply.as_deref().and_then(|r| r.split_whitespace().nth(1))
+        self.reply
+            .as_deref()
+            .and_then(|r| r.split_whitespace().nth(1))
     }
 }
 
@@ -44,12 +48,21 @@ pub fn run(cgroup: &Path, netns: &str, mode: &str, target: &str, count: usize) -
         .args(["--netns", netns, mode, target, &count.to_string()])
         .output()
         .expect("running lb-probe");
-    assert!(out.status.success(), "lb-probe failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "lb-probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let attempts: Vec<Attempt> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).expect("probe json"))
         .collect();
-    assert_eq!(attempts.len(), count, "probe printed {} results for {count} attempts", attempts.len());
+    assert_eq!(
+        attempts.len(),
+        count,
+        "probe printed {} results for {count} attempts",
+        attempts.len()
+    );
     attempts
 }

@@ -29,7 +29,10 @@ impl Drop for Server {
 
 fn set_timeout(fd: i32) {
     // accept() honours SO_RCVTIMEO: wake up to check the stop flag.
-    let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
     unsafe {
         libc::setsockopt(
             fd,
@@ -56,8 +59,13 @@ pub fn tcp(netns: &str, addr: SocketAddr, name: &str) -> Server {
             }
         }
     });
-    ready_rx.recv_timeout(Duration::from_secs(5)).expect("server ready");
-    Server { stop, thread: Some(thread) }
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("server ready");
+    Server {
+        stop,
+        thread: Some(thread),
+    }
 }
 
 pub fn udp(netns: &str, addr: SocketAddr, name: &str) -> Server {
@@ -67,7 +75,8 @@ pub fn udp(netns: &str, addr: SocketAddr, name: &str) -> Server {
     let thread = std::thread::spawn(move || {
         crate::netns::enter(&ns).expect("enter backend netns");
         let sock = UdpSocket::bind(addr).expect("bind backend");
-        sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
         ready_tx.send(()).unwrap();
         let mut buf = [0u8; 512];
         while !flag.load(Ordering::Relaxed) {
@@ -76,8 +85,13 @@ pub fn udp(netns: &str, addr: SocketAddr, name: &str) -> Server {
             }
         }
     });
-    ready_rx.recv_timeout(Duration::from_secs(5)).expect("server ready");
-    Server { stop, thread: Some(thread) }
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("server ready");
+    Server {
+        stop,
+        thread: Some(thread),
+    }
 }
 
 /// A TCP server that keeps each connection open and answers every line with
@@ -96,7 +110,8 @@ pub fn tcp_echo(netns: &str, addr: SocketAddr, name: &str) -> Server {
             if let Ok((conn, _)) = listener.accept() {
                 let (name, flag) = (name.clone(), flag.clone());
                 std::thread::spawn(move || {
-                    conn.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                    conn.set_read_timeout(Some(Duration::from_millis(200)))
+                        .unwrap();
                     let mut w = conn.try_clone().unwrap();
                     let mut r = BufReader::new(conn);
                     let mut line = String::new();
@@ -114,6 +129,11 @@ pub fn tcp_echo(netns: &str, addr: SocketAddr, name: &str) -> Server {
             }
         }
     });
-    ready_rx.recv_timeout(Duration::from_secs(5)).expect("server ready");
-    Server { stop, thread: Some(thread) }
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("server ready");
+    Server {
+        stop,
+        thread: Some(thread),
+    }
 }

@@ -39,11 +39,22 @@ impl Topology {
         let backends = (0..backends)
             .map(|i| {
                 let ns = Netns::create(&format!("lbt-{tag}-b{}", i + 1));
-                plug(&hub, &ns, &format!("b{}", i + 1), Self::backend_ip(i), Self::backend_ip6(i));
+                plug(
+                    &hub,
+                    &ns,
+                    &format!("b{}", i + 1),
+                    Self::backend_ip(i),
+                    Self::backend_ip6(i),
+                );
                 ns
             })
             .collect();
-        Self { client, extra_clients: Vec::new(), backends, hub }
+        Self {
+            client,
+            extra_clients: Vec::new(),
+            backends,
+            hub,
+        }
     }
 
     /// Address of backend `i` (0-based): 10.250.0.11, .12, ...
@@ -79,17 +90,33 @@ impl Topology {
     pub fn add_backend(&mut self, tag: &str) -> usize {
         let i = self.backends.len();
         let ns = Netns::create(&format!("lbt-{tag}-b{}", i + 1));
-        plug(&self.hub, &ns, &format!("b{}", i + 1), Self::backend_ip(i), Self::backend_ip6(i));
+        plug(
+            &self.hub,
+            &ns,
+            &format!("b{}", i + 1),
+            Self::backend_ip(i),
+            Self::backend_ip6(i),
+        );
         self.backends.push(ns);
         i
     }
 }
 
 fn plug(hub: &Netns, ns: &Netns, port: &str, ip: Ipv4Addr, ip6: Ipv6Addr) {
-    hub.ip(&["link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+    hub.ip(&[
+        "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+    ]);
     hub.ip(&["link", "set", port, "master", "br0", "up"]);
     ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
     // nodad: usable at once instead of after duplicate address detection.
-    ns.ip(&["-6", "addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"]);
+    ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{ip6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
     ns.ip(&["link", "set", "eth0", "up"]);
 }

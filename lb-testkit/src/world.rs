@@ -46,13 +46,25 @@ impl World {
     /// A TCP server named b1, b2, ... on every backend, IPv4 or IPv6.
     pub fn tcp_servers(&self, port: u16, v6: bool) -> Vec<Server> {
         (0..self.topo.backends.len())
-            .map(|i| servers::tcp(&self.topo.backends[i].name, (self.backend_addr(i, v6), port).into(), &format!("b{}", i + 1)))
+            .map(|i| {
+                servers::tcp(
+                    &self.topo.backends[i].name,
+                    (self.backend_addr(i, v6), port).into(),
+                    &format!("b{}", i + 1),
+                )
+            })
             .collect()
     }
 
     pub fn udp_servers(&self, port: u16, v6: bool) -> Vec<Server> {
         (0..self.topo.backends.len())
-            .map(|i| servers::udp(&self.topo.backends[i].name, (self.backend_addr(i, v6), port).into(), &format!("b{}", i + 1)))
+            .map(|i| {
+                servers::udp(
+                    &self.topo.backends[i].name,
+                    (self.backend_addr(i, v6), port).into(),
+                    &format!("b{}", i + 1),
+                )
+            })
             .collect()
     }
 
@@ -65,7 +77,13 @@ impl World {
     }
 
     pub fn probe(&self, mode: &str, target: &str, count: usize) -> Vec<Attempt> {
-        probe::run(&self.cgroup.path, &self.topo.client.name, mode, target, count)
+        probe::run(
+            &self.cgroup.path,
+            &self.topo.client.name,
+            mode,
+            target,
+            count,
+        )
     }
 }
 

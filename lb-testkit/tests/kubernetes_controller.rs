@@ -24,8 +24,15 @@ async fn start(api: &FakeApiServer) -> Watch {
 
     let client = kube::Client::try_from(config).unwrap();
     let (tx, rx) = mpsc::channel(64);
-    let cfg = WatchConfig { node_name: "node-a".into(), nodeport_cidrs: vec![], debounce: Duration::from_millis(30) };
-    Watch { rx, _task: tokio::spawn(watch::run(client, cfg, tx)) }
+    let cfg = WatchConfig {
+        node_name: "node-a".into(),
+        nodeport_cidrs: vec![],
+        debounce: Duration::from_millis(30),
+    };
+    Watch {
+        rx,
+        _task: tokio::spawn(watch::run(client, cfg, tx)),
+    }
 }
 
 impl Watch {
@@ -58,7 +65,14 @@ fn populated() -> FakeApiServer {
     api.apply(objects::node("node-a", "192.168.1.10"));
     api.apply(web());
     api.apply(web_slice(&["10.244.0.1"]));
-    api.apply(objects::service("default", "db", "10.96.0.20", 5432, 5432, "TCP"));
+    api.apply(objects::service(
+        "default",
+        "db",
+        "10.96.0.20",
+        5432,
+        5432,
+        "TCP",
+    ));
     api
 }
 
@@ -72,34 +86,66 @@ async fn initial_list_gives_one_full_model_and_nothing_before_every_list_complet
     api.hold_lists(Kind::Node, true);
     let mut w = start(&api).await;
     let (ev, _) = w.next_model(Duration::from_millis(700)).await;
-    assert!(ev.is_none(), "nothing may be output (or pruned) before the node list completes: {ev:?}");
+    assert!(
+        ev.is_none(),
+        "nothing may be output (or pruned) before the node list completes: {ev:?}"
+    );
     api.hold_lists(Kind::Node, false);
     let (ev, _) = w.next_model(Duration::from_secs(10)).await;
-    let Some(SourceEvent::Full { model, .. }) = ev else { panic!("full model expected, got {ev:?}") };
-    assert_eq!(model.services.keys().cloned().collect::<Vec<_>>(), vec![n("db"), n("web")]);
+    let Some(SourceEvent::Full { model, .. }) = ev else {
+        panic!("full model expected, got {ev:?}")
+    };
+    assert_eq!(
+        model.services.keys().cloned().collect::<Vec<_>>(),
+        vec![n("db"), n("web")]
+    );
     assert_eq!(model.services[&n("web")].frontends[0].backends.len(), 1);
-    assert!(model.services[&n("web")].frontends[0].backends[0].local, "nodeName node-a is this node");
+    assert!(
+        model.services[&n("web")].frontends[0].backends[0].local,
+        "nodeName node-a is this node"
+    );
 }
 
 #[tokio::test]
 async fn adds_changes_and_deletes_arrive_as_changes_of_those_services_only() {
     let api = populated();
     let mut w = start(&api).await;
-    assert!(matches!(w.next_model(Duration::from_secs(10)).await.0, Some(SourceEvent::Full { .. })));
+    assert!(matches!(
+        w.next_model(Duration::from_secs(10)).await.0,
+        Some(SourceEvent::Full { .. })
+    ));
 
     api.apply(web_slice(&["10.244.0.1", "10.244.0.2"]));
     let (ev, _) = w.next_model(Duration::from_secs(10)).await;
-    let Some(SourceEvent::Changes { changes, .. }) = ev else { panic!("{ev:?}") };
+    let Some(SourceEvent::Changes { changes, .. }) = ev else {
+        panic!("{ev:?}")
+    };
     assert_eq!(changes.len(), 1);
     assert_eq!(changes[0].0, n("web"));
-    assert_eq!(changes[0].1.as_ref().unwrap().frontends[0].backends.len(), 2);
+    assert_eq!(
+        changes[0].1.as_ref().unwrap().frontends[0].backends.len(),
+        2
+    );
 
-    api.apply(objects::service("default", "cache", "10.96.0.30", 6379, 6379, "TCP"));
+    api.apply(objects::service(
+        "default",
+        "cache",
+        "10.96.0.30",
+        6379,
+        6379,
+        "TCP",
+    ));
     api.delete(Kind::Service, "default", "db");
     let (ev, _) = w.next_model(Duration::from_secs(10)).await;
-    let Some(SourceEvent::Changes { mut changes, .. }) = ev else { panic!("{ev:?}") };
+    let Some(SourceEvent::Changes { mut changes, .. }) = ev else {
+        panic!("{ev:?}")
+    };
     changes.sort_by(|a, b| a.0.cmp(&b.0));
-    assert_eq!(changes.len(), 2, "both within one debounce window: {changes:?}");
+    assert_eq!(
+        changes.len(),
+        2,
+        "both within one debounce window: {changes:?}"
+    );
     assert_eq!(changes[0].0, n("cache"));
     assert_eq!(changes[1], (n("db"), None));
 }
@@ -108,7 +154,10 @@ async fn adds_changes_and_deletes_arrive_as_changes_of_those_services_only() {
 async fn watch_expired_410_gone_relists_and_prunes_with_a_full_model() {
     let api = populated();
     let mut w = start(&api).await;
-    assert!(matches!(w.next_model(Duration::from_secs(10)).await.0, Some(SourceEvent::Full { .. })));
+    assert!(matches!(
+        w.next_model(Duration::from_secs(10)).await.0,
+        Some(SourceEvent::Full { .. })
+    ));
 
     // db disappears while the history is compacted: only a relist can tell.
     api.delete_silently(Kind::Service, "default", "db");
@@ -123,45 +172,89 @@ async fn watch_expired_410_gone_relists_and_prunes_with_a_full_model() {
         all_errors.extend(errors);
         match ev {
             Some(SourceEvent::Full { model, .. }) if !model.services.contains_key(&n("db")) => {
-                assert_eq!(model.services.keys().cloned().collect::<Vec<_>>(), vec![n("web")]);
+                assert_eq!(
+                    model.services.keys().cloned().collect::<Vec<_>>(),
+                    vec![n("web")]
+                );
                 break;
             }
             Some(SourceEvent::Full { .. }) => continue,
             other => panic!("relist must end in a full model without db, got {other:?}"),
         }
     }
-    assert!(all_errors.iter().any(|e| e == "watch-expired"), "the 410 is reported: {all_errors:?}");
-    assert!(api.requests().iter().filter(|r| *r == "list services").count() >= 2, "{:?}", api.requests());
+    assert!(
+        all_errors.iter().any(|e| e == "watch-expired"),
+        "the 410 is reported: {all_errors:?}"
+    );
+    assert!(
+        api.requests()
+            .iter()
+            .filter(|r| *r == "list services")
+            .count()
+            >= 2,
+        "{:?}",
+        api.requests()
+    );
 }
 
 #[tokio::test]
 async fn dropped_watch_connection_resumes_from_its_resource_version_without_relist() {
     let api = populated();
     let mut w = start(&api).await;
-    assert!(matches!(w.next_model(Duration::from_secs(10)).await.0, Some(SourceEvent::Full { .. })));
-    let lists_before = api.requests().iter().filter(|r| r.starts_with("list")).count();
+    assert!(matches!(
+        w.next_model(Duration::from_secs(10)).await.0,
+        Some(SourceEvent::Full { .. })
+    ));
+    let lists_before = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("list"))
+        .count();
 
     api.disconnect();
     tokio::time::sleep(Duration::from_millis(200)).await;
     api.apply(web_slice(&["10.244.0.9"]));
     let (ev, _) = w.next_model(Duration::from_secs(10)).await;
-    let Some(SourceEvent::Changes { changes, .. }) = ev else { panic!("{ev:?}") };
-    assert_eq!(changes[0].1.as_ref().unwrap().frontends[0].backends[0].address.to_string(), "10.244.0.9");
-    let lists_after = api.requests().iter().filter(|r| r.starts_with("list")).count();
-    assert_eq!(lists_before, lists_after, "a dropped connection resumes the watch: {:?}", api.requests());
+    let Some(SourceEvent::Changes { changes, .. }) = ev else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(
+        changes[0].1.as_ref().unwrap().frontends[0].backends[0]
+            .address
+            .to_string(),
+        "10.244.0.9"
+    );
+    let lists_after = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("list"))
+        .count();
+    assert_eq!(
+        lists_before,
+        lists_after,
+        "a dropped connection resumes the watch: {:?}",
+        api.requests()
+    );
 }
 
 #[tokio::test]
 async fn apiserver_down_reports_errors_keeps_quiet_on_the_model_and_converges_after() {
     let api = populated();
     let mut w = start(&api).await;
-    assert!(matches!(w.next_model(Duration::from_secs(10)).await.0, Some(SourceEvent::Full { .. })));
+    assert!(matches!(
+        w.next_model(Duration::from_secs(10)).await.0,
+        Some(SourceEvent::Full { .. })
+    ));
 
     api.set_down(true);
     api.apply(web_slice(&["10.244.0.7"])); // changes while nobody can see them
     let (ev, errors) = w.next_model(Duration::from_secs(3)).await;
     assert!(ev.is_none(), "no model while the apiserver is down: {ev:?}");
-    assert!(!errors.is_empty(), "the outage is reported; requests: {:?}", api.requests());
+    assert!(
+        !errors.is_empty(),
+        "the outage is reported; requests: {:?}",
+        api.requests()
+    );
 
     api.set_down(false);
     // Converges: either the resumed watch delivers the change, or a relist does.
@@ -170,7 +263,10 @@ async fn apiserver_down_reports_errors_keeps_quiet_on_the_model_and_converges_af
         let (ev, _) = w.next_model(deadline - tokio::time::Instant::now()).await;
         let web = match ev {
             Some(SourceEvent::Full { model, .. }) => model.services.get(&n("web")).cloned(),
-            Some(SourceEvent::Changes { changes, .. }) => changes.into_iter().find(|c| c.0 == n("web")).and_then(|c| c.1),
+            Some(SourceEvent::Changes { changes, .. }) => changes
+                .into_iter()
+                .find(|c| c.0 == n("web"))
+                .and_then(|c| c.1),
             _ => panic!("did not converge after the apiserver came back"),
         };
         if web.is_some_and(|s| s.frontends[0].backends[0].address.to_string() == "10.244.0.7") {

@@ -11,27 +11,44 @@ use lb_testkit::{agent::PinDir, unique};
 
 fn upsert(i: u16) -> MapOp {
     let key = SvcKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, 6, 0).with_slot(i);
-    MapOp::UpsertService(key, ServiceValue { backend_id: 100 + i as u32, ..Default::default() })
+    MapOp::UpsertService(
+        key,
+        ServiceValue {
+            backend_id: 100 + i as u32,
+            ..Default::default()
+        },
+    )
 }
 
 #[test]
 fn a_batch_that_overflows_the_map_reports_how_many_writes_landed() {
     let pins = PinDir::create(&unique("map_writes"));
     // Hash maps refuse the insert past max_entries with E2BIG.
-    let sizes = MapSizes { services: 4, ..MapSizes::default() };
+    let sizes = MapSizes {
+        services: 4,
+        ..MapSizes::default()
+    };
     let (_ebpf, _) = datapath::load(&pins.path, &sizes).expect("loading");
     let mut maps = BpfMaps::open(&pins.path).unwrap();
 
     let ops: Vec<MapOp> = (0..6).map(upsert).collect();
-    let (applied, err) = maps.apply_all(&ops).expect_err("six entries cannot fit in four");
+    let (applied, err) = maps
+        .apply_all(&ops)
+        .expect_err("six entries cannot fit in four");
     assert_eq!(applied, 4, "the first four landed, in order");
     assert_eq!(err.source.raw_os_error(), Some(libc::E2BIG), "{err}");
-    assert!(err.op.contains("slot: 4"), "the error names the write that failed: {}", err.op);
+    assert!(
+        err.op.contains("slot: 4"),
+        "the error names the write that failed: {}",
+        err.op
+    );
 
     let state = maps.dump().unwrap();
     assert_eq!(state.services.len(), 4);
     for op in &ops[..4] {
-        let MapOp::UpsertService(k, v) = op else { unreachable!() };
+        let MapOp::UpsertService(k, v) = op else {
+            unreachable!()
+        };
         assert_eq!(state.services.get(k), Some(v));
     }
 }
@@ -44,7 +61,13 @@ fn consecutive_writes_to_several_maps_all_land_in_order() {
     let backend = |id: u32| {
         MapOp::UpsertBackend(
             id,
-            lb::maps::BackendEntry { address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8)), port: 8080, proto: 6, state: 0, flags: 0 },
+            lb::maps::BackendEntry {
+                address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8)),
+                port: 8080,
+                proto: 6,
+                state: 0,
+                flags: 0,
+            },
         )
     };
     // A run of backends, a run of slots, an update of an existing slot, a delete.
@@ -52,13 +75,27 @@ fn consecutive_writes_to_several_maps_all_land_in_order() {
     ops.extend((0..3).map(upsert));
     ops.push(MapOp::UpsertService(
         SvcKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, 6, 0).with_slot(1),
-        ServiceValue { backend_id: 7, ..Default::default() },
+        ServiceValue {
+            backend_id: 7,
+            ..Default::default()
+        },
     ));
-    ops.push(MapOp::DeleteService(SvcKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, 6, 0).with_slot(2)));
+    ops.push(MapOp::DeleteService(
+        SvcKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, 6, 0).with_slot(2),
+    ));
     maps.apply_all(&ops).expect("all writes");
 
     let state = maps.dump().unwrap();
     assert_eq!(state.backends.len(), 3);
-    let slot = |i: u16| state.services.get(&SvcKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, 6, 0).with_slot(i)).map(|v| v.backend_id);
-    assert_eq!((slot(0), slot(1), slot(2)), (Some(100), Some(7), None), "later writes win, the delete came last");
+    let slot = |i: u16| {
+        state
+            .services
+            .get(&SvcKey::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1)), 80, 6, 0).with_slot(i))
+            .map(|v| v.backend_id)
+    };
+    assert_eq!(
+        (slot(0), slot(1), slot(2)),
+        (Some(100), Some(7), None),
+        "later writes win, the delete came last"
+    );
 }

@@ -44,7 +44,9 @@ services:
 
 fn dataplane(test: &str) -> Dataplane {
     let mut dp = Dataplane::new(&unique(test));
-    let ctx = FileContext { nodeport_addresses: vec![NODE_IP.into()] };
+    let ctx = FileContext {
+        nodeport_addresses: vec![NODE_IP.into()],
+    };
     dp.apply(&parse_with(SERVICES, &ctx).unwrap());
     dp
 }
@@ -54,7 +56,9 @@ fn ip(s: &str) -> Ipv4Addr {
 }
 
 fn syn_to(dport: u16, sport: u16) -> Vec<u8> {
-    packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, sport, dport, SYN, b"")
+    packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, sport, dport, SYN, b"",
+    )
 }
 
 #[test]
@@ -63,40 +67,85 @@ fn nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_nat
     let (rc, out) = dp.tc_ingress(&syn_to(30001, 40000));
     assert_eq!(rc, TC_ACT_OK, "delivered by the stack");
     let v = inspect(&out);
-    assert_eq!((v.saddr, v.sport), (CLIENT_IP, 40000), "client address kept");
+    assert_eq!(
+        (v.saddr, v.sport),
+        (CLIENT_IP, 40000),
+        "client address kept"
+    );
     assert_eq!((v.daddr, v.dport), (ip("10.244.1.10"), 8080));
 
-    let reply = packets::tcp([0; 6], CLIENT_MAC, ip("10.244.1.10"), CLIENT_IP, 8080, 40000, SYN | ACK, b"");
+    let reply = packets::tcp(
+        [0; 6],
+        CLIENT_MAC,
+        ip("10.244.1.10"),
+        CLIENT_IP,
+        8080,
+        40000,
+        SYN | ACK,
+        b"",
+    );
     let (rc, out) = dp.tc_egress(&reply);
     assert_eq!(rc, TC_ACT_OK);
     let v = inspect(&out);
-    assert_eq!((v.saddr, v.sport), (NODE_IP, 30001), "reply leaves from the NodePort");
+    assert_eq!(
+        (v.saddr, v.sport),
+        (NODE_IP, 30001),
+        "reply leaves from the NodePort"
+    );
     assert_eq!((v.daddr, v.dport), (CLIENT_IP, 40000));
 }
 
 #[test]
-fn nodeport_to_a_remote_backend_in_snat_mode_is_rewritten_redirected_and_the_reply_comes_back_through_us() {
+fn nodeport_to_a_remote_backend_in_snat_mode_is_rewritten_redirected_and_the_reply_comes_back_through_us(
+) {
     let dp = dataplane("np_snat");
-    let (rc, out) = dp.tc_ingress(&packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40001, 30002, SYN, b"hello"));
+    let (rc, out) = dp.tc_ingress(&packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40001, 30002, SYN, b"hello",
+    ));
     assert_eq!(rc, TC_ACT_REDIRECT);
     let v = inspect(&out);
     assert_eq!((v.daddr, v.dport), (ip("10.244.2.10"), 8080));
-    assert_eq!(v.saddr, NODE_IP, "SNAT to the node's address on the egress device");
-    assert!((61000..=65535).contains(&v.sport), "SNAT port from the configured range: {}", v.sport);
-    assert_eq!((v.eth_dst, v.eth_src), (NODE_B_MAC, EXT0_MAC), "next hop from the FIB");
+    assert_eq!(
+        v.saddr, NODE_IP,
+        "SNAT to the node's address on the egress device"
+    );
+    assert!(
+        (61000..=65535).contains(&v.sport),
+        "SNAT port from the configured range: {}",
+        v.sport
+    );
+    assert_eq!(
+        (v.eth_dst, v.eth_src),
+        (NODE_B_MAC, EXT0_MAC),
+        "next hop from the FIB"
+    );
     assert_eq!(v.payload, b"hello");
     let snat_port = v.sport;
 
     // The backend's reply to our SNAT port goes back to the client, from the NodePort.
-    let reply = packets::tcp(NODE_B_MAC, EXT0_MAC, ip("10.244.2.10"), NODE_IP, 8080, snat_port, SYN | ACK, b"");
+    let reply = packets::tcp(
+        NODE_B_MAC,
+        EXT0_MAC,
+        ip("10.244.2.10"),
+        NODE_IP,
+        8080,
+        snat_port,
+        SYN | ACK,
+        b"",
+    );
     let (rc, out) = dp.tc_ingress(&reply);
     assert_eq!(rc, TC_ACT_REDIRECT);
     let v = inspect(&out);
-    assert_eq!((v.saddr, v.sport, v.daddr, v.dport), (NODE_IP, 30002, CLIENT_IP, 40001));
+    assert_eq!(
+        (v.saddr, v.sport, v.daddr, v.dport),
+        (NODE_IP, 30002, CLIENT_IP, 40001)
+    );
     assert_eq!(v.eth_dst, CLIENT_MAC);
 
     // Later packets of the flow reuse the same SNAT port.
-    let (_, out) = dp.tc_ingress(&packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40001, 30002, ACK, b"more"));
+    let (_, out) = dp.tc_ingress(&packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40001, 30002, ACK, b"more",
+    ));
     assert_eq!(inspect(&out).sport, snat_port);
 }
 
@@ -107,7 +156,11 @@ fn dsr_request_carries_the_service_in_an_ip_option_and_the_backend_node_answers_
     let (rc, out) = dp.tc_ingress(&syn_to(30002, 40002));
     assert_eq!(rc, TC_ACT_REDIRECT);
     let v = inspect(&out);
-    assert_eq!((v.saddr, v.sport), (CLIENT_IP, 40002), "DSR keeps the client address");
+    assert_eq!(
+        (v.saddr, v.sport),
+        (CLIENT_IP, 40002),
+        "DSR keeps the client address"
+    );
     assert_eq!((v.daddr, v.dport), (ip("10.244.2.10"), 8080));
     let mut opt = vec![DSR_OPT_TYPE, DSR_OPT_LEN];
     opt.extend_from_slice(&30002u16.to_be_bytes());
@@ -120,16 +173,33 @@ fn dsr_request_carries_the_service_in_an_ip_option_and_the_backend_node_answers_
     assert_eq!(rc, TC_ACT_OK, "delivered to the local pod");
     let s = inspect(&stripped);
     assert!(s.options.is_empty());
-    assert_eq!((s.saddr, s.daddr, s.dport), (CLIENT_IP, ip("10.244.2.10"), 8080));
+    assert_eq!(
+        (s.saddr, s.daddr, s.dport),
+        (CLIENT_IP, ip("10.244.2.10"), 8080)
+    );
     // ...and the pod's reply leaves from the service address, straight to the client.
-    let reply = packets::tcp([0; 6], CLIENT_MAC, ip("10.244.2.10"), CLIENT_IP, 8080, 40002, SYN | ACK, b"");
+    let reply = packets::tcp(
+        [0; 6],
+        CLIENT_MAC,
+        ip("10.244.2.10"),
+        CLIENT_IP,
+        8080,
+        40002,
+        SYN | ACK,
+        b"",
+    );
     let (rc, out) = dp.tc_egress(&reply);
     assert_eq!(rc, TC_ACT_OK);
     let r = inspect(&out);
-    assert_eq!((r.saddr, r.sport, r.daddr, r.dport), (NODE_IP, 30002, CLIENT_IP, 40002));
+    assert_eq!(
+        (r.saddr, r.sport, r.daddr, r.dport),
+        (NODE_IP, 30002, CLIENT_IP, 40002)
+    );
 
     // Only the SYN carries the option; the rest of the flow follows conntrack.
-    let (_, out) = dp.tc_ingress(&packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40002, 30002, ACK, b"x"));
+    let (_, out) = dp.tc_ingress(&packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40002, 30002, ACK, b"x",
+    ));
     assert!(inspect(&out).options.is_empty());
 }
 
@@ -141,11 +211,23 @@ fn hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp() {
     let v = inspect(&out);
     assert_eq!(v.saddr, CLIENT_IP);
     assert_eq!(v.options.len(), 8, "TCP: DSR");
-    let dns = packets::udp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, ip("203.0.113.10"), 5000, 53, b"query");
+    let dns = packets::udp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("203.0.113.10"),
+        5000,
+        53,
+        b"query",
+    );
     let (rc, out) = dp.tc_ingress(&dns);
     assert_eq!(rc, TC_ACT_REDIRECT);
     let v = inspect(&out);
-    assert_eq!((v.saddr, v.daddr, v.dport), (NODE_IP, ip("10.244.2.20"), 5353), "UDP: SNAT");
+    assert_eq!(
+        (v.saddr, v.daddr, v.dport),
+        (NODE_IP, ip("10.244.2.20"), 5353),
+        "UDP: SNAT"
+    );
     assert!(v.options.is_empty());
     assert_eq!(v.payload, b"query");
 }
@@ -165,8 +247,26 @@ fn service_without_backends_drops_and_counts_the_reason() {
 fn traffic_that_is_not_for_a_service_passes_untouched() {
     let dp = dataplane("np_passthrough");
     let ssh = syn_to(22, 40005);
-    let cluster_ip = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, ip("10.96.0.2"), 40005, 80, SYN, b"");
-    let unknown_vip_port = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, ip("203.0.113.20"), 40005, 81, SYN, b"");
+    let cluster_ip = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("10.96.0.2"),
+        40005,
+        80,
+        SYN,
+        b"",
+    );
+    let unknown_vip_port = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("203.0.113.20"),
+        40005,
+        81,
+        SYN,
+        b"",
+    );
     let mut arp = vec![0xffu8; 6];
     arp.extend_from_slice(&CLIENT_MAC);
     arp.extend_from_slice(&[0x08, 0x06]);
@@ -239,11 +339,18 @@ fn xdp_forwards_snat_and_local_flows_and_punts_what_needs_tc() {
     let (rc, out) = dp.xdp(&syn_to(30002, 40008));
     assert_eq!(rc, XDP_TX, "out of the device it came in on");
     let v = inspect(&out);
-    assert_eq!((v.saddr, v.daddr, v.dport), (NODE_IP, ip("10.244.2.10"), 8080));
+    assert_eq!(
+        (v.saddr, v.daddr, v.dport),
+        (NODE_IP, ip("10.244.2.10"), 8080)
+    );
     assert_eq!(v.eth_dst, NODE_B_MAC);
     let (rc, out) = dp.xdp(&syn_to(30001, 40008));
     assert_eq!(rc, XDP_PASS);
-    assert_eq!(inspect(&out).daddr, ip("10.244.1.10"), "local backend: DNAT, the stack delivers");
+    assert_eq!(
+        inspect(&out).daddr,
+        ip("10.244.1.10"),
+        "local backend: DNAT, the stack delivers"
+    );
     // DSR needs an IP option XDP does not insert: untouched, for tc.
     dp.config(CFG_LB_MODE, MODE_DSR);
     let syn = syn_to(30002, 40009);
@@ -258,7 +365,9 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     let mut dp = dataplane("np_maglev");
     let vip = ip("203.0.113.20");
     let send = |dp: &Dataplane, sport: u16, flags: u8| {
-        let (rc, out) = dp.tc_ingress(&packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, sport, 80, flags, b""));
+        let (rc, out) = dp.tc_ingress(&packets::tcp(
+            CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, sport, 80, flags, b"",
+        ));
         assert_eq!(rc, TC_ACT_REDIRECT);
         inspect(&out).daddr
     };
@@ -270,7 +379,14 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     assert_eq!(seen.len(), 3, "{seen:?}");
     // Each flow's backend is what the flow hash selects in the table the agent built.
     let first = send(&dp, 42000, SYN);
-    let svc_id = dp.reconciler.state().frontends().find(|(k, _)| k.address == std::net::IpAddr::V4(vip)).unwrap().1.service_id;
+    let svc_id = dp
+        .reconciler
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == std::net::IpAddr::V4(vip))
+        .unwrap()
+        .1
+        .service_id;
     let table = dp.reconciler.state().maglev[&svc_id].clone();
     let slot = flow_hash(
         u32::from_ne_bytes(CLIENT_IP.octets()),
@@ -283,14 +399,25 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     assert_eq!(std::net::IpAddr::V4(first), expected);
 
     // The table changes (a fourth backend): the established flow stays put.
-    let ctx = FileContext { nodeport_addresses: vec![NODE_IP.into()] };
-    let more = SERVICES.replace("{address: 10.244.2.33}]", "{address: 10.244.2.33}, {address: 10.244.2.34}]");
+    let ctx = FileContext {
+        nodeport_addresses: vec![NODE_IP.into()],
+    };
+    let more = SERVICES.replace(
+        "{address: 10.244.2.33}]",
+        "{address: 10.244.2.33}, {address: 10.244.2.34}]",
+    );
     dp.apply(&parse_with(&more, &ctx).unwrap());
     for _ in 0..5 {
-        assert_eq!(send(&dp, 42000, ACK), first, "conntrack wins over the new table");
+        assert_eq!(
+            send(&dp, 42000, ACK),
+            first,
+            "conntrack wins over the new table"
+        );
     }
     // When its backend leaves, the flow moves (FIN-less: the next packet re-selects).
-    let gone = SERVICES.replace(&format!("{{address: {first}}}, "), "").replace(&format!(", {{address: {first}}}"), "");
+    let gone = SERVICES
+        .replace(&format!("{{address: {first}}}, "), "")
+        .replace(&format!(", {{address: {first}}}"), "");
     assert_ne!(gone, SERVICES);
     dp.apply(&parse_with(&gone, &ctx).unwrap());
     assert_ne!(send(&dp, 42000, ACK), first);

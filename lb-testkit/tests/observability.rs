@@ -9,7 +9,10 @@ use lb_testkit::{agent::Agent, sibling_bin, topology::Topology, world::World};
 const VIP: &str = "10.96.0.10";
 
 fn services(backends: &[usize]) -> String {
-    let list: Vec<String> = backends.iter().map(|i| format!("{{address: {}}}", Topology::backend_ip(*i))).collect();
+    let list: Vec<String> = backends
+        .iter()
+        .map(|i| format!("{{address: {}}}", Topology::backend_ip(*i)))
+        .collect();
     format!(
         "services:\n  - name: web\n    clusterIPs: [{VIP}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{}]\n  - name: empty\n    clusterIPs: [10.96.0.99]\n    ports: [{{port: 80}}]\n",
         list.join(", ")
@@ -26,7 +29,10 @@ fn parse_metrics(body: &str) -> prometheus_parse::Scrape {
         };
         assert!(ok, "not valid exposition text: {line:?}");
     }
-    assert!(body.trim_end().ends_with("# EOF"), "OpenMetrics text must end with # EOF");
+    assert!(
+        body.trim_end().ends_with("# EOF"),
+        "OpenMetrics text must end with # EOF"
+    );
     prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parse")
 }
 
@@ -36,7 +42,9 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]
         .iter()
         .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
         .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
             _ => f64::NAN,
         })
 }
@@ -69,9 +77,27 @@ fn each_drop_reason_is_counted_streamed_by_monitor_and_exported_as_metric() {
     let (code, body) = agent.http_get("/metrics");
     assert_eq!(code, 200);
     let scrape = parse_metrics(&body);
-    assert_eq!(sample(&scrape, "lb_drops_total", &[("reason", "no-backend"), ("direction", "egress")]), Some(1.0), "{body}");
-    assert_eq!(sample(&scrape, "lb_drops_total", &[("reason", "no-service-port"), ("direction", "egress")]), Some(1.0));
-    assert_eq!(sample(&scrape, "lb_events_total", &[("result", "sent")]), Some(2.0));
+    assert_eq!(
+        sample(
+            &scrape,
+            "lb_drops_total",
+            &[("reason", "no-backend"), ("direction", "egress")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            "lb_drops_total",
+            &[("reason", "no-service-port"), ("direction", "egress")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&scrape, "lb_events_total", &[("result", "sent")]),
+        Some(2.0)
+    );
 }
 
 #[test]
@@ -84,14 +110,22 @@ fn monitor_trace_shows_translations_and_switches_tracing_off_afterwards() {
     assert_eq!(config(&agent)["trace"], "off");
 
     let monitor = agent.monitor(&["--type", "trace", "--count", "1"]);
-    assert_eq!(config(&agent)["trace"], "on", "tracing on while a trace monitor runs");
+    assert_eq!(
+        config(&agent)["trace"],
+        "on",
+        "tracing on while a trace monitor runs"
+    );
     assert!(w.probe("tcp", &format!("{VIP}:80"), 1)[0].ok);
     let events = monitor.events(Duration::from_secs(10));
     assert_eq!(events[0]["type"], "trace");
     assert_eq!(events[0]["destination"], "10.96.0.10:80");
     assert_eq!(events[0]["translated"], "10.250.0.11:8080");
     assert!(events[0]["backend_id"].as_u64().unwrap() > 0);
-    assert_eq!(config(&agent)["trace"], "off", "tracing back off after the monitor exits");
+    assert_eq!(
+        config(&agent)["trace"],
+        "off",
+        "tracing back off after the monitor exits"
+    );
 }
 
 #[test]
@@ -106,31 +140,62 @@ fn metrics_endpoint_is_valid_exposition_with_reconcile_map_fill_and_healthz() {
     assert_eq!(sample(&scrape, "lb_frontends", &[]), Some(2.0));
     assert_eq!(sample(&scrape, "lb_backends", &[]), Some(2.0));
     // 2 masters + 2 slots + 1 VIP marker per distinct ClusterIP (2).
-    assert_eq!(sample(&scrape, "lb_map_entries", &[("map", "LB4_SERVICES")]), Some(6.0));
-    assert_eq!(sample(&scrape, "lb_map_capacity", &[("map", "LB4_SERVICES")]), Some(65536.0));
-    assert_eq!(sample(&scrape, "lb_reconciles_total", &[("result", "ok")]), Some(1.0));
-    assert!(body.contains("lb_reconcile_duration_seconds_count 1"), "{body}");
-    assert!(body.contains("lb_propagation_delay_seconds_bucket"), "{body}");
+    assert_eq!(
+        sample(&scrape, "lb_map_entries", &[("map", "LB4_SERVICES")]),
+        Some(6.0)
+    );
+    assert_eq!(
+        sample(&scrape, "lb_map_capacity", &[("map", "LB4_SERVICES")]),
+        Some(65536.0)
+    );
+    assert_eq!(
+        sample(&scrape, "lb_reconciles_total", &[("result", "ok")]),
+        Some(1.0)
+    );
+    assert!(
+        body.contains("lb_reconcile_duration_seconds_count 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("lb_propagation_delay_seconds_bucket"),
+        "{body}"
+    );
 
     // A change observed by the file watcher shows up as a propagation delay.
     w.write_services(&services(&[0]));
     assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)));
     let (_, body) = agent.http_get("/metrics");
-    assert!(body.contains("lb_propagation_delay_seconds_count 2"), "{body}");
+    assert!(
+        body.contains("lb_propagation_delay_seconds_count 2"),
+        "{body}"
+    );
 
     // An invalid file is counted as a source error; healthz stays ok (the maps are good).
     w.write_services("services: [{name: x, clusterIPs: [nope], ports: [{port: 80}]}]");
     assert!(agent.wait_for_log("keeping the last good state", 1, Duration::from_secs(10)));
     let (_, body) = agent.http_get("/metrics");
     let scrape = parse_metrics(&body);
-    assert_eq!(sample(&scrape, "lb_source_errors_total", &[("source", "file"), ("reason", "invalid")]), Some(1.0));
+    assert_eq!(
+        sample(
+            &scrape,
+            "lb_source_errors_total",
+            &[("source", "file"), ("reason", "invalid")]
+        ),
+        Some(1.0)
+    );
 
     let (code, body) = agent.http_get("/healthz");
     assert_eq!(code, 200, "{body}");
     let health: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(health["status"], "ok");
     assert!(health["lastUpdated"].as_str().unwrap().ends_with('Z'));
-    assert!(health["lastError"].as_str().unwrap().contains("clusterIPs[0]"), "{health}");
+    assert!(
+        health["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("clusterIPs[0]"),
+        "{health}"
+    );
 }
 
 #[test]
@@ -140,13 +205,24 @@ fn lbctl_status_reports_a_missing_pin_directory_clearly() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "status must fail when nothing is installed");
+    assert!(
+        !out.status.success(),
+        "status must fail when nothing is installed"
+    );
     assert!(text.contains("datapath   MISSING"), "{text}");
-    assert!(text.contains("nothing pinned at /sys/fs/bpf/lbtest-does-not-exist"), "{text}");
+    assert!(
+        text.contains("nothing pinned at /sys/fs/bpf/lbtest-does-not-exist"),
+        "{text}"
+    );
     assert!(text.contains("cgroup2    ok"), "{text}");
 
     let out = Command::new(sibling_bin("lbctl"))
-        .args(["service", "list", "--pin-dir", "/sys/fs/bpf/lbtest-does-not-exist"])
+        .args([
+            "service",
+            "list",
+            "--pin-dir",
+            "/sys/fs/bpf/lbtest-does-not-exist",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -164,10 +240,19 @@ fn lbctl_refuses_to_run_without_root_with_a_clear_error() {
     let copy = dir.join("lbctl");
     std::fs::copy(sibling_bin("lbctl"), &copy).unwrap();
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = Command::new(&copy).args(["service", "list"]).uid(65534).gid(65534).output().unwrap();
+    let out = Command::new(&copy)
+        .args(["service", "list"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs root"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs root"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -180,14 +265,20 @@ fn lbctl_status_service_get_and_backend_list_describe_a_running_install() {
     assert_eq!(hooks.len(), 8);
     for h in hooks {
         assert_eq!(h["attached"], true, "{h}");
-        assert_eq!(h["cgroup"].as_str().unwrap(), w.cgroup.path.to_str().unwrap());
+        assert_eq!(
+            h["cgroup"].as_str().unwrap(),
+            w.cgroup.path.to_str().unwrap()
+        );
     }
     let maps = status["maps"].as_array().unwrap();
     let services = maps.iter().find(|m| m["map"] == "LB4_SERVICES").unwrap();
     assert_eq!(services["entries"], 6);
 
     let one = agent.lbctl(&["service", "get", "10.96.0.10:80/TCP"]);
-    assert!(one.contains("10.96.0.10:80/TCP") && !one.contains("10.96.0.99"), "{one}");
+    assert!(
+        one.contains("10.96.0.10:80/TCP") && !one.contains("10.96.0.99"),
+        "{one}"
+    );
     let by_id = agent.lbctl_json(&["service", "get", "1"]);
     assert_eq!(by_id.as_array().unwrap().len(), 1);
     let backends = agent.lbctl_json(&["backend", "list"]);
@@ -203,7 +294,10 @@ fn bpf_log_level_changes_at_run_time_and_debug_records_reach_the_agent_log() {
     let mut agent = w.start_agent();
     assert!(w.probe("tcp", &format!("{VIP}:80"), 1)[0].ok);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!agent.log_text().contains("-> backend"), "debug logs are off by default");
+    assert!(
+        !agent.log_text().contains("-> backend"),
+        "debug logs are off by default"
+    );
 
     agent.lbctl(&["config", "set", "bpf-log-level", "debug"]);
     assert!(w.probe("tcp", &format!("{VIP}:80"), 1)[0].ok);

@@ -6,7 +6,10 @@ use std::{collections::BTreeSet, time::Duration};
 use lb_testkit::{probe, topology::Topology, world::World};
 
 fn yaml(backends: &[usize], timeout: u32) -> String {
-    let list: Vec<String> = backends.iter().map(|i| format!("{{address: {}}}", Topology::backend_ip(*i))).collect();
+    let list: Vec<String> = backends
+        .iter()
+        .map(|i| format!("{{address: {}}}", Topology::backend_ip(*i)))
+        .collect();
     format!(
         "services:\n  - name: web\n    clusterIPs: [10.96.0.10]\n    ports: [{{port: 80, targetPort: 8080}}]\n    sessionAffinity: ClientIP\n    sessionAffinityTimeoutSeconds: {timeout}\n    backends: [{}]\n",
         list.join(", ")
@@ -43,7 +46,10 @@ fn each_client_namespace_sticks_to_one_backend_and_moves_when_it_leaves() {
         assert_eq!(got.len(), 1, "{got:?}");
         seen.extend(got);
     }
-    assert!(seen.len() >= 2, "affinity must not pin every client to one backend: {seen:?}");
+    assert!(
+        seen.len() >= 2,
+        "affinity must not pin every client to one backend: {seen:?}"
+    );
 
     // The sticky backend leaves the service: the client moves and sticks again.
     let sticky: usize = first.iter().next().unwrap()[1..].parse::<usize>().unwrap() - 1;
@@ -52,7 +58,10 @@ fn each_client_namespace_sticks_to_one_backend_and_moves_when_it_leaves() {
     assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)));
     let after = served(&w, &client, 30);
     assert_eq!(after.len(), 1, "{after:?}");
-    assert!(!after.contains(first.iter().next().unwrap()), "still sent to the removed backend: {after:?}");
+    assert!(
+        !after.contains(first.iter().next().unwrap()),
+        "still sent to the removed backend: {after:?}"
+    );
 }
 
 #[test]

@@ -15,8 +15,10 @@ const VIP: &str = "10.96.0.10";
 
 /// A ClusterIP service on VIP:80 → backends (by index) on port 8080.
 fn service_yaml(backends: &[usize], extra: &str) -> String {
-    let list: Vec<String> =
-        backends.iter().map(|i| format!("{{address: {}}}", Topology::backend_ip(*i))).collect();
+    let list: Vec<String> = backends
+        .iter()
+        .map(|i| format!("{{address: {}}}", Topology::backend_ip(*i)))
+        .collect();
     format!(
         "services:\n  - name: web\n    clusterIPs: [{VIP}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{}]\n{extra}",
         list.join(", ")
@@ -45,7 +47,12 @@ fn tcp_connect_to_vip_reaches_backend_in_other_netns_and_backend_sees_client_add
         assert_eq!(a.backend(), Some("b1"));
         // No SNAT: the backend saw the client's own address and port.
         assert_eq!(a.seen_client(), a.local.as_deref(), "{a:?}");
-        assert!(a.seen_client().unwrap().starts_with(&format!("{CLIENT_IP}:")), "{a:?}");
+        assert!(
+            a.seen_client()
+                .unwrap()
+                .starts_with(&format!("{CLIENT_IP}:")),
+            "{a:?}"
+        );
         // getpeername() on the client still shows the service address.
         assert_eq!(a.peer.as_deref(), Some("10.96.0.10:80"));
     }
@@ -62,9 +69,15 @@ fn tcp_connects_spread_uniformly_over_three_backends_chi_square_p001() {
     let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), n));
     assert_eq!(counts.len(), 3, "every backend must be chosen: {counts:?}");
     let expected = n as f64 / 3.0;
-    let chi2: f64 = counts.values().map(|&c| (c as f64 - expected).powi(2) / expected).sum();
+    let chi2: f64 = counts
+        .values()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum();
     // Critical value of chi-square with 2 degrees of freedom at p = 0.001.
-    assert!(chi2 < 13.816, "distribution {counts:?} is not uniform (chi2 = {chi2:.2})");
+    assert!(
+        chi2 < 13.816,
+        "distribution {counts:?} is not uniform (chi2 = {chi2:.2})"
+    );
 }
 
 #[test]
@@ -75,17 +88,37 @@ fn removing_a_backend_stops_new_connections_to_it_and_adding_one_starts_them() {
     let mut agent = w.start_agent();
 
     let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), 200));
-    assert_eq!(counts.keys().collect::<Vec<_>>(), ["b1", "b2"], "{counts:?}");
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["b1", "b2"],
+        "{counts:?}"
+    );
 
     w.write_services(&service_yaml(&[1], ""));
-    assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)), "{}", agent.log_text());
+    assert!(
+        agent.wait_for_log("reconciled", 2, Duration::from_secs(10)),
+        "{}",
+        agent.log_text()
+    );
     let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), 200));
-    assert_eq!(counts.keys().collect::<Vec<_>>(), ["b2"], "removed b1 still chosen: {counts:?}");
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["b2"],
+        "removed b1 still chosen: {counts:?}"
+    );
 
     w.write_services(&service_yaml(&[1, 2], ""));
-    assert!(agent.wait_for_log("reconciled", 3, Duration::from_secs(10)), "{}", agent.log_text());
+    assert!(
+        agent.wait_for_log("reconciled", 3, Duration::from_secs(10)),
+        "{}",
+        agent.log_text()
+    );
     let counts = count_backends(&w.probe("tcp", &format!("{VIP}:80"), 200));
-    assert_eq!(counts.keys().collect::<Vec<_>>(), ["b2", "b3"], "added b3 not chosen: {counts:?}");
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["b2", "b3"],
+        "added b3 not chosen: {counts:?}"
+    );
 }
 
 #[test]
@@ -108,7 +141,10 @@ fn service_without_backends_refuses_connect_with_econnrefused_and_counts_drop() 
     assert_eq!(agent.drops("no-service-port"), 2);
     // UDP to a service without backends: sendto() fails the same way.
     let mut yaml = service_yaml(&[], "");
-    yaml = yaml.replace("[{port: 80, targetPort: 8080}]", "[{port: 80, targetPort: 8080}, {port: 53, protocol: UDP}]");
+    yaml = yaml.replace(
+        "[{port: 80, targetPort: 8080}]",
+        "[{port: 80, targetPort: 8080}, {port: 53, protocol: UDP}]",
+    );
     w.write_services(&yaml);
     let mut agent = agent;
     assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)));
@@ -144,10 +180,19 @@ fn unconnected_udp_reply_source_is_the_vip() {
         // No SNAT: the backend saw the client's address (the unconnected
         // socket itself is bound to 0.0.0.0, so compare address and port apart).
         let port = a.local.as_deref().unwrap().rsplit(':').next().unwrap();
-        assert_eq!(a.seen_client(), Some(format!("{CLIENT_IP}:{port}").as_str()), "{a:?}");
+        assert_eq!(
+            a.seen_client(),
+            Some(format!("{CLIENT_IP}:{port}").as_str()),
+            "{a:?}"
+        );
     }
-    let names: std::collections::BTreeSet<_> = attempts.iter().filter_map(|a| a.backend()).collect();
-    assert_eq!(names.len(), 2, "both UDP backends used over 20 sockets: {names:?}");
+    let names: std::collections::BTreeSet<_> =
+        attempts.iter().filter_map(|a| a.backend()).collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "both UDP backends used over 20 sockets: {names:?}"
+    );
 }
 
 #[test]
@@ -170,7 +215,10 @@ fn agent_sigkill_keeps_connects_working_and_restart_stacks_no_second_program() {
 
     agent.kill();
     let attempts = w.probe("tcp", &format!("{VIP}:80"), 200);
-    assert!(attempts.iter().all(|a| a.ok), "connects failed with the agent dead");
+    assert!(
+        attempts.iter().all(|a| a.ok),
+        "connects failed with the agent dead"
+    );
 
     agent.restart();
     // Exactly one program per hook on the cgroup: the restart swapped the
@@ -178,11 +226,22 @@ fn agent_sigkill_keeps_connects_working_and_restart_stacks_no_second_program() {
     for (hook, progs) in lb::datapath::attached_programs(&w.cgroup.path).unwrap() {
         assert_eq!(progs.len(), 1, "hook {hook} has programs {progs:?}");
     }
-    assert!(agent.log_text().contains("action=Updated"), "{}", agent.log_text());
+    assert!(
+        agent.log_text().contains("action=Updated"),
+        "{}",
+        agent.log_text()
+    );
     // Same entries (ids, slots) and not one write on restart.
     assert_eq!(agent.lbctl_json(&["service", "list"]), before);
-    assert!(agent.log_text().contains("writes=0"), "{}", agent.log_text());
-    assert!(w.probe("tcp", &format!("{VIP}:80"), 50).iter().all(|a| a.ok));
+    assert!(
+        agent.log_text().contains("writes=0"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(w
+        .probe("tcp", &format!("{VIP}:80"), 50)
+        .iter()
+        .all(|a| a.ok));
 }
 
 #[test]
@@ -232,11 +291,23 @@ fn host_namespace_only_translates_host_sockets_and_leaves_pods_alone() {
     w.write_services(&service_yaml(&[0], ""));
     // The agent runs in the client namespace, which thereby is the "host".
     let host = w.topo.client.name.clone();
-    let agent = Agent::start_in_netns(&host, &w.services, &w.cgroup.path, &w.pins.path, &["--socket-lb-host-namespace-only"]);
-    assert_eq!(agent.lbctl_json(&["config", "get"])["host-namespace-only"], "on");
+    let agent = Agent::start_in_netns(
+        &host,
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--socket-lb-host-namespace-only"],
+    );
+    assert_eq!(
+        agent.lbctl_json(&["config", "get"])["host-namespace-only"],
+        "on"
+    );
 
     for a in lb_testkit::probe::run(&w.cgroup.path, &host, "tcp", &format!("{VIP}:80"), 3) {
-        assert!(a.ok && a.backend() == Some("b1"), "host sockets are translated: {a:?}");
+        assert!(
+            a.ok && a.backend() == Some("b1"),
+            "host sockets are translated: {a:?}"
+        );
     }
     // A "pod" in another namespace keeps the service address: its connect is
     // not translated, so it hits the blackhole route for the service range.

@@ -13,7 +13,12 @@ const VIP6: &str = "fd00:96::10";
 fn dual_stack_yaml(backends: &[usize], proto: &str, target: u16) -> String {
     let list: Vec<String> = backends
         .iter()
-        .flat_map(|i| [format!("{{address: '{}'}}", Topology::backend_ip6(*i)), format!("{{address: {}}}", Topology::backend_ip(*i))])
+        .flat_map(|i| {
+            [
+                format!("{{address: '{}'}}", Topology::backend_ip6(*i)),
+                format!("{{address: {}}}", Topology::backend_ip(*i)),
+            ]
+        })
         .collect();
     format!(
         "services:\n  - name: web\n    clusterIPs: ['{VIP6}', 10.96.0.10]\n    ports: [{{port: 80, protocol: {proto}, targetPort: {target}}}]\n    backends: [{}]\n",
@@ -33,8 +38,17 @@ fn tcp6_connect_to_ipv6_vip_reaches_ipv6_backends_with_client_address_kept() {
     for a in &attempts {
         assert!(a.ok, "{a:?}");
         seen.insert(a.backend().unwrap().to_string());
-        assert_eq!(a.peer.as_deref(), Some("[fd00:96::10]:80"), "getpeername6: {a:?}");
-        assert!(a.seen_client().unwrap().starts_with(&format!("[{CLIENT_IP6}]:")), "no SNAT: {a:?}");
+        assert_eq!(
+            a.peer.as_deref(),
+            Some("[fd00:96::10]:80"),
+            "getpeername6: {a:?}"
+        );
+        assert!(
+            a.seen_client()
+                .unwrap()
+                .starts_with(&format!("[{CLIENT_IP6}]:")),
+            "no SNAT: {a:?}"
+        );
     }
     assert_eq!(seen.len(), 2, "both IPv6 backends used: {seen:?}");
 }
@@ -48,11 +62,19 @@ fn udp6_unconnected_reply_source_is_the_ipv6_vip_and_connected_getpeername_too()
 
     for a in w.probe("udp", &format!("[{VIP6}]:80"), 10) {
         assert!(a.ok, "{a:?}");
-        assert_eq!(a.reply_from.as_deref(), Some("[fd00:96::10]:80"), "recvmsg6: {a:?}");
+        assert_eq!(
+            a.reply_from.as_deref(),
+            Some("[fd00:96::10]:80"),
+            "recvmsg6: {a:?}"
+        );
     }
     for a in w.probe("udp-connected", &format!("[{VIP6}]:80"), 5) {
         assert!(a.ok, "{a:?}");
-        assert_eq!(a.peer.as_deref(), Some("[fd00:96::10]:80"), "getpeername6: {a:?}");
+        assert_eq!(
+            a.peer.as_deref(),
+            Some("[fd00:96::10]:80"),
+            "getpeername6: {a:?}"
+        );
     }
 }
 
@@ -69,7 +91,12 @@ fn dual_stack_socket_dialing_v4_mapped_vip_is_translated_through_ipv4_maps() {
         assert!(a.ok, "{a:?}");
         assert_eq!(a.backend(), Some("b1"));
         assert_eq!(a.peer.as_deref(), Some("[::ffff:10.96.0.10]:80"), "{a:?}");
-        assert!(a.seen_client().unwrap().starts_with(&format!("{CLIENT_IP}:")), "{a:?}");
+        assert!(
+            a.seen_client()
+                .unwrap()
+                .starts_with(&format!("{CLIENT_IP}:")),
+            "{a:?}"
+        );
     }
 }
 

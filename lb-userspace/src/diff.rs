@@ -107,7 +107,11 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         }
     }
 
-    let mut gone: Vec<SvcKey> = replaced.iter().filter(|k| !new_keys.contains(k)).copied().collect();
+    let mut gone: Vec<SvcKey> = replaced
+        .iter()
+        .filter(|k| !new_keys.contains(k))
+        .copied()
+        .collect();
     gone.sort_unstable();
     for key in &gone {
         remove_frontend(current, key, &mut removals, &mut d);
@@ -143,7 +147,12 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
         remove_frontend(current, key, &mut ops, &mut d);
     }
 
-    let total = |k: &SvcKey| current.services.get(k).map_or(0, |m| m.count as usize + m.terminating_count as usize);
+    let total = |k: &SvcKey| {
+        current
+            .services
+            .get(k)
+            .map_or(0, |m| m.count as usize + m.terminating_count as usize)
+    };
     let mut strays: Vec<(SvcKey, u32)> = current
         .services
         .iter()
@@ -161,8 +170,16 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
         *d.backend_refs.entry(backend_id).or_default() -= 1;
     }
 
-    let live: HashSet<u32> = current.frontends().filter(|(k, _)| !unowned.contains(k)).map(|(_, v)| v.service_id).collect();
-    let removed: HashSet<u32> = gone.iter().filter_map(|k| current.services.get(k)).map(|m| m.service_id).collect();
+    let live: HashSet<u32> = current
+        .frontends()
+        .filter(|(k, _)| !unowned.contains(k))
+        .map(|(_, v)| v.service_id)
+        .collect();
+    let removed: HashSet<u32> = gone
+        .iter()
+        .filter_map(|k| current.services.get(k))
+        .map(|m| m.service_id)
+        .collect();
     let mut orphans: Vec<(u32, u32)> = current
         .affinity
         .iter()
@@ -170,18 +187,45 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
         .flat_map(|(id, set)| set.iter().map(move |b| (*id, *b)))
         .collect();
     orphans.sort_unstable();
-    ops.extend(orphans.into_iter().map(|(id, b)| MapOp::DeleteAffinityMatch(id, b)));
-    let mut tables: Vec<u32> = current.maglev.keys().filter(|id| !live.contains(id) && !removed.contains(id)).copied().collect();
+    ops.extend(
+        orphans
+            .into_iter()
+            .map(|(id, b)| MapOp::DeleteAffinityMatch(id, b)),
+    );
+    let mut tables: Vec<u32> = current
+        .maglev
+        .keys()
+        .filter(|id| !live.contains(id) && !removed.contains(id))
+        .copied()
+        .collect();
     tables.sort_unstable();
     ops.extend(tables.into_iter().map(MapOp::DeleteMaglev));
-    let mut stale: Vec<u32> =
-        current.revnat.keys().filter(|id| !live.contains(id) && !removed.contains(id)).copied().collect();
+    let mut stale: Vec<u32> = current
+        .revnat
+        .keys()
+        .filter(|id| !live.contains(id) && !removed.contains(id))
+        .copied()
+        .collect();
     stale.sort_unstable();
-    ops.extend(stale.into_iter().map(|id| MapOp::DeleteRevNat(id, Family::of(&current.revnat[&id].address))));
+    ops.extend(
+        stale
+            .into_iter()
+            .map(|id| MapOp::DeleteRevNat(id, Family::of(&current.revnat[&id].address))),
+    );
 
     // Every address that has or needs a marker.
-    let mut addresses: Vec<IpAddr> = current.services.iter().filter(|(k, v)| is_marker(k, v)).map(|(k, _)| k.address).collect();
-    addresses.extend(current.frontends().filter(|(_, v)| v.flags & SVC_FLAG_CLUSTER_IP != 0).map(|(k, _)| k.address));
+    let mut addresses: Vec<IpAddr> = current
+        .services
+        .iter()
+        .filter(|(k, v)| is_marker(k, v))
+        .map(|(k, _)| k.address)
+        .collect();
+    addresses.extend(
+        current
+            .frontends()
+            .filter(|(_, v)| v.flags & SVC_FLAG_CLUSTER_IP != 0)
+            .map(|(k, _)| k.address),
+    );
     let (add_markers, del_markers) = markers(current, &d, &addresses);
     let all_backends: Vec<u32> = current.backends.keys().copied().collect();
     let del_backends = unreferenced_backends(current, &d, &Desired::default(), &all_backends);
@@ -197,7 +241,12 @@ fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &m
     let Some(master) = current.services.get(key) else {
         return;
     };
-    for b in current.affinity.get(&master.service_id).into_iter().flatten() {
+    for b in current
+        .affinity
+        .get(&master.service_id)
+        .into_iter()
+        .flatten()
+    {
         out.push(MapOp::DeleteAffinityMatch(master.service_id, *b));
     }
     out.push(MapOp::DeleteService(*key));
@@ -227,12 +276,16 @@ fn markers(current: &MapState, d: &Deltas, addresses: &[IpAddr]) -> (Vec<MapOp>,
     let mut add = Vec::new();
     let mut del = Vec::new();
     for address in addresses {
-        let users = current.vip_refs(address) as i64 + d.vip_users.get(&address).copied().unwrap_or(0);
+        let users =
+            current.vip_refs(address) as i64 + d.vip_users.get(&address).copied().unwrap_or(0);
         let has = current.has_marker(address);
         if users > 0 && !has {
             add.push(MapOp::UpsertService(
                 vip_marker_key(address),
-                ServiceValue { flags: SVC_FLAG_VIP_MARKER, ..Default::default() },
+                ServiceValue {
+                    flags: SVC_FLAG_VIP_MARKER,
+                    ..Default::default()
+                },
             ));
         } else if users <= 0 && has {
             del.push(MapOp::DeleteService(vip_marker_key(address)));
@@ -242,13 +295,19 @@ fn markers(current: &MapState, d: &Deltas, addresses: &[IpAddr]) -> (Vec<MapOp>,
 }
 
 /// Backends among `candidates` that no slot names after the change.
-fn unreferenced_backends(current: &MapState, d: &Deltas, desired: &Desired, candidates: &[u32]) -> Vec<MapOp> {
+fn unreferenced_backends(
+    current: &MapState,
+    d: &Deltas,
+    desired: &Desired,
+    candidates: &[u32],
+) -> Vec<MapOp> {
     let mut ids = candidates.to_vec();
     ids.sort_unstable();
     ids.dedup();
     ids.into_iter()
         .filter(|id| {
-            let refs = current.backend_refs(*id) as i64 + d.backend_refs.get(id).copied().unwrap_or(0);
+            let refs =
+                current.backend_refs(*id) as i64 + d.backend_refs.get(id).copied().unwrap_or(0);
             refs <= 0 && current.backends.contains_key(id) && !desired.backends.contains_key(id)
         })
         .map(|id| MapOp::DeleteBackend(id, Family::of(&current.backends[&id].address)))

@@ -34,7 +34,12 @@ pub enum ServiceError {
         "{map} would need {needed} entries but holds at most {max}: raise {flag} or remove services; \
          nothing of this service was changed"
     )]
-    Capacity { map: &'static str, needed: usize, max: u32, flag: &'static str },
+    Capacity {
+        map: &'static str,
+        needed: usize,
+        max: u32,
+        flag: &'static str,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +151,13 @@ impl<M: LbMaps> Reconciler<M> {
         let mut dirty = BTreeSet::new();
         for (name, svc) in changes {
             let changed = match svc {
-                Some(s) => self.target.services.insert(name.clone(), s.clone()).as_ref() != Some(&s),
+                Some(s) => {
+                    self.target
+                        .services
+                        .insert(name.clone(), s.clone())
+                        .as_ref()
+                        != Some(&s)
+                }
                 None => self.target.services.remove(&name).is_some(),
             };
             if changed {
@@ -184,8 +195,12 @@ impl<M: LbMaps> Reconciler<M> {
             }
         }
         if full {
-            let unowned: HashSet<SvcKey> =
-                self.state.frontends().map(|(k, _)| *k).filter(|k| !self.owners.contains_key(k)).collect();
+            let unowned: HashSet<SvcKey> = self
+                .state
+                .frontends()
+                .map(|(k, _)| *k)
+                .filter(|k| !self.owners.contains_key(k))
+                .collect();
             let sweep_ops = sweep(&self.state, &unowned);
             ops += sweep_ops.len();
             self.write("full-sync sweep", &sweep_ops)?;
@@ -195,7 +210,12 @@ impl<M: LbMaps> Reconciler<M> {
         if !refused.is_empty() {
             return Err(ReconcileError::Refused(refused));
         }
-        Ok(ReconcileStats { full_sync: full, services_changed: dirty.len(), ops, duration: started.elapsed() })
+        Ok(ReconcileStats {
+            full_sync: full,
+            services_changed: dirty.len(),
+            ops,
+            duration: started.elapsed(),
+        })
     }
 
     /// Makes the maps match the target for one service. Returns the writes made.
@@ -212,7 +232,9 @@ impl<M: LbMaps> Reconciler<M> {
             .collect();
         let mut desired = Desired::default();
         if let Some(svc) = self.target.services.get(name) {
-            if let Err(e) = desired::build([svc], &self.state, &mut self.ids, &self.cfg, &mut desired) {
+            if let Err(e) =
+                desired::build([svc], &self.state, &mut self.ids, &self.cfg, &mut desired)
+            {
                 self.ids.retain_applied(&self.state);
                 return Err(Step::Refused(e.into()));
             }
@@ -256,7 +278,12 @@ impl<M: LbMaps> Reconciler<M> {
         if let Some(source) = failure {
             self.needs_full_sync = true;
             self.ids.retain_applied(&self.state);
-            return Err(ReconcileError::Apply { service: what.to_string(), applied, total: ops.len(), source });
+            return Err(ReconcileError::Apply {
+                service: what.to_string(),
+                applied,
+                total: ops.len(),
+                source,
+            });
         }
         Ok(())
     }
@@ -270,28 +297,76 @@ impl<M: LbMaps> Reconciler<M> {
             let (mut services, mut backends, mut revnat) = self.state.counts(family);
             for op in ops.iter().filter(|op| op.family() == family) {
                 match op {
-                    MapOp::UpsertService(k, _) if !self.state.services.contains_key(k) => services += 1,
-                    MapOp::UpsertBackend(id, _) if !self.state.backends.contains_key(id) => backends += 1,
-                    MapOp::UpsertRevNat(id, _) if !self.state.revnat.contains_key(id) => revnat += 1,
+                    MapOp::UpsertService(k, _) if !self.state.services.contains_key(k) => {
+                        services += 1
+                    }
+                    MapOp::UpsertBackend(id, _) if !self.state.backends.contains_key(id) => {
+                        backends += 1
+                    }
+                    MapOp::UpsertRevNat(id, _) if !self.state.revnat.contains_key(id) => {
+                        revnat += 1
+                    }
                     _ => {}
                 }
             }
             let v4 = family == Family::V4;
             let checks = [
-                (if v4 { names::LB4_SERVICES } else { names::LB6_SERVICES }, services, cap.services, "--map-size-services"),
-                (if v4 { names::LB4_BACKENDS } else { names::LB6_BACKENDS }, backends, cap.backends, "--map-size-backends"),
-                (if v4 { names::LB4_REVNAT } else { names::LB6_REVNAT }, revnat, cap.revnat, "--map-size-services"),
+                (
+                    if v4 {
+                        names::LB4_SERVICES
+                    } else {
+                        names::LB6_SERVICES
+                    },
+                    services,
+                    cap.services,
+                    "--map-size-services",
+                ),
+                (
+                    if v4 {
+                        names::LB4_BACKENDS
+                    } else {
+                        names::LB6_BACKENDS
+                    },
+                    backends,
+                    cap.backends,
+                    "--map-size-backends",
+                ),
+                (
+                    if v4 {
+                        names::LB4_REVNAT
+                    } else {
+                        names::LB6_REVNAT
+                    },
+                    revnat,
+                    cap.revnat,
+                    "--map-size-services",
+                ),
             ];
             for (map, needed, max, flag) in checks {
                 if needed > max as usize {
-                    return Err(ServiceError::Capacity { map, needed, max, flag });
+                    return Err(ServiceError::Capacity {
+                        map,
+                        needed,
+                        max,
+                        flag,
+                    });
                 }
             }
         }
         let tables = self.state.maglev.len()
-            + ops.iter().filter(|op| matches!(op, MapOp::SetMaglev(s, _) if !self.state.maglev.contains_key(s))).count();
+            + ops
+                .iter()
+                .filter(
+                    |op| matches!(op, MapOp::SetMaglev(s, _) if !self.state.maglev.contains_key(s)),
+                )
+                .count();
         if tables > cap.maglev as usize {
-            return Err(ServiceError::Capacity { map: names::LB_MAGLEV, needed: tables, max: cap.maglev, flag: "--map-size-maglev" });
+            return Err(ServiceError::Capacity {
+                map: names::LB_MAGLEV,
+                needed: tables,
+                max: cap.maglev,
+                flag: "--map-size-maglev",
+            });
         }
         let affinity = self.state.affinity_entries()
             + ops

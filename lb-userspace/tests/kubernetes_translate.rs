@@ -9,7 +9,11 @@ use lb::{
 };
 
 fn load(fixture: &str) -> (Vec<K8sService>, Vec<EndpointSlice>) {
-    let text = std::fs::read_to_string(format!("{}/tests/fixtures/k8s/{fixture}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/k8s/{fixture}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
     let (mut services, mut slices) = (Vec::new(), Vec::new());
     for doc in docs {
@@ -23,7 +27,10 @@ fn load(fixture: &str) -> (Vec<K8sService>, Vec<EndpointSlice>) {
 }
 
 fn node() -> NodeContext {
-    NodeContext { name: "node-a".into(), nodeport_addresses: vec!["192.168.1.10".parse().unwrap()] }
+    NodeContext {
+        name: "node-a".into(),
+        nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+    }
 }
 
 /// Translates every service of a fixture with its slices.
@@ -33,7 +40,9 @@ fn translate_all(fixture: &str) -> BTreeMap<ServiceName, Translation> {
         .iter()
         .map(|svc| {
             let name = lb::source::kubernetes::translate::service_name(svc);
-            let own = slices.iter().filter(|s| slice_service(s).as_ref() == Some(&name));
+            let own = slices
+                .iter()
+                .filter(|s| slice_service(s).as_ref() == Some(&name));
             let t = translate(svc, own, &node());
             (name, t)
         })
@@ -41,7 +50,10 @@ fn translate_all(fixture: &str) -> BTreeMap<ServiceName, Translation> {
 }
 
 fn svc<'a>(t: &'a BTreeMap<ServiceName, Translation>, ns: &str, name: &str) -> &'a Service {
-    t[&ServiceName::new(ns, name)].service.as_ref().expect("translated")
+    t[&ServiceName::new(ns, name)]
+        .service
+        .as_ref()
+        .expect("translated")
 }
 
 /// (address:port/proto kind) → backends "addr:port state"
@@ -50,8 +62,17 @@ fn summary(s: &Service) -> Vec<(String, Vec<String>)> {
         .iter()
         .map(|f| {
             (
-                format!("{}:{}/{} {}", f.address, f.port, f.protocol.as_str(), f.kind.as_str()),
-                f.backends.iter().map(|b| format!("{}:{} {}", b.address, b.port, b.state.as_str())).collect(),
+                format!(
+                    "{}:{}/{} {}",
+                    f.address,
+                    f.port,
+                    f.protocol.as_str(),
+                    f.kind.as_str()
+                ),
+                f.backends
+                    .iter()
+                    .map(|b| format!("{}:{} {}", b.address, b.port, b.state.as_str()))
+                    .collect(),
             )
         })
         .collect()
@@ -68,14 +89,28 @@ fn kubeadm_kube_dns_has_three_frontends_by_port_name() {
     assert_eq!(
         summary(s),
         vec![
-            ("10.96.0.10:53/TCP ClusterIP".into(), vec!["10.244.0.2:53 active".into(), "10.244.1.3:53 active".into()]),
-            ("10.96.0.10:53/UDP ClusterIP".into(), vec!["10.244.0.2:53 active".into(), "10.244.1.3:53 active".into()]),
-            ("10.96.0.10:9153/TCP ClusterIP".into(), vec!["10.244.0.2:9153 active".into(), "10.244.1.3:9153 active".into()]),
+            (
+                "10.96.0.10:53/TCP ClusterIP".into(),
+                vec!["10.244.0.2:53 active".into(), "10.244.1.3:53 active".into()]
+            ),
+            (
+                "10.96.0.10:53/UDP ClusterIP".into(),
+                vec!["10.244.0.2:53 active".into(), "10.244.1.3:53 active".into()]
+            ),
+            (
+                "10.96.0.10:9153/TCP ClusterIP".into(),
+                vec![
+                    "10.244.0.2:9153 active".into(),
+                    "10.244.1.3:9153 active".into()
+                ]
+            ),
         ]
     );
     // nodeName marks the endpoint on this node.
     assert!(s.frontends[0].backends[0].local && !s.frontends[0].backends[1].local);
-    assert!(t[&ServiceName::new("kube-system", "kube-dns")].warnings.is_empty());
+    assert!(t[&ServiceName::new("kube-system", "kube-dns")]
+        .warnings
+        .is_empty());
 }
 
 #[test]
@@ -85,8 +120,20 @@ fn nodeport_serves_node_addresses_and_named_target_port_resolves_through_the_sli
     assert_eq!(
         summary(s),
         vec![
-            ("10.96.20.1:80/TCP ClusterIP".into(), vec!["10.244.0.10:8080 active".into(), "10.244.1.11:8080 active".into()]),
-            ("192.168.1.10:30080/TCP NodePort".into(), vec!["10.244.0.10:8080 active".into(), "10.244.1.11:8080 active".into()]),
+            (
+                "10.96.20.1:80/TCP ClusterIP".into(),
+                vec![
+                    "10.244.0.10:8080 active".into(),
+                    "10.244.1.11:8080 active".into()
+                ]
+            ),
+            (
+                "192.168.1.10:30080/TCP NodePort".into(),
+                vec![
+                    "10.244.0.10:8080 active".into(),
+                    "10.244.1.11:8080 active".into()
+                ]
+            ),
         ]
     );
 }
@@ -95,8 +142,11 @@ fn nodeport_serves_node_addresses_and_named_target_port_resolves_through_the_sli
 fn loadbalancer_ingress_ips_become_frontends_and_external_policy_local_is_marked() {
     let t = translate_all("loadbalancer-status.yaml");
     let s = svc(&t, "edge", "ingress");
-    let kinds: Vec<(IpAddr, u16, FrontendKind, bool)> =
-        s.frontends.iter().map(|f| (f.address, f.port, f.kind, f.external_traffic_local)).collect();
+    let kinds: Vec<(IpAddr, u16, FrontendKind, bool)> = s
+        .frontends
+        .iter()
+        .map(|f| (f.address, f.port, f.kind, f.external_traffic_local))
+        .collect();
     assert_eq!(
         kinds,
         vec![
@@ -116,8 +166,14 @@ fn dual_stack_service_gets_one_frontend_per_family_with_that_familys_backends() 
     assert_eq!(
         summary(svc(&t, "default", "api")),
         vec![
-            ("10.96.40.1:9000/TCP ClusterIP".into(), vec!["10.244.0.40:9000 active".into()]),
-            ("fd00:10:96::40:9000/TCP ClusterIP".into(), vec!["fd00:10:244::40:9000 active".into()]),
+            (
+                "10.96.40.1:9000/TCP ClusterIP".into(),
+                vec!["10.244.0.40:9000 active".into()]
+            ),
+            (
+                "fd00:10:96::40:9000/TCP ClusterIP".into(),
+                vec!["fd00:10:244::40:9000 active".into()]
+            ),
         ]
     );
 }
@@ -129,7 +185,11 @@ fn terminating_rollout_keeps_ready_and_serving_terminating_endpoints_only() {
         summary(svc(&t, "default", "app")),
         vec![(
             "10.96.50.1:80/TCP ClusterIP".into(),
-            vec!["10.244.0.51:8080 terminating".into(), "10.244.0.52:8080 terminating".into(), "10.244.0.60:8080 active".into()]
+            vec![
+                "10.244.0.51:8080 terminating".into(),
+                "10.244.0.52:8080 terminating".into(),
+                "10.244.0.60:8080 active".into()
+            ]
         )],
         "not serving (.53) and not ready (.54) never serve; .60 listed in two slices counts once"
     );
@@ -139,7 +199,13 @@ fn terminating_rollout_keeps_ready_and_serving_terminating_endpoints_only() {
 fn internal_policy_local_keeps_only_this_nodes_endpoints_and_affinity_is_read() {
     let t = translate_all("policies-and-skips.yaml");
     let s = svc(&t, "default", "local-only");
-    assert_eq!(summary(s), vec![("10.96.60.1:80/TCP ClusterIP".into(), vec!["10.244.0.70:80 active".into()])]);
+    assert_eq!(
+        summary(s),
+        vec![(
+            "10.96.60.1:80/TCP ClusterIP".into(),
+            vec!["10.244.0.70:80 active".into()]
+        )]
+    );
     assert_eq!(s.frontends[0].affinity_timeout_s, Some(60));
     assert_eq!(s.frontends[0].algorithm, Algorithm::Random);
     let w = &t[&ServiceName::new("default", "local-only")].warnings;
@@ -153,16 +219,25 @@ fn selectorless_service_with_hand_made_slice_works_like_any_other() {
     let t = translate_all("policies-and-skips.yaml");
     assert_eq!(
         summary(svc(&t, "default", "external-db")),
-        vec![("10.96.60.2:5432/TCP ClusterIP".into(), vec!["192.0.2.50:5432 active".into()])]
+        vec![(
+            "10.96.60.2:5432/TCP ClusterIP".into(),
+            vec!["192.0.2.50:5432 active".into()]
+        )]
     );
-    assert_eq!(svc(&t, "default", "external-db").frontends[0].protocol, Protocol::Tcp);
+    assert_eq!(
+        svc(&t, "default", "external-db").frontends[0].protocol,
+        Protocol::Tcp
+    );
 }
 
 #[test]
 fn headless_externalname_and_other_proxys_services_are_left_alone() {
     let t = translate_all("policies-and-skips.yaml");
     for name in ["headless", "alias", "other-proxy"] {
-        assert!(t[&ServiceName::new("default", name)].service.is_none(), "{name} must be skipped");
+        assert!(
+            t[&ServiceName::new("default", name)].service.is_none(),
+            "{name} must be skipped"
+        );
     }
 }
 
@@ -177,7 +252,12 @@ fn bad_values_in_objects_are_skipped_with_warnings() {
     spec.ports.as_mut().unwrap()[1].protocol = Some("UDP".into()); // duplicate of port 0
     let t = translate(s, slices.iter(), &node());
     let reasons: Vec<&str> = t.warnings.iter().map(|w| w.reason).collect();
-    assert_eq!(reasons, vec!["invalid-address", "invalid-port", "invalid-port"], "{:?}", t.warnings);
+    assert_eq!(
+        reasons,
+        vec!["invalid-address", "invalid-port", "invalid-port"],
+        "{:?}",
+        t.warnings
+    );
     let fe = &t.service.unwrap().frontends;
     assert_eq!(fe.len(), 1);
     assert_eq!((fe[0].address, fe[0].port), (ip("10.96.0.11"), 53));

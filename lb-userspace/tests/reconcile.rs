@@ -15,7 +15,13 @@ use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 use proptest::prelude::*;
 
 fn backend(i: u8, state: BackendState) -> Backend {
-    Backend { address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, i)), port: 8080, state, local: false, weight: 1 }
+    Backend {
+        address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, i)),
+        port: 8080,
+        state,
+        local: false,
+        weight: 1,
+    }
 }
 
 fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
@@ -29,7 +35,10 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
             algorithm: Default::default(),
             affinity_timeout_s: None,
             external_traffic_local: false,
-            backends: backends.iter().map(|b| backend(*b, BackendState::Active)).collect(),
+            backends: backends
+                .iter()
+                .map(|b| backend(*b, BackendState::Active))
+                .collect(),
         }],
     }
 }
@@ -43,7 +52,8 @@ fn cluster(n: u32) -> Model {
     let mut m = Model::default();
     for i in 0..n {
         let b = (i % 200) as u8;
-        m.services.insert(name(i), service(i, 80, &[b, b + 1, b + 2]));
+        m.services
+            .insert(name(i), service(i, 80, &[b, b + 1, b + 2]));
     }
     m
 }
@@ -62,26 +72,49 @@ fn assert_consistent(state: &MapState) {
     for (k, v) in state.frontends() {
         let total = v.count as u16 + v.terminating_count as u16;
         for slot in 1..=total {
-            let s = state.services.get(&k.with_slot(slot)).unwrap_or_else(|| panic!("slot {slot} of {k:?} missing"));
-            assert!(state.backends.contains_key(&s.backend_id), "slot names missing backend {}", s.backend_id);
+            let s = state
+                .services
+                .get(&k.with_slot(slot))
+                .unwrap_or_else(|| panic!("slot {slot} of {k:?} missing"));
+            assert!(
+                state.backends.contains_key(&s.backend_id),
+                "slot names missing backend {}",
+                s.backend_id
+            );
             referenced.insert(s.backend_id);
         }
-        assert!(!state.services.contains_key(&k.with_slot(total + 1)), "stray slot after {k:?}");
-        assert!(state.revnat.contains_key(&v.service_id), "no revnat for {k:?}");
+        assert!(
+            !state.services.contains_key(&k.with_slot(total + 1)),
+            "stray slot after {k:?}"
+        );
+        assert!(
+            state.revnat.contains_key(&v.service_id),
+            "no revnat for {k:?}"
+        );
         if v.flags & SVC_FLAG_CLUSTER_IP != 0 {
             cluster_ips.insert(k.address);
         }
     }
     let backends: HashSet<u32> = state.backends.keys().copied().collect();
     assert_eq!(backends, referenced, "backends not referenced by any slot");
-    let markers: HashSet<IpAddr> =
-        state.services.iter().filter(|(k, v)| is_marker(k, v)).map(|(k, _)| k.address).collect();
-    assert_eq!(markers, cluster_ips, "VIP markers must match ClusterIP addresses");
+    let markers: HashSet<IpAddr> = state
+        .services
+        .iter()
+        .filter(|(k, v)| is_marker(k, v))
+        .map(|(k, _)| k.address)
+        .collect();
+    assert_eq!(
+        markers, cluster_ips,
+        "VIP markers must match ClusterIP addresses"
+    );
     let ids: HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
     assert_eq!(ids.len(), state.frontends().count(), "service ids unique");
     for (id, table) in &state.maglev {
         assert!(ids.contains(id), "Maglev table of a gone service {id}");
-        assert!(table.iter().all(|b| state.backends.contains_key(b)), "Maglev table names a missing backend");
+        assert!(
+            table.iter().all(|b| state.backends.contains_key(b)),
+            "Maglev table names a missing backend"
+        );
     }
     assert_eq!(state.revnat.len(), ids.len(), "stray revnat entries");
 }
@@ -90,12 +123,17 @@ fn assert_consistent(state: &MapState) {
 fn adding_one_backend_at_1000_services_writes_backend_slot_and_master_only() {
     let mut model = cluster(1000);
     let mut r = reconciled(&model);
-    model.services.insert(name(500), service(500, 80, &[100, 101, 102, 250]));
+    model
+        .services
+        .insert(name(500), service(500, 80, &[100, 101, 102, 250]));
     let stats = r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
     assert_eq!(stats.services_changed, 1);
-    assert!(matches!(log.as_slice(), [MapOp::UpsertBackend(..), MapOp::UpsertService(s, _), MapOp::UpsertService(m, _)]
-        if s.slot == 4 && m.slot == 0), "{log:?}");
+    assert!(
+        matches!(log.as_slice(), [MapOp::UpsertBackend(..), MapOp::UpsertService(s, _), MapOp::UpsertService(m, _)]
+        if s.slot == 4 && m.slot == 0),
+        "{log:?}"
+    );
     assert_consistent(r.state());
 }
 
@@ -108,9 +146,18 @@ fn removing_a_middle_backend_moves_the_last_slot_into_the_hole() {
     r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
     assert_eq!(log.len(), 3, "{log:?}");
-    assert!(matches!(log[0], MapOp::UpsertService(k, _) if k.slot == 2), "hole filled first: {log:?}");
-    assert!(matches!(log[1], MapOp::UpsertService(k, v) if k.slot == 0 && v.count == 2), "then the master: {log:?}");
-    assert!(matches!(log[2], MapOp::DeleteService(k) if k.slot == 3), "then the old last slot: {log:?}");
+    assert!(
+        matches!(log[0], MapOp::UpsertService(k, _) if k.slot == 2),
+        "hole filled first: {log:?}"
+    );
+    assert!(
+        matches!(log[1], MapOp::UpsertService(k, v) if k.slot == 0 && v.count == 2),
+        "then the master: {log:?}"
+    );
+    assert!(
+        matches!(log[2], MapOp::DeleteService(k) if k.slot == 3),
+        "then the old last slot: {log:?}"
+    );
     // Backend 8 is still used by svc-6 and svc-8, so it stays.
     assert_consistent(r.state());
 }
@@ -123,7 +170,17 @@ fn removing_a_backend_nobody_else_uses_deletes_it_last() {
     model.services.insert(name(1), service(1, 80, &[1]));
     r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
-    assert!(matches!(log.as_slice(), [MapOp::UpsertService(..), MapOp::DeleteService(_), MapOp::DeleteBackend(..)]), "{log:?}");
+    assert!(
+        matches!(
+            log.as_slice(),
+            [
+                MapOp::UpsertService(..),
+                MapOp::DeleteService(_),
+                MapOp::DeleteBackend(..)
+            ]
+        ),
+        "{log:?}"
+    );
 }
 
 #[test]
@@ -131,7 +188,9 @@ fn backend_turning_terminating_touches_only_its_service() {
     let mut model = cluster(50);
     let mut r = reconciled(&model);
     let mut svc = service(3, 80, &[3, 4]);
-    svc.frontends[0].backends.push(backend(5, BackendState::Terminating));
+    svc.frontends[0]
+        .backends
+        .push(backend(5, BackendState::Terminating));
     model.services.insert(name(3), svc);
     r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
@@ -142,7 +201,12 @@ fn backend_turning_terminating_touches_only_its_service() {
         }
     }
     assert!(log.len() <= 4, "{log:?}");
-    let master = r.state().frontends().find(|(k, _)| k.address == vip3).unwrap().1;
+    let master = r
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == vip3)
+        .unwrap()
+        .1;
     assert_eq!((master.count, master.terminating_count), (2, 1));
     assert_consistent(r.state());
 }
@@ -151,7 +215,10 @@ fn backend_turning_terminating_touches_only_its_service() {
 fn restarted_reconciler_with_same_model_writes_nothing() {
     let model = cluster(300);
     let r = reconciled(&model);
-    let maps = FakeMaps { state: r.state().clone(), ..Default::default() };
+    let maps = FakeMaps {
+        state: r.state().clone(),
+        ..Default::default()
+    };
     let mut again = Reconciler::restore(maps).unwrap();
     let stats = again.reconcile(&model).unwrap();
     assert!(stats.full_sync);
@@ -162,7 +229,11 @@ fn restarted_reconciler_with_same_model_writes_nothing() {
 fn ids_stay_stable_when_other_services_come_and_go() {
     let mut model = cluster(20);
     let mut r = reconciled(&model);
-    let ids_before: BTreeMap<_, _> = r.state().frontends().map(|(k, v)| (*k, v.service_id)).collect();
+    let ids_before: BTreeMap<_, _> = r
+        .state()
+        .frontends()
+        .map(|(k, v)| (*k, v.service_id))
+        .collect();
     let backends_before = r.state().backends.clone();
 
     model.services.remove(&name(0));
@@ -180,7 +251,12 @@ fn ids_stay_stable_when_other_services_come_and_go() {
         }
     }
     // A new frontend never gets a freed id (no reuse before wrapping).
-    let new_id = r.state().frontends().map(|(_, v)| v.service_id).max().unwrap();
+    let new_id = r
+        .state()
+        .frontends()
+        .map(|(_, v)| v.service_id)
+        .max()
+        .unwrap();
     assert!(new_id > *ids_before.values().max().unwrap());
     assert_consistent(r.state());
 }
@@ -188,21 +264,46 @@ fn ids_stay_stable_when_other_services_come_and_go() {
 #[test]
 fn service_that_does_not_fit_is_refused_whole_while_the_others_apply_and_retried_later() {
     let model = cluster(10);
-    let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity { services: 60, backends: 100, revnat: 100, maglev: 10 })).unwrap();
+    let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity {
+        services: 60,
+        backends: 100,
+        revnat: 100,
+        maglev: 10,
+    }))
+    .unwrap();
     r.reconcile(&model).unwrap(); // 10 × (master + 3 slots) + 10 markers = 50 entries
     r.maps_mut().take_log();
     // Three more services of 5 entries each: two fit (60), the third does not.
     let bigger = cluster(13);
     let err = r.reconcile(&bigger).unwrap_err();
-    let ReconcileError::Refused(refused) = &err else { panic!("{err}") };
+    let ReconcileError::Refused(refused) = &err else {
+        panic!("{err}")
+    };
     assert_eq!(refused.len(), 1, "{err}");
     let (name, e) = &refused[0];
-    assert!(matches!(e, ServiceError::Capacity { map: "LB4_SERVICES", max: 60, .. }), "{e}");
-    assert!(err.to_string().contains("--map-size-services") && err.to_string().contains(&name.to_string()), "{err}");
+    assert!(
+        matches!(
+            e,
+            ServiceError::Capacity {
+                map: "LB4_SERVICES",
+                max: 60,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        err.to_string().contains("--map-size-services")
+            && err.to_string().contains(&name.to_string()),
+        "{err}"
+    );
     assert_eq!(r.state().services.len(), 60);
     // Nothing of the refused service was written: no master, no slot, no marker.
     let refused_vip = IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + 12u32));
-    assert!(r.state().services.keys().all(|k| k.address != refused_vip), "half-applied service");
+    assert!(
+        r.state().services.keys().all(|k| k.address != refused_vip),
+        "half-applied service"
+    );
     assert_consistent(r.state());
     assert_eq!(r.pending().len(), 1);
 
@@ -228,7 +329,11 @@ fn write_failure_midway_is_repaired_by_the_next_reconcile() {
     assert!(stats.full_sync, "a failed apply forces a full sync");
     assert_consistent(r.state());
     assert_eq!(r.maps().state, *r.state(), "mirror equals the maps");
-    assert_eq!(summary(r.state()), summary(reconciled(&model).state()), "converged to what a fresh apply serves");
+    assert_eq!(
+        summary(r.state()),
+        summary(reconciled(&model).state()),
+        "converged to what a fresh apply serves"
+    );
 }
 
 #[test]
@@ -238,7 +343,10 @@ fn vip_marker_lives_exactly_as_long_as_a_cluster_ip_frontend_uses_the_address() 
     model.services.insert(name(2), service(1, 443, &[2]));
     let mut r = reconciled(&model);
     let marker_present = |r: &Reconciler<FakeMaps>| {
-        r.state().services.values().any(|v| v.flags & SVC_FLAG_VIP_MARKER != 0)
+        r.state()
+            .services
+            .values()
+            .any(|v| v.flags & SVC_FLAG_VIP_MARKER != 0)
     };
     assert!(marker_present(&r));
     model.services.remove(&name(1));
@@ -247,12 +355,20 @@ fn vip_marker_lives_exactly_as_long_as_a_cluster_ip_frontend_uses_the_address() 
     model.services.remove(&name(2));
     r.reconcile(&model).unwrap();
     assert!(!marker_present(&r));
-    assert!(r.state().services.is_empty() && r.state().backends.is_empty() && r.state().revnat.is_empty());
+    assert!(
+        r.state().services.is_empty()
+            && r.state().backends.is_empty()
+            && r.state().revnat.is_empty()
+    );
 }
 
 fn arb_model() -> impl Strategy<Value = Model> {
     // Up to 6 services on 4 addresses × 2 ports, backends from a pool of 6, mixed states.
-    let svc = (0u32..4, prop::sample::select(vec![80u16, 443]), prop::collection::btree_map(0u8..6, 0u8..3, 0..5));
+    let svc = (
+        0u32..4,
+        prop::sample::select(vec![80u16, 443]),
+        prop::collection::btree_map(0u8..6, 0u8..3, 0..5),
+    );
     prop::collection::btree_map(0u32..6, svc, 0..6).prop_map(|services| {
         let mut m = Model::default();
         let mut used = HashSet::new();
@@ -268,7 +384,14 @@ fn arb_model() -> impl Strategy<Value = Model> {
             s.frontends[0].backends = backends
                 .into_iter()
                 .map(|(b, st)| {
-                    backend(b, [BackendState::Active, BackendState::Terminating, BackendState::Maintenance][st as usize])
+                    backend(
+                        b,
+                        [
+                            BackendState::Active,
+                            BackendState::Terminating,
+                            BackendState::Maintenance,
+                        ][st as usize],
+                    )
                 })
                 .collect();
             // Address 3 is IPv6: both families go through the same pipeline.
@@ -337,10 +460,20 @@ fn external_traffic_policy_local_adds_a_node_local_view_of_the_frontend() {
     let mut model = Model::default();
     model.services.insert(name(7), svc);
     let r = reconciled(&model);
-    let masters: Vec<_> = r.state().frontends().map(|(k, v)| (k.scope, v.count, v.flags)).collect();
+    let masters: Vec<_> = r
+        .state()
+        .frontends()
+        .map(|(k, v)| (k.scope, v.count, v.flags))
+        .collect();
     assert_eq!(masters.len(), 2, "{masters:?}");
-    let all = masters.iter().find(|m| m.0 == lb_common::service::SCOPE_ALL).unwrap();
-    let local = masters.iter().find(|m| m.0 == lb_common::service::SCOPE_LOCAL).unwrap();
+    let all = masters
+        .iter()
+        .find(|m| m.0 == lb_common::service::SCOPE_ALL)
+        .unwrap();
+    let local = masters
+        .iter()
+        .find(|m| m.0 == lb_common::service::SCOPE_LOCAL)
+        .unwrap();
     assert_eq!(all.1, 3, "clients on the node use every backend");
     assert_eq!(local.1, 1, "traffic from outside uses the local one only");
     assert!(all.2 & lb_common::service::SVC_FLAG_TWO_SCOPES != 0);
@@ -362,7 +495,10 @@ fn affinity_match_entries_follow_the_selectable_backends() {
     model.services.insert(name(9), svc.clone());
     r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
-    assert!(matches!(log[0], MapOp::DeleteAffinityMatch(..)), "withdrawn before anything else: {log:?}");
+    assert!(
+        matches!(log[0], MapOp::DeleteAffinityMatch(..)),
+        "withdrawn before anything else: {log:?}"
+    );
     assert_eq!(r.state().affinity[&id].len(), 1);
 
     // Only terminating ones left: they are what the service selects, so they match.
@@ -385,8 +521,14 @@ fn maglev_table_is_written_before_the_master_and_follows_the_backends() {
     let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
     r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
-    let table_at = log.iter().position(|op| matches!(op, MapOp::SetMaglev(..))).expect("a table is written");
-    let master_at = log.iter().position(|op| matches!(op, MapOp::UpsertService(k, _) if k.slot == 0 && k.port == 80)).unwrap();
+    let table_at = log
+        .iter()
+        .position(|op| matches!(op, MapOp::SetMaglev(..)))
+        .expect("a table is written");
+    let master_at = log
+        .iter()
+        .position(|op| matches!(op, MapOp::UpsertService(k, _) if k.slot == 0 && k.port == 80))
+        .unwrap();
     assert!(table_at < master_at, "table before master: {log:?}");
     let id = r.state().frontends().next().unwrap().1.service_id;
     let table = &r.state().maglev[&id];
@@ -399,10 +541,23 @@ fn maglev_table_is_written_before_the_master_and_follows_the_backends() {
     model.services.insert(name(11), svc.clone());
     r.reconcile(&model).unwrap();
     let log = r.maps_mut().take_log();
-    let table_at = log.iter().position(|op| matches!(op, MapOp::SetMaglev(..))).unwrap();
-    let delete_at = log.iter().position(|op| matches!(op, MapOp::DeleteBackend(..))).unwrap();
+    let table_at = log
+        .iter()
+        .position(|op| matches!(op, MapOp::SetMaglev(..)))
+        .unwrap();
+    let delete_at = log
+        .iter()
+        .position(|op| matches!(op, MapOp::DeleteBackend(..)))
+        .unwrap();
     assert!(table_at < delete_at, "{log:?}");
-    assert_eq!(r.state().maglev[&id].iter().copied().collect::<HashSet<_>>().len(), 2);
+    assert_eq!(
+        r.state().maglev[&id]
+            .iter()
+            .copied()
+            .collect::<HashSet<_>>()
+            .len(),
+        2
+    );
 
     // Back to random: the table goes.
     svc.frontends[0].algorithm = lb::model::Algorithm::Random;

@@ -26,7 +26,9 @@ fn main() {
         Some("setup") => setup::run(),
         Some("build") => setup::run().and_then(|_| build()),
         Some("demo") => setup::run().and_then(|_| build()).and_then(|_| demo()),
-        Some("test") => setup::run().and_then(|_| build()).and_then(|_| test(&args[1..])),
+        Some("test") => setup::run()
+            .and_then(|_| build())
+            .and_then(|_| test(&args[1..])),
         _ => {
             eprint!("{USAGE}");
             std::process::exit(2);
@@ -39,20 +41,27 @@ fn main() {
 }
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// A command run from the workspace root with ~/.cargo/bin on PATH (where
 /// bpf-linker is installed), echoed before it runs.
 pub fn cmd(program: &str, args: &[&str]) -> Command {
     let mut c = Command::new(program);
-    c.args(args).current_dir(root()).env("PATH", setup::path_with_cargo_bin());
+    c.args(args)
+        .current_dir(root())
+        .env("PATH", setup::path_with_cargo_bin());
     c
 }
 
 pub fn run(mut c: Command) -> anyhow::Result<()> {
     eprintln!("xtask: $ {}", describe(&c));
-    let status = c.status().with_context(|| format!("starting {}", describe(&c)))?;
+    let status = c
+        .status()
+        .with_context(|| format!("starting {}", describe(&c)))?;
     if !status.success() {
         bail!("{} failed with {status}", describe(&c));
     }
@@ -74,7 +83,10 @@ fn build() -> anyhow::Result<()> {
 }
 
 fn demo() -> anyhow::Result<()> {
-    run(cmd(&root().join("target/debug/lb-demo").to_string_lossy(), &[]))
+    run(cmd(
+        &root().join("target/debug/lb-demo").to_string_lossy(),
+        &[],
+    ))
 }
 
 fn test(extra: &[String]) -> anyhow::Result<()> {

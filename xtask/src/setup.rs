@@ -44,7 +44,9 @@ pub fn run() -> anyhow::Result<()> {
 fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
+        })
 }
 
 /// PATH with $CARGO_HOME/bin first, where `cargo install` puts bpf-linker.
@@ -65,7 +67,11 @@ fn installed(pkg: &str) -> bool {
 }
 
 fn apt() -> anyhow::Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
     if missing.is_empty() {
         eprintln!("xtask: apt packages present ({})", APT_PACKAGES.len());
         return Ok(());
@@ -89,7 +95,10 @@ fn bpf_linker() -> anyhow::Result<()> {
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    if current.as_deref().is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {
+    if current
+        .as_deref()
+        .is_some_and(|v| v.contains(BPF_LINKER_VERSION))
+    {
         eprintln!("xtask: bpf-linker {BPF_LINKER_VERSION} present");
         return Ok(());
     }
@@ -108,7 +117,8 @@ fn bpf_linker() -> anyhow::Result<()> {
             "llvm-22",
         ],
     );
-    c.env("LLVM_PREFIX", "/usr/lib/llvm-22").current_dir(std::env::temp_dir());
+    c.env("LLVM_PREFIX", "/usr/lib/llvm-22")
+        .current_dir(std::env::temp_dir());
     super::run(c)
 }
 
@@ -200,6 +210,9 @@ pub fn sweep_leftovers() {
         }
     }
     if !found.is_empty() {
-        eprintln!("xtask: removed leftovers of failed tests: {}", found.join(", "));
+        eprintln!(
+            "xtask: removed leftovers of failed tests: {}",
+            found.join(", ")
+        );
     }
 }

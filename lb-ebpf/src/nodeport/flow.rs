@@ -47,12 +47,16 @@ pub enum Parsed {
 /// integer arithmetic, which the verifier rejects.
 #[inline(always)]
 pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
-    let Some(eth_proto) = load::<u16, P>(p, 12) else { return Parsed::Other };
+    let Some(eth_proto) = load::<u16, P>(p, 12) else {
+        return Parsed::Other;
+    };
     if eth_proto != ETH_P_IP.to_be() {
         return Parsed::Other;
     }
     let ip = ETH_HLEN;
-    let Some(vihl) = load::<u8, P>(p, ip) else { return Parsed::Other };
+    let Some(vihl) = load::<u8, P>(p, ip) else {
+        return Parsed::Other;
+    };
     if vihl >> 4 != 4 {
         return Parsed::Other;
     }
@@ -60,16 +64,36 @@ pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
     if ip_len < 20 {
         return Parsed::Other; // the stack drops a broken IP header itself
     }
-    let Some(l4proto) = load::<u8, P>(p, ip + IP_PROTO) else { return Parsed::Other };
+    let Some(l4proto) = load::<u8, P>(p, ip + IP_PROTO) else {
+        return Parsed::Other;
+    };
     if l4proto != IPPROTO_TCP && l4proto != IPPROTO_UDP {
         return Parsed::Other;
     }
-    let Some(saddr) = load::<u32, P>(p, ip + IP_SADDR) else { return Parsed::Other };
-    let Some(daddr) = load::<u32, P>(p, ip + IP_DADDR) else { return Parsed::Other };
-    let Some(tot_len) = load::<u16, P>(p, ip + IP_TOT_LEN) else { return Parsed::Other };
-    let Some(frag) = load::<u16, P>(p, ip + IP_FRAG_OFF) else { return Parsed::Other };
+    let Some(saddr) = load::<u32, P>(p, ip + IP_SADDR) else {
+        return Parsed::Other;
+    };
+    let Some(daddr) = load::<u32, P>(p, ip + IP_DADDR) else {
+        return Parsed::Other;
+    };
+    let Some(tot_len) = load::<u16, P>(p, ip + IP_TOT_LEN) else {
+        return Parsed::Other;
+    };
+    let Some(frag) = load::<u16, P>(p, ip + IP_FRAG_OFF) else {
+        return Parsed::Other;
+    };
     let tot_len = u16::from_be(tot_len);
-    *f = Flow { saddr, daddr, sport: 0, dport: 0, proto: l4proto, ip_len, tcp_flags: 0, tot_len, dsr: None };
+    *f = Flow {
+        saddr,
+        daddr,
+        sport: 0,
+        dport: 0,
+        proto: l4proto,
+        ip_len,
+        tcp_flags: 0,
+        tot_len,
+        dsr: None,
+    };
     if ip_len == 28 {
         f.dsr = dsr_option(p, ip);
     }
@@ -78,7 +102,10 @@ pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
     let first = frag & (0x1fffu16).to_be() == 0;
     // Ports: only in an unfragmented packet or the first fragment.
     let ports = if !fragment || first {
-        match (load::<u16, P>(p, l4 + L4_SPORT), load::<u16, P>(p, l4 + L4_DPORT)) {
+        match (
+            load::<u16, P>(p, l4 + L4_SPORT),
+            load::<u16, P>(p, l4 + L4_DPORT),
+        ) {
             (Some(sp), Some(dp)) => {
                 f.sport = sp;
                 f.dport = dp;
@@ -99,7 +126,10 @@ pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
     // Headers must be directly readable; the IP length must fit the whole
     // packet (linear part and fragments). Only comparisons with the packet
     // end: the verifier forbids arithmetic on it.
-    if p.data() + l4 + l4_min > p.data_end() || (tot_len as usize) < ip_len + l4_min || !p.covers(ETH_HLEN + tot_len as usize) {
+    if p.data() + l4 + l4_min > p.data_end()
+        || (tot_len as usize) < ip_len + l4_min
+        || !p.covers(ETH_HLEN + tot_len as usize)
+    {
         return Parsed::Invalid(true);
     }
     if l4proto == IPPROTO_TCP {

@@ -31,15 +31,15 @@ use aya_ebpf::{
 use lb_common::{
     backend::{Backend4, BACKEND_FLAG_LOCAL},
     config::{
-        CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN, CNT_CT_CREATED, CNT_DSR_LEARNED,
-        CNT_NP_FORWARD, CNT_NP_REVERSE,
+        CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN, CNT_CT_CREATED,
+        CNT_DSR_LEARNED, CNT_NP_FORWARD, CNT_NP_REVERSE,
     },
     drop::{Direction, DropReason},
     event::Event,
     nodeport::*,
     service::{
-        Service4Key, ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER,
-        SVC_FLAG_NODE_PORT, SVC_FLAG_TWO_SCOPES,
+        Service4Key, ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_EXTERNAL_IP,
+        SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT, SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -100,7 +100,15 @@ pub trait NpContext: Pkt {
     fn csum_l3(&self, old: u32, new: u32) -> bool;
     /// Fixes the L4 checksum at `check_off` for a field that changed; `size`
     /// 2 or 4; `pseudo`: the field is part of the pseudo-header (an address).
-    fn csum_l4(&self, check_off: usize, old: u32, new: u32, size: u64, pseudo: bool, udp: bool) -> bool;
+    fn csum_l4(
+        &self,
+        check_off: usize,
+        old: u32,
+        new: u32,
+        size: u64,
+        pseudo: bool,
+        udp: bool,
+    ) -> bool;
     /// XDP cannot insert options or resolve neighbours: it punts instead.
     const CAN_INSERT_OPTIONS: bool;
     const CAN_RESOLVE_NEIGH: bool;
@@ -186,7 +194,9 @@ fn ct_get(key: &Ct4Key, proto: u8, tcp_flags: u8) -> Option<&'static Ct4Value> {
 /// stack frames are never live at the same time.
 #[inline(always)]
 pub fn ingress<C: NpContext>(ctx: &C) -> Action {
-    let Some(s) = scratch() else { return Action::Pass };
+    let Some(s) = scratch() else {
+        return Action::Pass;
+    };
     let parsed = parse_into(ctx, s);
     // Raw field projection: the flow is read while the FIB, event and
     // conntrack parts of the same scratch value are written, never through
@@ -195,8 +205,12 @@ pub fn ingress<C: NpContext>(ctx: &C) -> Action {
     match parsed {
         Parsed::Other => return Action::Pass,
         Parsed::Flow => {}
-        Parsed::Fragment(ports) => return reject_unless_passable(ctx, f, ports, DropReason::Fragment),
-        Parsed::Invalid(ports) => return reject_unless_passable(ctx, f, ports, DropReason::InvalidPacket),
+        Parsed::Fragment(ports) => {
+            return reject_unless_passable(ctx, f, ports, DropReason::Fragment)
+        }
+        Parsed::Invalid(ports) => {
+            return reject_unless_passable(ctx, f, ports, DropReason::InvalidPacket)
+        }
     }
 
     // On a backend's node: a DSR request carries the service address.
@@ -223,7 +237,12 @@ fn parse_into<C: NpContext>(ctx: &C, s: *mut Scratch) -> Parsed {
 /// A fragment or a broken packet: dropped when addressed to a service
 /// frontend (counted, with its reason), left to the stack otherwise.
 #[inline(never)]
-fn reject_unless_passable<C: NpContext>(ctx: &C, f: &Flow, ports: bool, reason: DropReason) -> Action {
+fn reject_unless_passable<C: NpContext>(
+    ctx: &C,
+    f: &Flow,
+    ports: bool,
+    reason: DropReason,
+) -> Action {
     if ports && is_service(f) {
         drop_packet(ctx, f, reason, 0)
     } else {
@@ -234,7 +253,15 @@ fn reject_unless_passable<C: NpContext>(ctx: &C, f: &Flow, ports: bool, reason: 
 /// A known flow to a frontend stays on its backend.
 #[inline(never)]
 fn known_flow<C: NpContext>(ctx: &C, f: &Flow) -> Option<Action> {
-    let key = Ct4Key { saddr: f.saddr, daddr: f.daddr, sport: f.sport, dport: f.dport, proto: f.proto, kind: CT_SERVICE, pad: [0; 2] };
+    let key = Ct4Key {
+        saddr: f.saddr,
+        daddr: f.daddr,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        kind: CT_SERVICE,
+        pad: [0; 2],
+    };
     let ct = ct_get(&key, f.proto, f.tcp_flags)?;
     // Its backend is gone: None, and the flow chooses again.
     let b = V4::backend(ct.backend_id)?;
@@ -244,7 +271,15 @@ fn known_flow<C: NpContext>(ctx: &C, f: &Flow) -> Option<Action> {
 /// A reply to a SNATed flow, addressed to our SNAT port.
 #[inline(never)]
 fn snat_reply<C: NpContext>(ctx: &C, f: &Flow) -> Option<Action> {
-    let key = Ct4Key { saddr: f.saddr, daddr: f.daddr, sport: f.sport, dport: f.dport, proto: f.proto, kind: CT_REVERSE, pad: [0; 2] };
+    let key = Ct4Key {
+        saddr: f.saddr,
+        daddr: f.daddr,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        kind: CT_REVERSE,
+        pad: [0; 2],
+    };
     let ct = ct_get(&key, f.proto, f.tcp_flags)?;
     if ct.flags & CT_F_SNAT == 0 {
         return None;
@@ -278,13 +313,21 @@ fn is_service(f: &Flow) -> bool {
 /// the remote path.
 #[inline(never)]
 fn new_flow<C: NpContext>(ctx: &C, f: &Flow) -> Action {
-    let Some((svc, key)) = external_service(f) else { return Action::Pass };
-    let picked = if svc.algorithm == ALG_MAGLEV { maglev(f, &svc) } else { lb::select_backend::<V4>(&key, &svc) };
+    let Some((svc, key)) = external_service(f) else {
+        return Action::Pass;
+    };
+    let picked = if svc.algorithm == ALG_MAGLEV {
+        maglev(f, &svc)
+    } else {
+        lb::select_backend::<V4>(&key, &svc)
+    };
     let (backend_id, b) = match picked {
         Ok(x) => x,
         Err(reason) => return drop_packet(ctx, f, reason, svc.service_id),
     };
-    let Some(sp) = scratch() else { return Action::Drop };
+    let Some(sp) = scratch() else {
+        return Action::Drop;
+    };
     let ct = unsafe { &mut (*sp).ct };
     *ct = Ct4Value {
         backend_id,
@@ -308,14 +351,32 @@ fn new_flow<C: NpContext>(ctx: &C, f: &Flow) -> Action {
 /// the DNAT on the reply.
 #[inline(never)]
 fn new_local<C: NpContext>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
-    let Some(sp) = scratch() else { return Action::Drop };
+    let Some(sp) = scratch() else {
+        return Action::Drop;
+    };
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
     ct.flags = CT_F_LOCAL;
     *rct = *ct;
     rct.addr = f.daddr;
     rct.port = f.dport;
-    let skey = Ct4Key { saddr: f.saddr, daddr: f.daddr, sport: f.sport, dport: f.dport, proto: f.proto, kind: CT_SERVICE, pad: [0; 2] };
-    let rev = Ct4Key { saddr: b.address, daddr: f.saddr, sport: b.port, dport: f.sport, proto: f.proto, kind: CT_REVERSE, pad: [0; 2] };
+    let skey = Ct4Key {
+        saddr: f.saddr,
+        daddr: f.daddr,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        kind: CT_SERVICE,
+        pad: [0; 2],
+    };
+    let rev = Ct4Key {
+        saddr: b.address,
+        daddr: f.saddr,
+        sport: b.port,
+        dport: f.sport,
+        proto: f.proto,
+        kind: CT_REVERSE,
+        pad: [0; 2],
+    };
     if LB4_CT.insert(&rev, &*rct, 0).is_err() || LB4_CT.insert(&skey, &*ct, 0).is_err() {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
@@ -338,7 +399,9 @@ fn new_remote<C: NpContext>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     if needs_option && !C::CAN_INSERT_OPTIONS {
         return Action::Punt; // before anything changed: tc will redo it
     }
-    let Some(sp) = scratch() else { return Action::Drop };
+    let Some(sp) = scratch() else {
+        return Action::Drop;
+    };
     let ct = unsafe { &mut (*sp).ct };
     // The route to the backend decides the egress device and its address.
     let route = fib_lookup(ctx, f.saddr, b.address, f);
@@ -362,7 +425,15 @@ fn new_remote<C: NpContext>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
             None => return drop_packet(ctx, f, DropReason::SnatPortsExhausted, ct.service_id),
         }
     }
-    let skey = Ct4Key { saddr: f.saddr, daddr: f.daddr, sport: f.sport, dport: f.dport, proto: f.proto, kind: CT_SERVICE, pad: [0; 2] };
+    let skey = Ct4Key {
+        saddr: f.saddr,
+        daddr: f.daddr,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        kind: CT_SERVICE,
+        pad: [0; 2],
+    };
     if LB4_CT.insert(&skey, &*ct, 0).is_err() {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
@@ -375,7 +446,9 @@ fn new_remote<C: NpContext>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
 fn maglev(f: &Flow, svc: &ServiceValue) -> Result<(u32, Backend4), DropReason> {
     let m = events::config(CFG_MAGLEV_M);
     // A NonZero divisor: no panic path for the verifier to reject.
-    let Some(m) = core::num::NonZeroU32::new(m) else { return Err(DropReason::MaglevMissing) };
+    let Some(m) = core::num::NonZeroU32::new(m) else {
+        return Err(DropReason::MaglevMissing);
+    };
     let slot = flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto) % m;
     let id = match unsafe { LB_MAGLEV.get_value(&svc.service_id, &slot) } {
         Some(id) => *id,
@@ -396,7 +469,9 @@ fn alloc_snat_port(f: &Flow, b: &Backend4, node: u32) -> Option<u16> {
     if min == 0 || max < min || max > 65535 {
         return None;
     }
-    let Some(span) = core::num::NonZeroU32::new(max - min + 1) else { return None };
+    let Some(span) = core::num::NonZeroU32::new(max - min + 1) else {
+        return None;
+    };
     // The reverse value, next to the forward one the caller filled in.
     let sp = scratch()?;
     let (ct, rval) = unsafe { (&(*sp).ct, &mut (*sp).rct) };
@@ -408,7 +483,15 @@ fn alloc_snat_port(f: &Flow, b: &Backend4, node: u32) -> Option<u16> {
     let mut i = 0;
     while i < SNAT_ATTEMPTS {
         let port = ((min + unsafe { bpf_get_prandom_u32() } % span) as u16).to_be();
-        let rkey = Ct4Key { saddr: b.address, daddr: node, sport: b.port, dport: port, proto: f.proto, kind: CT_REVERSE, pad: [0; 2] };
+        let rkey = Ct4Key {
+            saddr: b.address,
+            daddr: node,
+            sport: b.port,
+            dport: port,
+            proto: f.proto,
+            kind: CT_REVERSE,
+            pad: [0; 2],
+        };
         if LB4_CT.insert(&rkey, &*rval, BPF_NOEXIST).is_ok() {
             return Some(port);
         }
@@ -427,7 +510,9 @@ enum Route {
 /// the MACs for `finish_redirect`).
 #[inline(always)]
 fn fib_lookup<C: NpContext>(ctx: &C, saddr: u32, daddr: u32, f: &Flow) -> Route {
-    let Some(s) = scratch() else { return Route::None };
+    let Some(s) = scratch() else {
+        return Route::None;
+    };
     let p = unsafe { &mut (*s).fib };
     *p = unsafe { core::mem::zeroed() };
     p.family = AF_INET;
@@ -440,7 +525,9 @@ fn fib_lookup<C: NpContext>(ctx: &C, saddr: u32, daddr: u32, f: &Flow) -> Route 
     p.__bindgen_anon_4.ipv4_dst = daddr;
     match ctx.fib_lookup(p) {
         BPF_FIB_LKUP_RET_SUCCESS => Route::Resolved(p.ifindex),
-        BPF_FIB_LKUP_RET_NO_NEIGH => Route::NoNeigh(p.ifindex, unsafe { p.__bindgen_anon_4.ipv4_dst }),
+        BPF_FIB_LKUP_RET_NO_NEIGH => {
+            Route::NoNeigh(p.ifindex, unsafe { p.__bindgen_anon_4.ipv4_dst })
+        }
         _ => Route::None,
     }
 }
@@ -454,7 +541,8 @@ fn forward_known<C: NpContext>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -
             Action::Pass
         });
     }
-    let needs_option = ct.flags & CT_F_DSR != 0 && (f.proto == IPPROTO_UDP || f.tcp_flags & TCP_SYN != 0);
+    let needs_option =
+        ct.flags & CT_F_DSR != 0 && (f.proto == IPPROTO_UDP || f.tcp_flags & TCP_SYN != 0);
     if needs_option && !C::CAN_INSERT_OPTIONS {
         return Action::Punt;
     }
@@ -494,7 +582,9 @@ fn forward_remote<C: NpContext>(
 fn finish_redirect<C: NpContext>(ctx: &C, route: Route) -> Action {
     match route {
         Route::Resolved(ifindex) => {
-            let Some(s) = scratch() else { return Action::Drop };
+            let Some(s) = scratch() else {
+                return Action::Drop;
+            };
             let (dmac, smac) = unsafe { ((*s).fib.dmac, (*s).fib.smac) };
             if !store(ctx, 0, dmac) || !store(ctx, 6, smac) {
                 return Action::Drop;
@@ -547,8 +637,26 @@ fn reverse_snat<C: NpContext>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
 /// reply can leave from it; then strip the option and let the stack deliver.
 #[inline(never)]
 fn learn_dsr<C: NpContext>(ctx: &C, f: &Flow, vip: u32, vport: u16) -> Action {
-    let key = Ct4Key { saddr: f.daddr, daddr: f.saddr, sport: f.dport, dport: f.sport, proto: f.proto, kind: CT_REVERSE, pad: [0; 2] };
-    let val = Ct4Value { backend_id: 0, service_id: 0, addr: vip, nat_addr: 0, port: vport, nat_port: 0, flags: CT_F_DSR, pad: 0, last_seen_ns: now() };
+    let key = Ct4Key {
+        saddr: f.daddr,
+        daddr: f.saddr,
+        sport: f.dport,
+        dport: f.sport,
+        proto: f.proto,
+        kind: CT_REVERSE,
+        pad: [0; 2],
+    };
+    let val = Ct4Value {
+        backend_id: 0,
+        service_id: 0,
+        addr: vip,
+        nat_addr: 0,
+        port: vport,
+        nat_port: 0,
+        flags: CT_F_DSR,
+        pad: 0,
+        last_seen_ns: now(),
+    };
     if LB4_CT.insert(&key, &val, 0).is_err() {
         return drop_packet(ctx, f, DropReason::CtFull, 0);
     }
@@ -564,18 +672,31 @@ fn learn_dsr<C: NpContext>(ctx: &C, f: &Flow, vip: u32, vport: u16) -> Action {
 /// address again (a local backend's reply, or a DSR reply on the backend's node).
 #[inline(always)]
 pub fn egress<C: NpContext>(ctx: &C) -> Action {
-    let Some(s) = scratch() else { return Action::Pass };
+    let Some(s) = scratch() else {
+        return Action::Pass;
+    };
     if parse(ctx, unsafe { &mut (*s).flow }) != Parsed::Flow {
         return Action::Pass;
     }
     let f: &Flow = unsafe { &(*s).flow };
-    let key = Ct4Key { saddr: f.saddr, daddr: f.daddr, sport: f.sport, dport: f.dport, proto: f.proto, kind: CT_REVERSE, pad: [0; 2] };
-    let Some(ct) = ct_get(&key, f.proto, f.tcp_flags) else { return Action::Pass };
+    let key = Ct4Key {
+        saddr: f.saddr,
+        daddr: f.daddr,
+        sport: f.sport,
+        dport: f.dport,
+        proto: f.proto,
+        kind: CT_REVERSE,
+        pad: [0; 2],
+    };
+    let Some(ct) = ct_get(&key, f.proto, f.tcp_flags) else {
+        return Action::Pass;
+    };
     if ct.flags & CT_F_SNAT != 0 {
         return Action::Pass; // SNAT replies arrive on ingress
     }
     let (addr, port) = (ct.addr, ct.port);
-    let ok = set_addr(ctx, f, IP_SADDR, f.saddr, addr).and_then(|_| set_port(ctx, f, L4_SPORT, f.sport, port));
+    let ok = set_addr(ctx, f, IP_SADDR, f.saddr, addr)
+        .and_then(|_| set_port(ctx, f, L4_SPORT, f.sport, port));
     if ok.is_none() {
         return Action::Drop;
     }
@@ -592,7 +713,8 @@ fn set_addr<C: NpContext>(ctx: &C, f: &Flow, field: usize, old: u32, new: u32) -
     if !store(ctx, ETH_HLEN + field, new) || !ctx.csum_l3(old, new) {
         return None;
     }
-    ctx.csum_l4(l4_check(f), old, new, 4, true, f.proto == IPPROTO_UDP).then_some(())
+    ctx.csum_l4(l4_check(f), old, new, 4, true, f.proto == IPPROTO_UDP)
+        .then_some(())
 }
 
 #[inline(always)]
@@ -603,12 +725,25 @@ fn set_port<C: NpContext>(ctx: &C, f: &Flow, field: usize, old: u16, new: u16) -
     if !store(ctx, f.l4() + field, new) {
         return None;
     }
-    ctx.csum_l4(l4_check(f), old as u32, new as u32, 2, false, f.proto == IPPROTO_UDP).then_some(())
+    ctx.csum_l4(
+        l4_check(f),
+        old as u32,
+        new as u32,
+        2,
+        false,
+        f.proto == IPPROTO_UDP,
+    )
+    .then_some(())
 }
 
 #[inline(always)]
 fn l4_check(f: &Flow) -> usize {
-    f.l4() + if f.proto == IPPROTO_TCP { TCP_CHECK } else { UDP_CHECK }
+    f.l4()
+        + if f.proto == IPPROTO_TCP {
+            TCP_CHECK
+        } else {
+            UDP_CHECK
+        }
 }
 
 /// The XDP way: RFC 1624 on the checksum fields themselves (there is no
@@ -624,11 +759,17 @@ pub fn manual_csum_l3<P: Pkt>(p: &P, old: u32, new: u32) -> bool {
 
 #[inline(always)]
 pub fn manual_csum_l4<P: Pkt>(p: &P, off: usize, old: u32, new: u32, size: u64, udp: bool) -> bool {
-    let Some(check) = load::<u16, P>(p, off) else { return false };
+    let Some(check) = load::<u16, P>(p, off) else {
+        return false;
+    };
     if udp && check == 0 {
         return true; // no UDP checksum (allowed for IPv4): keep none
     }
-    let d = if size == 4 { diff32(old, new) } else { diff16(old as u16, new as u16) };
+    let d = if size == 4 {
+        diff32(old, new)
+    } else {
+        diff16(old as u16, new as u16)
+    };
     let mut c = csum_apply(check, d);
     if udp && c == 0 {
         c = 0xffff; // RFC 768: a computed zero is sent as all ones
@@ -665,7 +806,12 @@ fn remove_dsr_option<C: NpContext>(ctx: &C, f: &Flow) -> bool {
         return false;
     }
     let ip = ETH_HLEN;
-    let ok = store(ctx, ip, 0x45u8) && store(ctx, ip + IP_TOT_LEN, (f.tot_len - DSR_OPT_LEN as u16).to_be());
+    let ok = store(ctx, ip, 0x45u8)
+        && store(
+            ctx,
+            ip + IP_TOT_LEN,
+            (f.tot_len - DSR_OPT_LEN as u16).to_be(),
+        );
     if !ok {
         return false;
     }

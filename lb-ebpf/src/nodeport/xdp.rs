@@ -55,14 +55,29 @@ impl NpContext for Xdp<'_> {
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
-        unsafe { fib(self.ctx.as_ptr(), p, core::mem::size_of::<bpf_fib_lookup>() as i32, 0) }
+        unsafe {
+            fib(
+                self.ctx.as_ptr(),
+                p,
+                core::mem::size_of::<bpf_fib_lookup>() as i32,
+                0,
+            )
+        }
     }
     #[inline(always)]
     fn csum_l3(&self, old: u32, new: u32) -> bool {
         manual_csum_l3(self, old, new)
     }
     #[inline(always)]
-    fn csum_l4(&self, check_off: usize, old: u32, new: u32, size: u64, _pseudo: bool, udp: bool) -> bool {
+    fn csum_l4(
+        &self,
+        check_off: usize,
+        old: u32,
+        new: u32,
+        size: u64,
+        _pseudo: bool,
+        udp: bool,
+    ) -> bool {
         manual_csum_l4(self, check_off, old, new, size, udp)
     }
 }

@@ -15,7 +15,9 @@ use lb_common::{
     service::{Service4Key, Service6Key, SCOPE_ALL},
 };
 
-use super::{bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY, ECONNREFUSED};
+use super::{
+    bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY, ECONNREFUSED,
+};
 use crate::{
     drop,
     events::{self, bump, log_enabled},
@@ -55,7 +57,14 @@ fn tcp_or_udp(sa: &SockAddr) -> Option<u8> {
 
 /// The event skeleton for this call: hook, protocol, original destination.
 #[inline(always)]
-fn event(ctx: &SockAddrContext, hook: u8, proto: u8, family: u8, daddr: [u8; 16], dport: u16) -> Event {
+fn event(
+    ctx: &SockAddrContext,
+    hook: u8,
+    proto: u8,
+    family: u8,
+    daddr: [u8; 16],
+    dport: u16,
+) -> Event {
     let mut e = Event::zeroed();
     e.hook = hook;
     e.proto = proto;
@@ -86,7 +95,9 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         return ALLOW;
     }
     let sa = SockAddr::new(ctx.sock_addr);
-    let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
+    let Some(protocol) = tcp_or_udp(&sa) else {
+        return ALLOW;
+    };
     let address = if mapped {
         match v4_mapped(&sa.user_ip6_words()) {
             Some(a) => a,
@@ -108,7 +119,10 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         Ok(found) => found,
         Err(reason) => {
             if reason == DropReason::BackendMissing && log_enabled(LOG_WARN) {
-                warn!(ctx, "service {} names a backend that is not in LB4_BACKENDS", svc.service_id);
+                warn!(
+                    ctx,
+                    "service {} names a backend that is not in LB4_BACKENDS", svc.service_id
+                );
             }
             let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
             e.service_id = svc.service_id;
@@ -119,8 +133,18 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     // Remember the translation for this socket so replies (recvmsg) and
     // getpeername() show the service address again.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let rev_key = SockRevNat4Key { cookie, address: backend.address, port: backend.port, pad: 0 };
-    let rev = SockRevNat4Value { address: key.address, port: key.dport, pad: 0, service_id: svc.service_id };
+    let rev_key = SockRevNat4Key {
+        cookie,
+        address: backend.address,
+        port: backend.port,
+        pad: 0,
+    };
+    let rev = SockRevNat4Value {
+        address: key.address,
+        port: key.dport,
+        pad: 0,
+        service_id: svc.service_id,
+    };
     if LB4_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
         // The connection itself still works; only the reverse view is lost.
         drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
@@ -156,11 +180,23 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
     let words = sa.user_ip6_words();
     if v4_mapped(&words).is_some() {
-        let hook4 = if hook == HOOK_CONNECT6 { HOOK_CONNECT4 } else { HOOK_SENDMSG4 };
+        let hook4 = if hook == HOOK_CONNECT6 {
+            HOOK_CONNECT4
+        } else {
+            HOOK_SENDMSG4
+        };
         return forward4(ctx, hook4, true);
     }
-    let Some(protocol) = tcp_or_udp(&sa) else { return ALLOW };
-    let key = Service6Key::new(words_to_bytes(&words), sa.user_port(), protocol, SCOPE_ALL, 0);
+    let Some(protocol) = tcp_or_udp(&sa) else {
+        return ALLOW;
+    };
+    let key = Service6Key::new(
+        words_to_bytes(&words),
+        sa.user_port(),
+        protocol,
+        SCOPE_ALL,
+        0,
+    );
     let svc = match lb::lookup_service::<V6>(&key) {
         Lookup::NotService => return ALLOW,
         Lookup::UnknownPort => {
@@ -178,8 +214,18 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         }
     };
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let rev_key = SockRevNat6Key { cookie, address: backend.address, port: backend.port, pad: [0; 6] };
-    let rev = SockRevNat6Value { address: key.address, port: key.dport, pad: 0, service_id: svc.service_id };
+    let rev_key = SockRevNat6Key {
+        cookie,
+        address: backend.address,
+        port: backend.port,
+        pad: [0; 6],
+    };
+    let rev = SockRevNat6Value {
+        address: key.address,
+        port: key.dport,
+        pad: 0,
+        service_id: svc.service_id,
+    };
     if LB6_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
         drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
     }

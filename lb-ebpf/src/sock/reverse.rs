@@ -1,6 +1,7 @@
 //! cgroup/recvmsg4, recvmsg6, getpeername4, getpeername6: backend → service address.
 use aya_ebpf::{
-    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext, EbpfContext,
+    helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
+    EbpfContext,
 };
 use lb_common::{
     config::CNT_SOCK_REVERSE,
@@ -46,7 +47,12 @@ fn reverse4(ctx: &SockAddrContext, mapped: bool) -> i32 {
         sa.user_ip4()
     };
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockRevNat4Key { cookie, address, port: sa.user_port(), pad: 0 };
+    let key = SockRevNat4Key {
+        cookie,
+        address,
+        port: sa.user_port(),
+        pad: 0,
+    };
     let Some(entry) = (unsafe { LB4_SOCK_REVNAT.get(&key) }).copied() else {
         return ALLOW;
     };
@@ -77,7 +83,12 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
         return reverse4(ctx, true);
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockRevNat6Key { cookie, address: words_to_bytes(&words), port: sa.user_port(), pad: [0; 6] };
+    let key = SockRevNat6Key {
+        cookie,
+        address: words_to_bytes(&words),
+        port: sa.user_port(),
+        pad: [0; 6],
+    };
     let Some(entry) = (unsafe { LB6_SOCK_REVNAT.get(&key) }).copied() else {
         return ALLOW;
     };

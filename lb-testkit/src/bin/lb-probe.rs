@@ -44,7 +44,12 @@ fn main() {
 }
 
 fn failed(e: std::io::Error) -> Attempt {
-    Attempt { ok: false, errno: e.raw_os_error(), error: Some(e.to_string()), ..Default::default() }
+    Attempt {
+        ok: false,
+        errno: e.raw_os_error(),
+        error: Some(e.to_string()),
+        ..Default::default()
+    }
 }
 
 fn tcp(target: SocketAddr) -> Attempt {
@@ -67,7 +72,12 @@ fn tcp(target: SocketAddr) -> Attempt {
 }
 
 fn udp(target: SocketAddr, connected: bool) -> Attempt {
-    let s = UdpSocket::bind(if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).unwrap();
+    let s = UdpSocket::bind(if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let sent = if connected {
         s.connect(target).and_then(|_| s.send(b"ping"))
@@ -85,7 +95,11 @@ fn udp(target: SocketAddr, connected: bool) -> Attempt {
     Attempt {
         ok: true,
         reply: Some(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
-        peer: if connected { s.peer_addr().ok().map(|a| a.to_string()) } else { None },
+        peer: if connected {
+            s.peer_addr().ok().map(|a| a.to_string())
+        } else {
+            None
+        },
         reply_from: Some(from.to_string()),
         local: s.local_addr().ok().map(|a| a.to_string()),
         ..Default::default()

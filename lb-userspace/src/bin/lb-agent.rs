@@ -22,8 +22,8 @@ use lb::{
     sys,
 };
 use lb_common::config::{
-    CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LB_MODE, CFG_LOG_LEVEL,
-    CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
+    CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY,
+    CFG_LB_MODE, CFG_LOG_LEVEL, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
 };
 use tokio::{
     io::unix::AsyncFd,
@@ -33,7 +33,11 @@ use tokio::{
 use tracing::{error, info, warn};
 
 #[derive(Parser)]
-#[command(name = "lb-agent", version, about = "eBPF service load balancer: node agent")]
+#[command(
+    name = "lb-agent",
+    version,
+    about = "eBPF service load balancer: node agent"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -72,7 +76,12 @@ struct RunArgs {
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// Node addresses that serve NodePorts, as CIDRs [default: every InternalIP/ExternalIP of the node].
-    #[arg(long, value_delimiter = ',', value_name = "CIDR,...", env = "LB_NODEPORT_ADDRESSES")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "CIDR,...",
+        env = "LB_NODEPORT_ADDRESSES"
+    )]
     nodeport_addresses: Vec<Cidr>,
     /// Gather Kubernetes changes this long before applying them.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration, env = "LB_MIN_SYNC_PERIOD")]
@@ -99,7 +108,12 @@ struct RunArgs {
     socket_lb_host_namespace_only: bool,
     /// External devices: tc (and XDP) programs serve NodePort, LoadBalancer
     /// and external-IP traffic arriving there; their addresses serve NodePorts.
-    #[arg(long, value_delimiter = ',', value_name = "DEV,...", env = "LB_DEVICES")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "DEV,...",
+        env = "LB_DEVICES"
+    )]
     devices: Vec<String>,
     /// How traffic to a backend on another node is forwarded.
     #[arg(long, value_enum, default_value_t = LbMode::Snat, env = "LB_MODE")]
@@ -144,7 +158,10 @@ fn main() -> anyhow::Result<()> {
     if !filter.contains("lb_ebpf") {
         filter.push_str(",lb_ebpf=trace");
     }
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Uninstall { pin_dir }) => {
@@ -193,7 +210,8 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
         }
     });
     let config = if let Some(path) = &args.kubeconfig {
-        let kubeconfig = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading {}", path.display()))?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
     } else {
         match kube::Config::infer().await {
@@ -212,7 +230,9 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
     // in lb_source_errors_total), so an outage is visible at once.
     config.default_retry = false;
     if let Some(url) = server {
-        config.cluster_url = url.parse().with_context(|| format!("--k8s-api-server {url}"))?;
+        config.cluster_url = url
+            .parse()
+            .with_context(|| format!("--k8s-api-server {url}"))?;
     }
     info!(server = %config.cluster_url, "connecting to the apiserver");
     Ok(kube::Client::try_from(config)?)
@@ -234,10 +254,17 @@ struct PortRange(u16, u16);
 impl std::str::FromStr for PortRange {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (a, b) = s.split_once('-').ok_or("write the range as MIN-MAX, e.g. 61000-65535")?;
-        let (a, b): (u16, u16) = (a.parse().map_err(|_| "not a port")?, b.parse().map_err(|_| "not a port")?);
+        let (a, b) = s
+            .split_once('-')
+            .ok_or("write the range as MIN-MAX, e.g. 61000-65535")?;
+        let (a, b): (u16, u16) = (
+            a.parse().map_err(|_| "not a port")?,
+            b.parse().map_err(|_| "not a port")?,
+        );
         if a == 0 || b < a {
-            return Err(format!("{a}-{b}: the range must be non-empty and start above 0"));
+            return Err(format!(
+                "{a}-{b}: the range must be non-empty and start above 0"
+            ));
         }
         Ok(PortRange(a, b))
     }
@@ -252,8 +279,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             lb_common::maps::MAGLEV_PRIMES
         );
     }
-    let log_level = datapath::config::parse_value(datapath::config::setting("bpf-log-level")?, &args.bpf_log_level)
-        .context("--bpf-log-level")?;
+    let log_level = datapath::config::parse_value(
+        datapath::config::setting("bpf-log-level")?,
+        &args.bpf_log_level,
+    )
+    .context("--bpf-log-level")?;
     if args.event_rate == 0 {
         bail!("--event-rate must be at least 1");
     }
@@ -284,7 +314,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let cookie = sys::fs::own_netns_cookie()?;
     config.set(CFG_HOST_NETNS_COOKIE_LO, cookie as u32)?;
     config.set(CFG_HOST_NETNS_COOKIE_HI, (cookie >> 32) as u32)?;
-    config.set(CFG_HOST_NS_ONLY, u32::from(args.socket_lb_host_namespace_only))?;
+    config.set(
+        CFG_HOST_NS_ONLY,
+        u32::from(args.socket_lb_host_namespace_only),
+    )?;
     config.set(
         CFG_LB_MODE,
         match args.lb_mode {
@@ -297,18 +330,29 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     config.set(CFG_SNAT_PORT_MIN, args.snat_port_range.0 as u32)?;
     config.set(CFG_SNAT_PORT_MAX, args.snat_port_range.1 as u32)?;
     if args.socket_lb_host_namespace_only {
-        info!(netns_cookie = cookie, "socket LB applies to the host network namespace only");
+        info!(
+            netns_cookie = cookie,
+            "socket LB applies to the host network namespace only"
+        );
     }
 
     let maps = BpfMaps::open(&cfg.pin_dir)?;
-    let mut reconciler =
-        Reconciler::restore(maps)?.with_config(lb::desired::BuildConfig { maglev_m: args.maglev_table_size });
-    info!(entries = reconciler.state().services.len(), backends = reconciler.state().backends.len(), "restored state from pinned maps");
+    let mut reconciler = Reconciler::restore(maps)?.with_config(lb::desired::BuildConfig {
+        maglev_m: args.maglev_table_size,
+    });
+    info!(
+        entries = reconciler.state().services.len(),
+        backends = reconciler.state().backends.len(),
+        "restored state from pinned maps"
+    );
 
     let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
     metrics.health.lock().unwrap().installed = true;
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let health = metrics.health.clone();
         let (addr, grace) = (args.metrics_address, args.healthz_grace);
@@ -331,7 +375,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 for dev in &args.devices {
                     if let Some(a) = sys::netdev::ipv4_address(dev)? {
                         let ip = std::net::IpAddr::V4(a);
-                        if args.nodeport_addresses.is_empty() || args.nodeport_addresses.iter().any(|c| c.contains(&ip)) {
+                        if args.nodeport_addresses.is_empty()
+                            || args.nodeport_addresses.iter().any(|c| c.contains(&ip))
+                        {
                             nodeport_addresses.push(ip);
                         }
                     }
@@ -386,11 +432,19 @@ fn handle(ev: SourceEvent, reconciler: &mut Reconciler<BpfMaps>, metrics: &Metri
             let result = reconciler.reconcile_changes(changes);
             finish(result, reconciler, metrics, Some(observed));
         }
-        SourceEvent::Error { source, reason, message } => {
+        SourceEvent::Error {
+            source,
+            reason,
+            message,
+        } => {
             error!("{message}; keeping the last good state in the maps");
             metrics.source_error(source, reason, message);
         }
-        SourceEvent::Warning { source, reason, message } => {
+        SourceEvent::Warning {
+            source,
+            reason,
+            message,
+        } => {
             warn!("{message}");
             metrics.source_warning(source, reason);
         }
@@ -406,7 +460,13 @@ fn finish(
     let target = reconciler.target();
     match result {
         Ok(stats) => {
-            metrics.reconciled(&stats, observed, reconciler.state(), target.services.len(), reconciler.maps().capacity());
+            metrics.reconciled(
+                &stats,
+                observed,
+                reconciler.state(),
+                target.services.len(),
+                reconciler.maps().capacity(),
+            );
             info!(
                 services = target.services.len(),
                 frontends = target.frontend_count(),
@@ -428,15 +488,18 @@ fn finish(
 async fn forward_bpf_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
     // SAFETY: the logger owns the ring buffer's fd for its whole life and
     // always returns that same fd.
-    let mut fd = match unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
-        Ok(fd) => fd,
-        Err(e) => {
-            warn!("cannot poll eBPF logs: {e}");
-            return;
-        }
-    };
+    let mut fd =
+        match unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+            Ok(fd) => fd,
+            Err(e) => {
+                warn!("cannot poll eBPF logs: {e}");
+                return;
+            }
+        };
     loop {
-        let Ok(mut guard) = fd.readable_mut().await else { return };
+        let Ok(mut guard) = fd.readable_mut().await else {
+            return;
+        };
         guard.get_inner_mut().flush();
         guard.clear_ready();
     }

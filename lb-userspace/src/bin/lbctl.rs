@@ -18,7 +18,11 @@ use lb::{
 use lb_common::config::CFG_TRACE;
 
 #[derive(Parser)]
-#[command(name = "lbctl", version, about = "Inspect the eBPF service load balancer")]
+#[command(
+    name = "lbctl",
+    version,
+    about = "Inspect the eBPF service load balancer"
+)]
 struct Cli {
     /// Where the agent pinned its maps.
     #[arg(long, global = true, default_value_os_t = datapath::pins::default_pin_dir())]
@@ -164,7 +168,9 @@ fn run() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
             }
         }
-        Command::Backend { command: BackendCommand::List } => {
+        Command::Backend {
+            command: BackendCommand::List,
+        } => {
             let state = BpfMaps::open(&cli.pin_dir)?.dump()?;
             let rows = cli::backend_list::rows(&state);
             match out {
@@ -179,7 +185,9 @@ fn run() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&counts)?),
             }
         }
-        Command::Ct { command: CtCommand::List } => {
+        Command::Ct {
+            command: CtCommand::List,
+        } => {
             let entries = lb::maps::bpf::read_ct(&cli.pin_dir)?;
             let rows = cli::conntrack::rows(&entries, monitor::reader::monotonic_ns());
             match out {
@@ -187,10 +195,15 @@ fn run() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
             }
         }
-        Command::Maglev { command: MaglevCommand::Get { service } } => {
+        Command::Maglev {
+            command: MaglevCommand::Get { service },
+        } => {
             let state = BpfMaps::open(&cli.pin_dir)?.dump()?;
             let rows = cli::service_list::rows(&state);
-            let Some(found) = cli::service_list::find(&rows, &service).first().map(|r| r.id) else {
+            let Some(found) = cli::service_list::find(&rows, &service)
+                .first()
+                .map(|r| r.id)
+            else {
                 bail!("no service {service:?}: give a service id or a frontend like 10.96.0.10:80/TCP (see lbctl service list)");
             };
             let Some(summary) = cli::maglev::summary(&state, found) else {
@@ -205,7 +218,10 @@ fn run() -> anyhow::Result<()> {
             let mut config = RuntimeConfig::open(&cli.pin_dir)?;
             if let ConfigCommand::Set { key, value } = &command {
                 let setting = datapath::config::setting(key)?;
-                config.set(setting.index, datapath::config::parse_value(setting, value)?)?;
+                config.set(
+                    setting.index,
+                    datapath::config::parse_value(setting, value)?,
+                )?;
             }
             let all = config.all()?;
             match out {
@@ -219,7 +235,12 @@ fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn monitor(pin_dir: &std::path::Path, kind: MonitorType, count: Option<usize>, out: Output) -> anyhow::Result<()> {
+fn monitor(
+    pin_dir: &std::path::Path,
+    kind: MonitorType,
+    count: Option<usize>,
+    out: Output,
+) -> anyhow::Result<()> {
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);

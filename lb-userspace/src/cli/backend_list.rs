@@ -25,7 +25,9 @@ pub fn rows(state: &MapState) -> Vec<BackendListRow> {
             endpoint: Endpoint {
                 address: b.address.to_string(),
                 port: b.port,
-                protocol: Protocol::from_number(b.proto).map_or("?", |p| p.as_str()).to_string(),
+                protocol: Protocol::from_number(b.proto)
+                    .map_or("?", |p| p.as_str())
+                    .to_string(),
             },
             state: match b.state {
                 lb_common::backend::BACKEND_STATE_ACTIVE => "active",
@@ -42,7 +44,13 @@ pub fn rows(state: &MapState) -> Vec<BackendListRow> {
 }
 
 pub fn render_table(rows: &[BackendListRow]) -> String {
-    let mut table = vec![["ID".to_string(), "Address".into(), "State".into(), "Local".into(), "Slots".into()]];
+    let mut table = vec![[
+        "ID".to_string(),
+        "Address".into(),
+        "State".into(),
+        "Local".into(),
+        "Slots".into(),
+    ]];
     for r in rows {
         table.push([
             r.id.to_string(),

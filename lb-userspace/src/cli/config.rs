@@ -10,7 +10,11 @@ pub fn render_table(all: &[(&'static Setting, u32)]) -> String {
 }
 
 pub fn to_json(all: &[(&'static Setting, u32)]) -> serde_json::Value {
-    serde_json::Value::Object(all.iter().map(|(s, v)| (s.name.to_string(), format_value(s, *v).into())).collect())
+    serde_json::Value::Object(
+        all.iter()
+            .map(|(s, v)| (s.name.to_string(), format_value(s, *v).into()))
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -26,7 +26,11 @@ pub struct CtRow {
 }
 
 fn ep(addr: u32, port: u16) -> String {
-    format!("{}:{}", Ipv4Addr::from(addr.to_ne_bytes()), u16::from_be(port))
+    format!(
+        "{}:{}",
+        Ipv4Addr::from(addr.to_ne_bytes()),
+        u16::from_be(port)
+    )
 }
 
 pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
@@ -34,7 +38,12 @@ pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
         .iter()
         .map(|(k, v)| {
             let mut flags = Vec::new();
-            for (bit, name) in [(CT_F_SNAT, "snat"), (CT_F_DSR, "dsr"), (CT_F_LOCAL, "local"), (CT_F_CLOSING, "closing")] {
+            for (bit, name) in [
+                (CT_F_SNAT, "snat"),
+                (CT_F_DSR, "dsr"),
+                (CT_F_LOCAL, "local"),
+                (CT_F_CLOSING, "closing"),
+            ] {
                 if v.flags & bit != 0 {
                     flags.push(name);
                 }
@@ -45,7 +54,8 @@ pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
                     CT_REVERSE => "reverse",
                     _ => "unknown",
                 },
-                protocol: Protocol::from_number(k.proto).map_or_else(|| k.proto.to_string(), |p| p.as_str().to_string()),
+                protocol: Protocol::from_number(k.proto)
+                    .map_or_else(|| k.proto.to_string(), |p| p.as_str().to_string()),
                 source: ep(k.saddr, k.sport),
                 destination: ep(k.daddr, k.dport),
                 target: ep(v.addr, v.port),
@@ -57,19 +67,33 @@ pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
             }
         })
         .collect();
-    rows.sort_by(|a, b| (a.kind, &a.source, &a.destination).cmp(&(b.kind, &b.source, &b.destination)));
+    rows.sort_by(|a, b| {
+        (a.kind, &a.source, &a.destination).cmp(&(b.kind, &b.source, &b.destination))
+    });
     rows
 }
 
 pub fn render_table(rows: &[CtRow]) -> String {
-    let mut t = vec![["Kind".to_string(), "Flow".into(), "To".into(), "NAT".into(), "Flags".into(), "Service".into(), "Idle".into()]];
+    let mut t = vec![[
+        "Kind".to_string(),
+        "Flow".into(),
+        "To".into(),
+        "NAT".into(),
+        "Flags".into(),
+        "Service".into(),
+        "Idle".into(),
+    ]];
     for r in rows {
         t.push([
             r.kind.to_string(),
             format!("{} -> {}/{}", r.source, r.destination, r.protocol),
             r.target.clone(),
             r.nat.clone().unwrap_or_else(|| "-".into()),
-            if r.flags.is_empty() { "-".into() } else { r.flags.join(",") },
+            if r.flags.is_empty() {
+                "-".into()
+            } else {
+                r.flags.join(",")
+            },
             r.service_id.to_string(),
             format!("{}s", r.idle_s),
         ]);
@@ -87,7 +111,15 @@ mod tests {
 
     #[test]
     fn table_matches_golden_output() {
-        let key = Ct4Key { saddr: a("192.168.60.1"), daddr: a("192.168.60.2"), sport: 40001u16.to_be(), dport: 30081u16.to_be(), proto: 6, kind: CT_SERVICE, pad: [0; 2] };
+        let key = Ct4Key {
+            saddr: a("192.168.60.1"),
+            daddr: a("192.168.60.2"),
+            sport: 40001u16.to_be(),
+            dport: 30081u16.to_be(),
+            proto: 6,
+            kind: CT_SERVICE,
+            pad: [0; 2],
+        };
         let val = Ct4Value {
             backend_id: 3,
             service_id: 7,

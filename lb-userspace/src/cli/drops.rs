@@ -4,7 +4,11 @@ use crate::maps::bpf::DropCount;
 pub fn render_table(counts: &[DropCount]) -> String {
     let mut table = vec![["Reason".to_string(), "Direction".into(), "Packets".into()]];
     for c in counts {
-        table.push([c.reason.to_string(), c.direction.to_string(), c.packets.to_string()]);
+        table.push([
+            c.reason.to_string(),
+            c.direction.to_string(),
+            c.packets.to_string(),
+        ]);
     }
     align(&table)
 }
@@ -40,8 +44,16 @@ mod tests {
     #[test]
     fn table_matches_golden_output() {
         let counts = [
-            DropCount { reason: "no-backend", direction: "egress", packets: 3 },
-            DropCount { reason: "no-service-port", direction: "egress", packets: 0 },
+            DropCount {
+                reason: "no-backend",
+                direction: "egress",
+                packets: 3,
+            },
+            DropCount {
+                reason: "no-service-port",
+                direction: "egress",
+                packets: 0,
+            },
         ];
         let golden = "\
 Reason            Direction   Packets

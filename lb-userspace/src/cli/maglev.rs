@@ -23,7 +23,9 @@ pub struct MaglevShare {
 
 pub fn summary(state: &MapState, service_id: u32) -> Option<MaglevSummary> {
     let table = state.maglev.get(&service_id)?;
-    let (key, _) = state.frontends().find(|(_, v)| v.service_id == service_id)?;
+    let (key, _) = state
+        .frontends()
+        .find(|(_, v)| v.service_id == service_id)?;
     let mut counts: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
     for id in table.iter() {
         *counts.entry(*id).or_default() += 1;
@@ -33,7 +35,14 @@ pub fn summary(state: &MapState, service_id: u32) -> Option<MaglevSummary> {
         .map(|(id, slots)| MaglevShare {
             backend_id: id,
             backend: state.backends.get(&id).map_or("missing".into(), |b| {
-                Endpoint { address: b.address.to_string(), port: b.port, protocol: Protocol::from_number(b.proto).map_or("?", |p| p.as_str()).into() }.to_string()
+                Endpoint {
+                    address: b.address.to_string(),
+                    port: b.port,
+                    protocol: Protocol::from_number(b.proto)
+                        .map_or("?", |p| p.as_str())
+                        .into(),
+                }
+                .to_string()
             }),
             slots,
             share: slots as f64 / table.len() as f64,
@@ -42,17 +51,37 @@ pub fn summary(state: &MapState, service_id: u32) -> Option<MaglevSummary> {
     let frontend = Endpoint {
         address: key.address.to_string(),
         port: key.port,
-        protocol: Protocol::from_number(key.proto).map_or("?", |p| p.as_str()).into(),
+        protocol: Protocol::from_number(key.proto)
+            .map_or("?", |p| p.as_str())
+            .into(),
     }
     .to_string();
-    Some(MaglevSummary { service_id, frontend, size: table.len(), backends })
+    Some(MaglevSummary {
+        service_id,
+        frontend,
+        size: table.len(),
+        backends,
+    })
 }
 
 pub fn render_table(s: &MaglevSummary) -> String {
-    let mut out = format!("Service {} {}: Maglev table of {} slots\n", s.service_id, s.frontend, s.size);
-    let mut t = vec![["ID".to_string(), "Backend".into(), "Slots".into(), "Share".into()]];
+    let mut out = format!(
+        "Service {} {}: Maglev table of {} slots\n",
+        s.service_id, s.frontend, s.size
+    );
+    let mut t = vec![[
+        "ID".to_string(),
+        "Backend".into(),
+        "Slots".into(),
+        "Share".into(),
+    ]];
     for b in &s.backends {
-        t.push([b.backend_id.to_string(), b.backend.clone(), b.slots.to_string(), format!("{:.2}%", b.share * 100.0)]);
+        t.push([
+            b.backend_id.to_string(),
+            b.backend.clone(),
+            b.slots.to_string(),
+            format!("{:.2}%", b.share * 100.0),
+        ]);
     }
     out.push_str(&super::drops::align(&t));
     out
@@ -61,12 +90,16 @@ pub fn render_table(s: &MaglevSummary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{desired::BuildConfig, maps::fake::FakeMaps, model::file::parse, reconcile::Reconciler};
+    use crate::{
+        desired::BuildConfig, maps::fake::FakeMaps, model::file::parse, reconcile::Reconciler,
+    };
 
     #[test]
     fn table_matches_golden_output() {
         let model = parse("services: [{name: w, algorithm: maglev, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}, {address: 10.0.0.2, weight: 3}]}]").unwrap();
-        let mut r = Reconciler::restore(FakeMaps::default()).unwrap().with_config(BuildConfig { maglev_m: 251 });
+        let mut r = Reconciler::restore(FakeMaps::default())
+            .unwrap()
+            .with_config(BuildConfig { maglev_m: 251 });
         r.reconcile(&model).unwrap();
         let s = summary(r.state(), 1).unwrap();
         let golden = "\

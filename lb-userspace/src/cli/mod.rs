@@ -2,8 +2,8 @@
 pub mod backend_list;
 pub mod config;
 pub mod conntrack;
-pub mod maglev;
 pub mod drops;
+pub mod maglev;
 pub mod service_list;
 pub mod status;
 

@@ -9,7 +9,9 @@ use serde::Serialize;
 
 use lb_common::{
     backend::{BACKEND_STATE_ACTIVE, BACKEND_STATE_MAINTENANCE, BACKEND_STATE_TERMINATING},
-    service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
+    service::{
+        SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+    },
 };
 
 use crate::{maps::MapState, model::Protocol};
@@ -95,11 +97,19 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                                 protocol: proto_name(b.proto),
                             },
                             // The slot region is what selection uses.
-                            state: if active { "active" } else { state_name(b.state.max(BACKEND_STATE_TERMINATING)) },
+                            state: if active {
+                                "active"
+                            } else {
+                                state_name(b.state.max(BACKEND_STATE_TERMINATING))
+                            },
                         },
                         None => BackendRow {
                             id,
-                            endpoint: Endpoint { address: "?".into(), port: 0, protocol: "?".into() },
+                            endpoint: Endpoint {
+                                address: "?".into(),
+                                port: 0,
+                                protocol: "?".into(),
+                            },
                             state: "missing",
                         },
                     }
@@ -145,7 +155,12 @@ pub fn find<'a>(rows: &'a [ServiceRow], query: &str) -> Vec<&'a ServiceRow> {
 }
 
 pub fn render_table(rows: &[ServiceRow]) -> String {
-    let mut table = vec![["ID".to_string(), "Frontend".into(), "Service Type".into(), "Backend".into()]];
+    let mut table = vec![[
+        "ID".to_string(),
+        "Frontend".into(),
+        "Service Type".into(),
+        "Backend".into(),
+    ]];
     for r in rows {
         let backends: Vec<String> = r
             .backends
@@ -154,7 +169,12 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             .map(|(i, b)| format!("{} => {} ({})", i + 1, b.endpoint, b.state))
             .collect();
         let first = backends.first().cloned().unwrap_or_default();
-        table.push([r.id.to_string(), r.frontend.to_string(), r.kind.to_string(), first]);
+        table.push([
+            r.id.to_string(),
+            r.frontend.to_string(),
+            r.kind.to_string(),
+            first,
+        ]);
         for b in backends.iter().skip(1) {
             table.push([String::new(), String::new(), String::new(), b.clone()]);
         }

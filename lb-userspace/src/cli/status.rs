@@ -45,7 +45,9 @@ impl Status {
 }
 
 fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// Finds the cgroup directory with this id (inode) under the cgroup2 mount.
@@ -79,12 +81,19 @@ pub fn gather(pin_dir: &Path) -> Status {
         },
     });
     let bpffs = std::fs::read_to_string("/proc/mounts")
-        .map(|m| m.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")))
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+        })
         .unwrap_or(false);
     checks.push(Check {
         name: "bpffs",
         ok: bpffs,
-        detail: if bpffs { "mounted".into() } else { "not mounted: mount -t bpf bpf /sys/fs/bpf".into() },
+        detail: if bpffs {
+            "mounted".into()
+        } else {
+            "not mounted: mount -t bpf bpf /sys/fs/bpf".into()
+        },
     });
     let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
     checks.push(Check {
@@ -131,14 +140,21 @@ pub fn gather(pin_dir: &Path) -> Status {
         })
         .collect::<Vec<_>>();
     if installed {
-        let missing: Vec<&str> = hooks.iter().filter(|h| !h.attached).map(|h| h.hook.as_str()).collect();
+        let missing: Vec<&str> = hooks
+            .iter()
+            .filter(|h| !h.attached)
+            .map(|h| h.hook.as_str())
+            .collect();
         checks.push(Check {
             name: "hooks",
             ok: missing.is_empty(),
             detail: if missing.is_empty() {
                 format!("{} attached", hooks.len())
             } else {
-                format!("not attached: {} (restart lb-agent to re-attach)", missing.join(", "))
+                format!(
+                    "not attached: {} (restart lb-agent to re-attach)",
+                    missing.join(", ")
+                )
             },
         });
     }
@@ -155,27 +171,55 @@ pub fn gather(pin_dir: &Path) -> Status {
     } else {
         Vec::new()
     };
-    Status { version: env!("CARGO_PKG_VERSION"), kernel: kernel_release(), checks, hooks, maps }
+    Status {
+        version: env!("CARGO_PKG_VERSION"),
+        kernel: kernel_release(),
+        checks,
+        hooks,
+        maps,
+    }
 }
 
 pub fn render_table(s: &Status) -> String {
-    let mut out = format!("Version:   lbctl {}\nKernel:    {}\n\n", s.version, s.kernel);
+    let mut out = format!(
+        "Version:   lbctl {}\nKernel:    {}\n\n",
+        s.version, s.kernel
+    );
     let mut t = vec![["Check".to_string(), "State".into(), "Detail".into()]];
     for c in &s.checks {
-        t.push([c.name.to_string(), if c.ok { "ok" } else { "MISSING" }.to_string(), c.detail.clone()]);
+        t.push([
+            c.name.to_string(),
+            if c.ok { "ok" } else { "MISSING" }.to_string(),
+            c.detail.clone(),
+        ]);
     }
     out.push_str(&super::drops::align(&t));
     if s.hooks.iter().any(|h| h.attached) {
-        let mut t = vec![["Hook".to_string(), "Link".into(), "Program".into(), "Attached to".into()]];
+        let mut t = vec![[
+            "Hook".to_string(),
+            "Link".into(),
+            "Program".into(),
+            "Attached to".into(),
+        ]];
         for h in &s.hooks {
             let opt = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
-            t.push([h.hook.clone(), opt(h.link_id), opt(h.prog_id), h.cgroup.clone().unwrap_or_else(|| "-".into())]);
+            t.push([
+                h.hook.clone(),
+                opt(h.link_id),
+                opt(h.prog_id),
+                h.cgroup.clone().unwrap_or_else(|| "-".into()),
+            ]);
         }
         out.push('\n');
         out.push_str(&super::drops::align(&t));
     }
     if !s.maps.is_empty() {
-        let mut t = vec![["Map".to_string(), "Entries".into(), "Capacity".into(), "Fill".into()]];
+        let mut t = vec![[
+            "Map".to_string(),
+            "Entries".into(),
+            "Capacity".into(),
+            "Fill".into(),
+        ]];
         for m in &s.maps {
             let fill = match (m.entries, m.capacity) {
                 (Some(e), Some(c)) if c > 0 => format!("{:.1}%", e as f64 * 100.0 / c as f64),
@@ -204,11 +248,36 @@ mod tests {
             version: "0.1.0",
             kernel: "6.18.0".into(),
             checks: vec![
-                Check { name: "cgroup2", ok: true, detail: "mounted at /sys/fs/cgroup".into() },
-                Check { name: "datapath", ok: false, detail: "nothing pinned at /x".into() },
+                Check {
+                    name: "cgroup2",
+                    ok: true,
+                    detail: "mounted at /sys/fs/cgroup".into(),
+                },
+                Check {
+                    name: "datapath",
+                    ok: false,
+                    detail: "nothing pinned at /x".into(),
+                },
             ],
-            hooks: vec![HookRow { hook: "connect4".into(), attached: true, link_id: Some(7), prog_id: Some(42), cgroup: Some("/sys/fs/cgroup/a".into()) }],
-            maps: vec![MapRow { map: "LB4_SERVICES", entries: Some(10), capacity: Some(400) }, MapRow { map: "LB_EVENTS", entries: None, capacity: Some(262144) }],
+            hooks: vec![HookRow {
+                hook: "connect4".into(),
+                attached: true,
+                link_id: Some(7),
+                prog_id: Some(42),
+                cgroup: Some("/sys/fs/cgroup/a".into()),
+            }],
+            maps: vec![
+                MapRow {
+                    map: "LB4_SERVICES",
+                    entries: Some(10),
+                    capacity: Some(400),
+                },
+                MapRow {
+                    map: "LB_EVENTS",
+                    entries: None,
+                    capacity: Some(262144),
+                },
+            ],
         };
         let golden = "\
 Version:   lbctl 0.1.0

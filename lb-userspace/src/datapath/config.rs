@@ -23,7 +23,12 @@ pub const SETTINGS: [Setting; 4] = [
         help: "aya-log level of the programs: off, error, warn, info, debug, trace",
         default: DEFAULT_LOG_LEVEL,
     },
-    Setting { name: "trace", index: CFG_TRACE, help: "trace events for every translation: on or off", default: 0 },
+    Setting {
+        name: "trace",
+        index: CFG_TRACE,
+        help: "trace events for every translation: on or off",
+        default: 0,
+    },
     Setting {
         name: "event-rate",
         index: CFG_EVENT_RATE,
@@ -44,7 +49,11 @@ pub fn setting(name: &str) -> anyhow::Result<&'static Setting> {
     SETTINGS.iter().find(|s| s.name == name).with_context(|| {
         format!(
             "unknown setting {name:?}; known: {}",
-            SETTINGS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+            SETTINGS
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
@@ -56,7 +65,13 @@ pub fn parse_value(s: &Setting, text: &str) -> anyhow::Result<u32> {
             .iter()
             .position(|l| *l == text)
             .map(|p| p as u32)
-            .with_context(|| format!("{}: {text:?} is not a level; use one of {}", s.name, LEVELS.join(", "))),
+            .with_context(|| {
+                format!(
+                    "{}: {text:?} is not a level; use one of {}",
+                    s.name,
+                    LEVELS.join(", ")
+                )
+            }),
         CFG_TRACE | CFG_HOST_NS_ONLY => match text {
             "on" | "true" | "1" => Ok(1),
             "off" | "false" | "0" => Ok(0),
@@ -83,7 +98,9 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
-        Ok(Self { map: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)? })
+        Ok(Self {
+            map: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
+        })
     }
 
     pub fn get(&self, index: u32) -> anyhow::Result<u32> {
@@ -97,6 +114,9 @@ impl RuntimeConfig {
     /// Every setting with its current value. An unset log level or rate
     /// reads as 0 in the map; the programs treat 0 rate as the default.
     pub fn all(&self) -> anyhow::Result<Vec<(&'static Setting, u32)>> {
-        SETTINGS.iter().map(|s| Ok((s, self.get(s.index)?))).collect()
+        SETTINGS
+            .iter()
+            .map(|s| Ok((s, self.get(s.index)?)))
+            .collect()
     }
 }

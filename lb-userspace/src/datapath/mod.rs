@@ -15,7 +15,10 @@ use std::{
 use anyhow::{bail, Context as _};
 use aya::{
     maps::{HashMap as BpfHashMap, MapData},
-    programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp, XdpMode},
+    programs::{
+        links::FdLink, CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp,
+        XdpMode,
+    },
     Ebpf, EbpfLoader,
 };
 use lb_common::{maps as names, nodeport::Device};
@@ -40,14 +43,46 @@ pub struct Hook {
 }
 
 pub const HOOKS: [Hook; 8] = [
-    Hook { name: "connect4", program: "lb_connect4", attach_type: sysbpf::BPF_CGROUP_INET4_CONNECT },
-    Hook { name: "sendmsg4", program: "lb_sendmsg4", attach_type: sysbpf::BPF_CGROUP_UDP4_SENDMSG },
-    Hook { name: "recvmsg4", program: "lb_recvmsg4", attach_type: sysbpf::BPF_CGROUP_UDP4_RECVMSG },
-    Hook { name: "getpeername4", program: "lb_getpeername4", attach_type: sysbpf::BPF_CGROUP_INET4_GETPEERNAME },
-    Hook { name: "connect6", program: "lb_connect6", attach_type: sysbpf::BPF_CGROUP_INET6_CONNECT },
-    Hook { name: "sendmsg6", program: "lb_sendmsg6", attach_type: sysbpf::BPF_CGROUP_UDP6_SENDMSG },
-    Hook { name: "recvmsg6", program: "lb_recvmsg6", attach_type: sysbpf::BPF_CGROUP_UDP6_RECVMSG },
-    Hook { name: "getpeername6", program: "lb_getpeername6", attach_type: sysbpf::BPF_CGROUP_INET6_GETPEERNAME },
+    Hook {
+        name: "connect4",
+        program: "lb_connect4",
+        attach_type: sysbpf::BPF_CGROUP_INET4_CONNECT,
+    },
+    Hook {
+        name: "sendmsg4",
+        program: "lb_sendmsg4",
+        attach_type: sysbpf::BPF_CGROUP_UDP4_SENDMSG,
+    },
+    Hook {
+        name: "recvmsg4",
+        program: "lb_recvmsg4",
+        attach_type: sysbpf::BPF_CGROUP_UDP4_RECVMSG,
+    },
+    Hook {
+        name: "getpeername4",
+        program: "lb_getpeername4",
+        attach_type: sysbpf::BPF_CGROUP_INET4_GETPEERNAME,
+    },
+    Hook {
+        name: "connect6",
+        program: "lb_connect6",
+        attach_type: sysbpf::BPF_CGROUP_INET6_CONNECT,
+    },
+    Hook {
+        name: "sendmsg6",
+        program: "lb_sendmsg6",
+        attach_type: sysbpf::BPF_CGROUP_UDP6_SENDMSG,
+    },
+    Hook {
+        name: "recvmsg6",
+        program: "lb_recvmsg6",
+        attach_type: sysbpf::BPF_CGROUP_UDP6_RECVMSG,
+    },
+    Hook {
+        name: "getpeername6",
+        program: "lb_getpeername6",
+        attach_type: sysbpf::BPF_CGROUP_INET6_GETPEERNAME,
+    },
 ];
 
 pub const TC_INGRESS: &str = "lb_tc_ingress";
@@ -141,27 +176,48 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
             .program_mut(hook.program)
             .with_context(|| format!("program {} missing from the object", hook.program))?
             .try_into()?;
-        prog.load().with_context(|| format!("verifier rejected {}", hook.program))?;
+        prog.load()
+            .with_context(|| format!("verifier rejected {}", hook.program))?;
         let pin = layout.link(hook.name);
-        let current = |link: BorrowedFd<'_>| Ok(sysbpf::cgroup_link_info(link)?.cgroup_id == cgroup_id);
+        let current =
+            |link: BorrowedFd<'_>| Ok(sysbpf::cgroup_link_info(link)?.cgroup_id == cgroup_id);
         let fd = prog.fd()?.try_clone()?;
-        let action = ensure_link(&pin, fd.as_fd(), current, || attach_cgroup(prog, &cfg.cgroup))?;
+        let action = ensure_link(&pin, fd.as_fd(), current, || {
+            attach_cgroup(prog, &cfg.cgroup)
+        })?;
         info!(hook = hook.name, action = ?action, cgroup = %cfg.cgroup.display(), "hook ready");
         hooks.push((hook.name.to_string(), action));
     }
 
     let mut wanted_links: Vec<String> = HOOKS.iter().map(|h| h.name.to_string()).collect();
     if !cfg.devices.is_empty() {
-        for (prog_name, attach) in [(TC_INGRESS, TcAttachType::Ingress), (TC_EGRESS, TcAttachType::Egress)] {
-            let prog: &mut SchedClassifier = ebpf.program_mut(prog_name).context("tc program missing")?.try_into()?;
-            prog.load().with_context(|| format!("verifier rejected {prog_name}"))?;
+        for (prog_name, attach) in [
+            (TC_INGRESS, TcAttachType::Ingress),
+            (TC_EGRESS, TcAttachType::Egress),
+        ] {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(prog_name)
+                .context("tc program missing")?
+                .try_into()?;
+            prog.load()
+                .with_context(|| format!("verifier rejected {prog_name}"))?;
             for dev in &cfg.devices {
                 let ifindex = sys::netdev::ifindex(dev)?;
-                let name = format!("{}@{dev}", if attach == TcAttachType::Ingress { "tc-ingress" } else { "tc-egress" });
-                let current = |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
+                let name = format!(
+                    "{}@{dev}",
+                    if attach == TcAttachType::Ingress {
+                        "tc-ingress"
+                    } else {
+                        "tc-egress"
+                    }
+                );
+                let current =
+                    |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
                 let fd = prog.fd()?.try_clone()?;
                 let action = ensure_link(&layout.link(&name), fd.as_fd(), current, || {
-                    let id = prog.attach(dev, attach).with_context(|| format!("attaching {prog_name} to {dev}"))?;
+                    let id = prog
+                        .attach(dev, attach)
+                        .with_context(|| format!("attaching {prog_name} to {dev}"))?;
                     Ok(FdLink::try_from(prog.take_link(id)?)?)
                 })?;
                 info!(hook = %name, action = ?action, "device hook ready");
@@ -170,15 +226,21 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
             }
         }
         if cfg.acceleration != Acceleration::Disabled {
-            let prog: &mut Xdp = ebpf.program_mut(XDP).context("xdp program missing")?.try_into()?;
+            let prog: &mut Xdp = ebpf
+                .program_mut(XDP)
+                .context("xdp program missing")?
+                .try_into()?;
             prog.load().context("verifier rejected lb_xdp")?;
             for dev in &cfg.devices {
                 let ifindex = sys::netdev::ifindex(dev)?;
                 let name = format!("xdp@{dev}");
-                let current = |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
+                let current =
+                    |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
                 let fd = prog.fd()?.try_clone()?;
                 let attached = ensure_link(&layout.link(&name), fd.as_fd(), current, || {
-                    let id = prog.attach(dev, XdpMode::Driver).with_context(|| format!("attaching native XDP to {dev}"))?;
+                    let id = prog
+                        .attach(dev, XdpMode::Driver)
+                        .with_context(|| format!("attaching native XDP to {dev}"))?;
                     Ok(FdLink::try_from(prog.take_link(id)?)?)
                 });
                 match attached {
@@ -191,7 +253,11 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
                         warn!(device = %dev, "no native XDP ({e:#}): this device uses tc only");
                         hooks.push((name, HookAction::Skipped(format!("{e:#}"))));
                     }
-                    Err(e) => return Err(e.context("--acceleration native: use best-effort or disabled on this device")),
+                    Err(e) => {
+                        return Err(e.context(
+                            "--acceleration native: use best-effort or disabled on this device",
+                        ))
+                    }
                 }
             }
         }
@@ -207,7 +273,11 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         }
     }
     write_devices(&cfg.pin_dir, &cfg.devices)?;
-    Ok(InstallReport { hooks, maps_reused, logger })
+    Ok(InstallReport {
+        hooks,
+        maps_reused,
+        logger,
+    })
 }
 
 /// Makes the pinned link at `pin` run the program `prog`: swapped into an
@@ -220,23 +290,31 @@ fn ensure_link(
     attach: impl FnOnce() -> anyhow::Result<FdLink>,
 ) -> anyhow::Result<HookAction> {
     if pin.exists() {
-        let link = sysbpf::obj_get(pin).with_context(|| format!("opening pinned link {}", pin.display()))?;
+        let link = sysbpf::obj_get(pin)
+            .with_context(|| format!("opening pinned link {}", pin.display()))?;
         if current(link.as_fd())? {
-            sysbpf::link_update(link.as_fd(), prog).with_context(|| format!("swapping the program of {}", pin.display()))?;
+            sysbpf::link_update(link.as_fd(), prog)
+                .with_context(|| format!("swapping the program of {}", pin.display()))?;
             return Ok(HookAction::Updated);
         }
         let new = attach()?;
         std::fs::remove_file(pin)?;
-        new.pin(pin).with_context(|| format!("pinning {}", pin.display()))?;
+        new.pin(pin)
+            .with_context(|| format!("pinning {}", pin.display()))?;
         return Ok(HookAction::Moved);
     }
-    attach()?.pin(pin).with_context(|| format!("pinning {}", pin.display()))?;
+    attach()?
+        .pin(pin)
+        .with_context(|| format!("pinning {}", pin.display()))?;
     Ok(HookAction::Attached)
 }
 
 fn attach_cgroup(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdLink> {
-    let file = File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
-    let id = prog.attach(file, CgroupAttachMode::Single).context("attaching to the cgroup")?;
+    let file =
+        File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+    let id = prog
+        .attach(file, CgroupAttachMode::Single)
+        .context("attaching to the cgroup")?;
     let link = prog.take_link(id)?;
     Ok(FdLink::try_from(link)?)
 }
@@ -244,18 +322,30 @@ fn attach_cgroup(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdL
 /// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source), for
 /// the devices of the caller's network namespace.
 pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
-    let mut map: BpfHashMap<MapData, u32, Device> = BpfHashMap::try_from(open_pinned(pin_dir, names::LB_DEVICES)?)?;
+    let mut map: BpfHashMap<MapData, u32, Device> =
+        BpfHashMap::try_from(open_pinned(pin_dir, names::LB_DEVICES)?)?;
     let mut wanted = Vec::new();
     for dev in devices {
         let ifindex = sys::netdev::ifindex(dev)?;
         let Some(addr) = sys::netdev::ipv4_address(dev)? else {
             bail!("device {dev} has no IPv4 address: SNAT to remote backends needs one (add it, or drop it from --devices)");
         };
-        map.insert(ifindex, Device { address: ip4_to_map(addr), flags: 0 }, 0)?;
+        map.insert(
+            ifindex,
+            Device {
+                address: ip4_to_map(addr),
+                flags: 0,
+            },
+            0,
+        )?;
         info!(device = %dev, ifindex, address = %addr, "external device");
         wanted.push(ifindex);
     }
-    let stale: Vec<u32> = map.keys().filter_map(Result::ok).filter(|k| !wanted.contains(k)).collect();
+    let stale: Vec<u32> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !wanted.contains(k))
+        .collect();
     for k in stale {
         map.remove(&k)?;
     }
@@ -280,8 +370,11 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
         let mut entries: Vec<_> = entries.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
-            std::fs::remove_file(e.path()).with_context(|| format!("removing {}", e.path().display()))?;
-            report.links.push(e.file_name().to_string_lossy().into_owned());
+            std::fs::remove_file(e.path())
+                .with_context(|| format!("removing {}", e.path().display()))?;
+            report
+                .links
+                .push(e.file_name().to_string_lossy().into_owned());
         }
     }
     for name in names::ALL {
@@ -293,7 +386,10 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
     }
     let _ = std::fs::remove_dir(layout.links_dir());
     if let Err(e) = std::fs::remove_dir(pin_dir) {
-        bail!("{} still holds files we did not create ({e}); left in place", pin_dir.display());
+        bail!(
+            "{} still holds files we did not create ({e}); left in place",
+            pin_dir.display()
+        );
     }
     Ok(report)
 }
@@ -317,7 +413,9 @@ pub fn hook_status(pin_dir: &Path) -> Vec<HookStatus> {
     let mut out: Vec<HookStatus> = HOOKS
         .iter()
         .map(|hook| {
-            let info = sysbpf::obj_get(&layout.link(hook.name)).ok().and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
+            let info = sysbpf::obj_get(&layout.link(hook.name))
+                .ok()
+                .and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
             HookStatus {
                 hook: hook.name.to_string(),
                 pinned: info.is_some(),
@@ -338,8 +436,12 @@ pub fn hook_status(pin_dir: &Path) -> Vec<HookStatus> {
     devices.sort();
     for name in devices {
         let fd = sysbpf::obj_get(&layout.link(&name)).ok();
-        let info = fd.as_ref().and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
-        let ifindex = fd.as_ref().and_then(|fd| sysbpf::netdev_link_ifindex(fd.as_fd()).ok());
+        let info = fd
+            .as_ref()
+            .and_then(|fd| sysbpf::cgroup_link_info(fd.as_fd()).ok());
+        let ifindex = fd
+            .as_ref()
+            .and_then(|fd| sysbpf::netdev_link_ifindex(fd.as_fd()).ok());
         out.push(HookStatus {
             hook: name,
             pinned: info.is_some(),
@@ -356,5 +458,8 @@ pub fn hook_status(pin_dir: &Path) -> Vec<HookStatus> {
 /// second program got stacked).
 pub fn attached_programs(cgroup: &Path) -> anyhow::Result<Vec<(&'static str, Vec<u32>)>> {
     let dir = File::open(cgroup).with_context(|| format!("opening {}", cgroup.display()))?;
-    HOOKS.iter().map(|h| Ok((h.name, sysbpf::cgroup_prog_ids(dir.as_fd(), h.attach_type)?))).collect()
+    HOOKS
+        .iter()
+        .map(|h| Ok((h.name, sysbpf::cgroup_prog_ids(dir.as_fd(), h.attach_type)?)))
+        .collect()
 }

@@ -10,11 +10,13 @@ use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
-    nodeport::{Ct4Key, Ct4Value, Device},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
     maps as names,
-    revnat::{RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    nodeport::{Ct4Key, Ct4Value, Device},
+    revnat::{
+        RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
+    },
     service::{Service4Key, Service6Key, ServiceValue},
 };
 
@@ -78,7 +80,9 @@ pub struct PinLayout {
 
 impl PinLayout {
     pub fn new(dir: &Path) -> Self {
-        Self { dir: dir.to_path_buf() }
+        Self {
+            dir: dir.to_path_buf(),
+        }
     }
 
     pub fn map(&self, name: &str) -> PathBuf {
@@ -97,24 +101,109 @@ impl PinLayout {
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
         let expected: [(&str, usize, usize, Option<u32>); 18] = [
-            (names::LB4_SERVICES, size_of::<Service4Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
-            (names::LB4_BACKENDS, size_of::<u32>(), size_of::<Backend4>(), Some(sizes.backends)),
-            (names::LB4_REVNAT, size_of::<u32>(), size_of::<RevNat4>(), Some(sizes.revnat)),
-            (names::LB4_SOCK_REVNAT, size_of::<SockRevNat4Key>(), size_of::<SockRevNat4Value>(), Some(sizes.sock_revnat)),
-            (names::LB6_SERVICES, size_of::<Service6Key>(), size_of::<ServiceValue>(), Some(sizes.services)),
-            (names::LB6_BACKENDS, size_of::<u32>(), size_of::<Backend6>(), Some(sizes.backends)),
-            (names::LB6_REVNAT, size_of::<u32>(), size_of::<RevNat6>(), Some(sizes.revnat)),
-            (names::LB6_SOCK_REVNAT, size_of::<SockRevNat6Key>(), size_of::<SockRevNat6Value>(), Some(sizes.sock_revnat)),
-            (names::LB_AFFINITY, size_of::<AffinityKey>(), size_of::<AffinityValue>(), Some(sizes.affinity)),
-            (names::LB_AFFINITY_MATCH, size_of::<AffinityMatchKey>(), size_of::<u8>(), Some(sizes.services)),
-            (names::LB4_CT, size_of::<Ct4Key>(), size_of::<Ct4Value>(), Some(sizes.ct)),
-            (names::LB_DEVICES, size_of::<u32>(), size_of::<Device>(), Some(names::DEFAULT_DEVICES_MAX)),
-            (names::LB_MAGLEV, size_of::<u32>(), size_of::<u32>(), Some(sizes.maglev)),
-            (names::LB_DROPS, size_of::<u32>(), size_of::<u64>(), Some(DROP_SLOTS)),
+            (
+                names::LB4_SERVICES,
+                size_of::<Service4Key>(),
+                size_of::<ServiceValue>(),
+                Some(sizes.services),
+            ),
+            (
+                names::LB4_BACKENDS,
+                size_of::<u32>(),
+                size_of::<Backend4>(),
+                Some(sizes.backends),
+            ),
+            (
+                names::LB4_REVNAT,
+                size_of::<u32>(),
+                size_of::<RevNat4>(),
+                Some(sizes.revnat),
+            ),
+            (
+                names::LB4_SOCK_REVNAT,
+                size_of::<SockRevNat4Key>(),
+                size_of::<SockRevNat4Value>(),
+                Some(sizes.sock_revnat),
+            ),
+            (
+                names::LB6_SERVICES,
+                size_of::<Service6Key>(),
+                size_of::<ServiceValue>(),
+                Some(sizes.services),
+            ),
+            (
+                names::LB6_BACKENDS,
+                size_of::<u32>(),
+                size_of::<Backend6>(),
+                Some(sizes.backends),
+            ),
+            (
+                names::LB6_REVNAT,
+                size_of::<u32>(),
+                size_of::<RevNat6>(),
+                Some(sizes.revnat),
+            ),
+            (
+                names::LB6_SOCK_REVNAT,
+                size_of::<SockRevNat6Key>(),
+                size_of::<SockRevNat6Value>(),
+                Some(sizes.sock_revnat),
+            ),
+            (
+                names::LB_AFFINITY,
+                size_of::<AffinityKey>(),
+                size_of::<AffinityValue>(),
+                Some(sizes.affinity),
+            ),
+            (
+                names::LB_AFFINITY_MATCH,
+                size_of::<AffinityMatchKey>(),
+                size_of::<u8>(),
+                Some(sizes.services),
+            ),
+            (
+                names::LB4_CT,
+                size_of::<Ct4Key>(),
+                size_of::<Ct4Value>(),
+                Some(sizes.ct),
+            ),
+            (
+                names::LB_DEVICES,
+                size_of::<u32>(),
+                size_of::<Device>(),
+                Some(names::DEFAULT_DEVICES_MAX),
+            ),
+            (
+                names::LB_MAGLEV,
+                size_of::<u32>(),
+                size_of::<u32>(),
+                Some(sizes.maglev),
+            ),
+            (
+                names::LB_DROPS,
+                size_of::<u32>(),
+                size_of::<u64>(),
+                Some(DROP_SLOTS),
+            ),
             (names::LB_EVENTS, 0, 0, Some(EVENTS_RING_BYTES)),
-            (names::LB_CONFIG, size_of::<u32>(), size_of::<u32>(), Some(CONFIG_SLOTS)),
-            (names::LB_COUNTERS, size_of::<u32>(), size_of::<u64>(), Some(COUNTER_SLOTS)),
-            (names::LB_EVENT_RATE, size_of::<u32>(), size_of::<RateState>(), Some(1)),
+            (
+                names::LB_CONFIG,
+                size_of::<u32>(),
+                size_of::<u32>(),
+                Some(CONFIG_SLOTS),
+            ),
+            (
+                names::LB_COUNTERS,
+                size_of::<u32>(),
+                size_of::<u64>(),
+                Some(COUNTER_SLOTS),
+            ),
+            (
+                names::LB_EVENT_RATE,
+                size_of::<u32>(),
+                size_of::<RateState>(),
+                Some(1),
+            ),
         ];
         let mut any = false;
         for (name, key, value, max) in expected {

@@ -30,7 +30,13 @@ struct IdTable<K> {
 
 impl<K: Hash + Eq + Copy> IdTable<K> {
     fn new(kind: &'static str, max: u32) -> Self {
-        Self { kind, by_key: HashMap::default(), by_id: HashMap::default(), next: 1, max }
+        Self {
+            kind,
+            by_key: HashMap::default(),
+            by_id: HashMap::default(),
+            next: 1,
+            max,
+        }
     }
 
     fn restore(&mut self, key: K, id: u32) {
@@ -46,11 +52,18 @@ impl<K: Hash + Eq + Copy> IdTable<K> {
             return Ok(*id);
         }
         if self.by_id.len() >= self.max as usize {
-            return Err(IdsExhausted { kind: self.kind, used: self.by_id.len() });
+            return Err(IdsExhausted {
+                kind: self.kind,
+                used: self.by_id.len(),
+            });
         }
         // 0 is never an id: it means "none" in the maps.
         while self.next == 0 || self.by_id.contains_key(&self.next) {
-            self.next = if self.next >= self.max { 1 } else { self.next + 1 };
+            self.next = if self.next >= self.max {
+                1
+            } else {
+                self.next + 1
+            };
         }
         let id = self.next;
         self.next = if id >= self.max { 1 } else { id + 1 };
@@ -104,7 +117,10 @@ impl Default for Ids {
 
 impl Ids {
     pub fn with_limits(max_service_id: u32, max_backend_id: u32) -> Self {
-        Self { services: IdTable::new("service", max_service_id), backends: IdTable::new("backend", max_backend_id) }
+        Self {
+            services: IdTable::new("service", max_service_id),
+            backends: IdTable::new("backend", max_backend_id),
+        }
     }
 
     /// Takes over the ids found in the maps.

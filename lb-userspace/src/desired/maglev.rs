@@ -81,7 +81,13 @@ mod tests {
     use super::*;
 
     fn backends(n: u32) -> Vec<MaglevBackend> {
-        (0..n).map(|i| MaglevBackend { name: format!("10.244.{}.{}:8080/TCP", i / 250, i % 250 + 1), id: i + 1, weight: 1 }).collect()
+        (0..n)
+            .map(|i| MaglevBackend {
+                name: format!("10.244.{}.{}:8080/TCP", i / 250, i % 250 + 1),
+                id: i + 1,
+                weight: 1,
+            })
+            .collect()
     }
 
     fn counts(t: &[u32]) -> HashMap<u32, usize> {
@@ -110,7 +116,10 @@ mod tests {
         // at most. Here: max/min ≤ 1.1 over several sizes.
         for (n, m) in [(10, 1021), (100, 16_381), (163, 16_381), (600, 65_537)] {
             let c = counts(&build(&backends(n), m));
-            let (max, min) = (*c.values().max().unwrap() as f64, *c.values().min().unwrap() as f64);
+            let (max, min) = (
+                *c.values().max().unwrap() as f64,
+                *c.values().min().unwrap() as f64,
+            );
             assert!(max / min <= 1.1, "n={n} m={m}: max {max} min {min}");
         }
     }
@@ -125,11 +134,23 @@ mod tests {
             let ideal = 1.0 / n as f64;
             // The removed backend's own slots must move (≈1/N); Maglev moves a
             // little more than that (paper, Fig. 11), never much more.
-            assert!(moved >= ideal * 0.9 && moved <= ideal * 2.0, "n={n}: moved {moved:.4}, ideal {ideal:.4}");
+            assert!(
+                moved >= ideal * 0.9 && moved <= ideal * 2.0,
+                "n={n}: moved {moved:.4}, ideal {ideal:.4}"
+            );
             // Slots of other backends stay where they were.
-            let kept = before.iter().zip(&after).filter(|(a, _)| **a != n).filter(|(a, b)| a == b).count() as f64;
+            let kept = before
+                .iter()
+                .zip(&after)
+                .filter(|(a, _)| **a != n)
+                .filter(|(a, b)| a == b)
+                .count() as f64;
             let others = before.iter().filter(|a| **a != n).count() as f64;
-            assert!(kept / others > 0.97, "n={n}: {:.4} of the other backends' slots kept", kept / others);
+            assert!(
+                kept / others > 0.97,
+                "n={n}: {:.4} of the other backends' slots kept",
+                kept / others
+            );
         }
     }
 
@@ -165,10 +186,15 @@ mod tests {
         let mut c: Vec<(u32, usize)> = counts(&t).into_iter().collect();
         c.sort();
         assert_eq!(c, GOLDEN_COUNTS);
-        assert_eq!(xxh64(b"10.244.0.1:8080/TCP", SEED_OFFSET) % 251, GOLDEN_OFFSET_0);
+        assert_eq!(
+            xxh64(b"10.244.0.1:8080/TCP", SEED_OFFSET) % 251,
+            GOLDEN_OFFSET_0
+        );
     }
 
-    const GOLDEN_HEAD: [u32; 24] = [2, 2, 2, 3, 1, 3, 2, 1, 3, 3, 3, 2, 1, 2, 3, 2, 1, 2, 1, 2, 1, 3, 2, 1];
+    const GOLDEN_HEAD: [u32; 24] = [
+        2, 2, 2, 3, 1, 3, 2, 1, 3, 3, 3, 2, 1, 2, 3, 2, 1, 2, 1, 2, 1, 3, 2, 1,
+    ];
     const GOLDEN_COUNTS: [(u32, usize); 3] = [(1, 84), (2, 84), (3, 83)];
     const GOLDEN_OFFSET_0: u64 = 177;
 }

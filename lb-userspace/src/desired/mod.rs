@@ -11,8 +11,8 @@ use crate::collections::HashMap;
 use lb_common::{
     backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
     service::{
-        ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_TWO_SCOPES, SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP,
-        SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+        ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP,
+        SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT, SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -50,7 +50,9 @@ pub struct BuildConfig {
 
 impl Default for BuildConfig {
     fn default() -> Self {
-        Self { maglev_m: lb_common::maps::DEFAULT_MAGLEV_M }
+        Self {
+            maglev_m: lb_common::maps::DEFAULT_MAGLEV_M,
+        }
     }
 }
 
@@ -61,7 +63,11 @@ impl DesiredFrontend {
 
     /// The value of slot `slot` (1-based).
     pub fn slot_value(&self, slot: usize) -> ServiceValue {
-        ServiceValue { backend_id: self.slots[slot - 1], service_id: self.value.service_id, ..Default::default() }
+        ServiceValue {
+            backend_id: self.slots[slot - 1],
+            service_id: self.value.service_id,
+            ..Default::default()
+        }
     }
 }
 
@@ -104,13 +110,29 @@ pub fn build<'a>(
 ) -> Result<(), DesiredError> {
     for service in services {
         for fe in &service.frontends {
-            let mut all = build_frontend(fe, SCOPE_ALL, &fe.backends, current, ids, cfg, &mut out.backends)?;
+            let mut all = build_frontend(
+                fe,
+                SCOPE_ALL,
+                &fe.backends,
+                current,
+                ids,
+                cfg,
+                &mut out.backends,
+            )?;
             // externalTrafficPolicy: Local: a second, node-local view for
             // traffic from outside the node (the tc/XDP path reads scope 1).
             if fe.external_traffic_local {
                 all.value.flags |= SVC_FLAG_TWO_SCOPES;
                 let local: Vec<_> = fe.backends.iter().filter(|b| b.local).cloned().collect();
-                let view = build_frontend(fe, SCOPE_LOCAL, &local, current, ids, cfg, &mut out.backends)?;
+                let view = build_frontend(
+                    fe,
+                    SCOPE_LOCAL,
+                    &local,
+                    current,
+                    ids,
+                    cfg,
+                    &mut out.backends,
+                )?;
                 out.frontends.push(all);
                 out.frontends.push(view);
             } else {
@@ -154,7 +176,10 @@ fn build_frontend(
         };
         let id = ids.backend_id(&entry)?;
         // The same endpoint in several services: the most usable state wins.
-        backends.entry(id).and_modify(|e| e.state = e.state.min(entry.state)).or_insert(entry);
+        backends
+            .entry(id)
+            .and_modify(|e| e.state = e.state.min(entry.state))
+            .or_insert(entry);
         let (ids_list, named_list) = match b.state {
             BackendState::Active => (&mut active, &mut active_named),
             _ => (&mut terminating, &mut terminating_named),
@@ -191,7 +216,11 @@ fn build_frontend(
         affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
     };
     let maglev = (fe.algorithm == Algorithm::Maglev).then(|| {
-        let set = if active_named.is_empty() { &terminating_named } else { &active_named };
+        let set = if active_named.is_empty() {
+            &terminating_named
+        } else {
+            &active_named
+        };
         Arc::new(maglev::build(set, cfg.maglev_m))
     });
     let affinity = match fe.affinity_timeout_s {
@@ -199,5 +228,15 @@ fn build_frontend(
         Some(_) if !active.is_empty() => active,
         Some(_) => terminating,
     };
-    Ok(DesiredFrontend { key, value, slots, revnat: RevNatEntry { address: fe.address, port: fe.port }, affinity, maglev })
+    Ok(DesiredFrontend {
+        key,
+        value,
+        slots,
+        revnat: RevNatEntry {
+            address: fe.address,
+            port: fe.port,
+        },
+        affinity,
+        maglev,
+    })
 }

@@ -20,7 +20,11 @@ pub fn plan(previous: &[u32], active: &[u32], terminating: &[u32]) -> Vec<u32> {
     let mut layout: Vec<Option<u32>> = vec![None; total];
     let mut placed = HashSet::default();
     for (i, id) in previous.iter().enumerate() {
-        let stays = if i < a { active_set.contains(id) } else { i < total && terminating_set.contains(id) };
+        let stays = if i < a {
+            active_set.contains(id)
+        } else {
+            i < total && terminating_set.contains(id)
+        };
         if stays && placed.insert(*id) {
             layout[i] = Some(*id);
         }
@@ -35,7 +39,10 @@ pub fn plan(previous: &[u32], active: &[u32], terminating: &[u32]) -> Vec<u32> {
     };
     fill(0..a, active);
     fill(a..total, terminating);
-    layout.into_iter().map(|s| s.expect("every slot filled")).collect()
+    layout
+        .into_iter()
+        .map(|s| s.expect("every slot filled"))
+        .collect()
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 use std::{io, os::fd::AsFd as _, path::Path};
 
 use anyhow::Context as _;
-use aya::maps::{Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{
+    Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError, PerCpuArray,
+};
 use lb_common::{
     affinity::AffinityMatchKey,
     backend::{Backend4, Backend6},
@@ -41,14 +43,19 @@ pub fn open_pinned(pin_dir: &Path, name: &str) -> anyhow::Result<Map> {
             path.display()
         );
     }
-    let data = MapData::from_pin(&path).with_context(|| format!("opening pinned map {}", path.display()))?;
+    let data = MapData::from_pin(&path)
+        .with_context(|| format!("opening pinned map {}", path.display()))?;
     Map::from_map_data(data).with_context(|| format!("map {}", path.display()))
 }
 
 /// Capacity of a pinned map.
 pub fn max_entries(pin_dir: &Path, name: &str) -> anyhow::Result<u32> {
-    let data = MapData::from_pin(pin_dir.join(name)).with_context(|| format!("opening pinned map {name}"))?;
-    Ok(data.info().with_context(|| format!("info of map {name}"))?.max_entries())
+    let data = MapData::from_pin(pin_dir.join(name))
+        .with_context(|| format!("opening pinned map {name}"))?;
+    Ok(data
+        .info()
+        .with_context(|| format!("info of map {name}"))?
+        .max_entries())
 }
 
 impl BpfMaps {
@@ -94,7 +101,8 @@ impl BpfMaps {
     /// one by a single update of the outer map: a lookup sees the old table
     /// or the new one, never a mix.
     fn set_maglev(&mut self, service_id: u32, table: &[u32]) -> io::Result<()> {
-        let inner = Array::<MapData, u32>::create(table.len() as u32, BPF_F_INNER_MAP).map_err(io_error)?;
+        let inner =
+            Array::<MapData, u32>::create(table.len() as u32, BPF_F_INNER_MAP).map_err(io_error)?;
         let keys: Vec<u32> = (0..table.len() as u32).collect();
         crate::sys::bpf::map_update_batch(inner.map().fd().as_fd(), &keys, table)?;
         self.maglev.insert(service_id, &inner, 0).map_err(io_error)
@@ -140,10 +148,18 @@ impl BpfMaps {
             }};
         }
         match run {
-            Run::Services4 => go!(self.services4, MapOp::UpsertService(k, v) => (c::svc_key4(k), *v)),
-            Run::Services6 => go!(self.services6, MapOp::UpsertService(k, v) => (c::svc_key6(k), *v)),
-            Run::Backends4 => go!(self.backends4, MapOp::UpsertBackend(id, b) => (*id, c::backend4(b))),
-            Run::Backends6 => go!(self.backends6, MapOp::UpsertBackend(id, b) => (*id, c::backend6(b))),
+            Run::Services4 => {
+                go!(self.services4, MapOp::UpsertService(k, v) => (c::svc_key4(k), *v))
+            }
+            Run::Services6 => {
+                go!(self.services6, MapOp::UpsertService(k, v) => (c::svc_key6(k), *v))
+            }
+            Run::Backends4 => {
+                go!(self.backends4, MapOp::UpsertBackend(id, b) => (*id, c::backend4(b)))
+            }
+            Run::Backends6 => {
+                go!(self.backends6, MapOp::UpsertBackend(id, b) => (*id, c::backend6(b)))
+            }
             Run::RevNat4 => go!(self.revnat4, MapOp::UpsertRevNat(id, r) => (*id, c::revnat4(r))),
             Run::RevNat6 => go!(self.revnat6, MapOp::UpsertRevNat(id, r) => (*id, c::revnat6(r))),
         }
@@ -159,14 +175,26 @@ impl LbMaps for BpfMaps {
         while i < ops.len() {
             let run = run_of(&ops[i]);
             let end = match run {
-                Some(r) => i + ops[i..].iter().take_while(|op| run_of(op) == Some(r)).count(),
+                Some(r) => {
+                    i + ops[i..]
+                        .iter()
+                        .take_while(|op| run_of(op) == Some(r))
+                        .count()
+                }
                 None => i + 1,
             };
             match run {
                 Some(r) if end - i > 1 => {
                     if let Err((done, source)) = self.write_run(r, &ops[i..end]) {
                         let failed = &ops[i + done.min(end - i - 1)];
-                        return Err((i + done, MapWriteError { map: failed.map_name(), op: format!("{failed:?}"), source }));
+                        return Err((
+                            i + done,
+                            MapWriteError {
+                                map: failed.map_name(),
+                                op: format!("{failed:?}"),
+                                source,
+                            },
+                        ));
                     }
                 }
                 _ => self.apply(&ops[i]).map_err(|e| (i, e))?,
@@ -179,28 +207,59 @@ impl LbMaps for BpfMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
         let v4 = op.family() == Family::V4;
         let result = match op {
-            MapOp::UpsertService(k, v) if v4 => self.services4.insert(c::svc_key4(k), v, 0).map_err(io_error),
-            MapOp::UpsertService(k, v) => self.services6.insert(c::svc_key6(k), v, 0).map_err(io_error),
+            MapOp::UpsertService(k, v) if v4 => self
+                .services4
+                .insert(c::svc_key4(k), v, 0)
+                .map_err(io_error),
+            MapOp::UpsertService(k, v) => self
+                .services6
+                .insert(c::svc_key6(k), v, 0)
+                .map_err(io_error),
             MapOp::DeleteService(k) if v4 => ignore_missing(self.services4.remove(&c::svc_key4(k))),
             MapOp::DeleteService(k) => ignore_missing(self.services6.remove(&c::svc_key6(k))),
-            MapOp::UpsertBackend(id, b) if v4 => self.backends4.insert(id, c::backend4(b), 0).map_err(io_error),
-            MapOp::UpsertBackend(id, b) => self.backends6.insert(id, c::backend6(b), 0).map_err(io_error),
+            MapOp::UpsertBackend(id, b) if v4 => self
+                .backends4
+                .insert(id, c::backend4(b), 0)
+                .map_err(io_error),
+            MapOp::UpsertBackend(id, b) => self
+                .backends6
+                .insert(id, c::backend6(b), 0)
+                .map_err(io_error),
             MapOp::DeleteBackend(id, _) if v4 => ignore_missing(self.backends4.remove(id)),
             MapOp::DeleteBackend(id, _) => ignore_missing(self.backends6.remove(id)),
-            MapOp::UpsertRevNat(id, r) if v4 => self.revnat4.insert(id, c::revnat4(r), 0).map_err(io_error),
-            MapOp::UpsertRevNat(id, r) => self.revnat6.insert(id, c::revnat6(r), 0).map_err(io_error),
+            MapOp::UpsertRevNat(id, r) if v4 => {
+                self.revnat4.insert(id, c::revnat4(r), 0).map_err(io_error)
+            }
+            MapOp::UpsertRevNat(id, r) => {
+                self.revnat6.insert(id, c::revnat6(r), 0).map_err(io_error)
+            }
             MapOp::DeleteRevNat(id, _) if v4 => ignore_missing(self.revnat4.remove(id)),
             MapOp::DeleteRevNat(id, _) => ignore_missing(self.revnat6.remove(id)),
-            MapOp::UpsertAffinityMatch(s, b) => {
-                self.affinity.insert(AffinityMatchKey { service_id: *s, backend_id: *b }, 1, 0).map_err(io_error)
-            }
+            MapOp::UpsertAffinityMatch(s, b) => self
+                .affinity
+                .insert(
+                    AffinityMatchKey {
+                        service_id: *s,
+                        backend_id: *b,
+                    },
+                    1,
+                    0,
+                )
+                .map_err(io_error),
             MapOp::DeleteAffinityMatch(s, b) => {
-                ignore_missing(self.affinity.remove(&AffinityMatchKey { service_id: *s, backend_id: *b }))
+                ignore_missing(self.affinity.remove(&AffinityMatchKey {
+                    service_id: *s,
+                    backend_id: *b,
+                }))
             }
             MapOp::SetMaglev(s, table) => self.set_maglev(*s, table),
             MapOp::DeleteMaglev(s) => ignore_missing(self.maglev.remove(s)),
         };
-        result.map_err(|source| MapWriteError { map: op.map_name(), op: format!("{op:?}"), source })
+        result.map_err(|source| MapWriteError {
+            map: op.map_name(),
+            op: format!("{op:?}"),
+            source,
+        })
     }
 
     fn dump(&self) -> anyhow::Result<MapState> {
@@ -239,12 +298,16 @@ impl LbMaps for BpfMaps {
         let mut maglev = Vec::new();
         for k in self.maglev.keys() {
             let k = k.context("reading LB_MAGLEV")?;
-            let inner: Array<MapData, u32> = self.maglev.get(&k, 0).context("reading a Maglev table")?;
-            let table = crate::sys::bpf::array_lookup_all(inner.map().fd().as_fd(), inner.len() as usize)
-                .context("reading a Maglev table")?;
+            let inner: Array<MapData, u32> =
+                self.maglev.get(&k, 0).context("reading a Maglev table")?;
+            let table =
+                crate::sys::bpf::array_lookup_all(inner.map().fd().as_fd(), inner.len() as usize)
+                    .context("reading a Maglev table")?;
             maglev.push((k, table));
         }
-        Ok(MapState::from_entries(services, backends, revnat, affinity, maglev))
+        Ok(MapState::from_entries(
+            services, backends, revnat, affinity, maglev,
+        ))
     }
 
     fn capacity(&self) -> Capacity {
@@ -262,12 +325,19 @@ pub struct DropCount {
 
 /// Reads `LB_DROPS`: every reason and direction, zeros included.
 pub fn read_drops(pin_dir: &Path) -> anyhow::Result<Vec<DropCount>> {
-    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(open_pinned(pin_dir, names::LB_DROPS)?)?;
+    let drops: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(open_pinned(pin_dir, names::LB_DROPS)?)?;
     let mut out = Vec::new();
     for reason in DropReason::ALL {
         for direction in Direction::ALL {
-            let values = drops.get(&drop_index(reason, direction), 0).context("reading LB_DROPS")?;
-            out.push(DropCount { reason: reason.name(), direction: direction.name(), packets: values.iter().sum() });
+            let values = drops
+                .get(&drop_index(reason, direction), 0)
+                .context("reading LB_DROPS")?;
+            out.push(DropCount {
+                reason: reason.name(),
+                direction: direction.name(),
+                packets: values.iter().sum(),
+            });
         }
     }
     Ok(out)
@@ -291,7 +361,9 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
         names::LB6_REVNAT => count::<u32, RevNat6>(map)?,
         names::LB4_SOCK_REVNAT => count::<SockRevNat4Key, SockRevNat4Value>(map)?,
         names::LB6_SOCK_REVNAT => count::<SockRevNat6Key, SockRevNat6Value>(map)?,
-        names::LB_AFFINITY => count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?,
+        names::LB_AFFINITY => {
+            count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?
+        }
         names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
         names::LB4_CT => count::<lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value>(map)?,
         names::LB_DEVICES => count::<u32, lb_common::nodeport::Device>(map)?,
@@ -305,7 +377,9 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
 }
 
 /// Every LB4_CT entry (north-south conntrack).
-pub fn read_ct(pin_dir: &Path) -> anyhow::Result<Vec<(lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value)>> {
+pub fn read_ct(
+    pin_dir: &Path,
+) -> anyhow::Result<Vec<(lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value)>> {
     let map: HashMap<MapData, lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value> =
         HashMap::try_from(open_pinned(pin_dir, names::LB4_CT)?)?;
     let mut out = Vec::new();

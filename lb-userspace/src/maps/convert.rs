@@ -43,19 +43,43 @@ fn v6(a: IpAddr) -> Ipv6Addr {
 }
 
 pub fn svc_key4(k: &SvcKey) -> Service4Key {
-    Service4Key::new(ip4_to_map(v4(k.address)), port_to_map(k.port), k.proto, k.scope, k.slot)
+    Service4Key::new(
+        ip4_to_map(v4(k.address)),
+        port_to_map(k.port),
+        k.proto,
+        k.scope,
+        k.slot,
+    )
 }
 
 pub fn svc_key6(k: &SvcKey) -> Service6Key {
-    Service6Key::new(v6(k.address).octets(), port_to_map(k.port), k.proto, k.scope, k.slot)
+    Service6Key::new(
+        v6(k.address).octets(),
+        port_to_map(k.port),
+        k.proto,
+        k.scope,
+        k.slot,
+    )
 }
 
 pub fn svc_key_from4(k: &Service4Key) -> SvcKey {
-    SvcKey::new(IpAddr::V4(ip4_from_map(k.address)), port_from_map(k.dport), k.proto, k.scope).with_slot(k.backend_slot)
+    SvcKey::new(
+        IpAddr::V4(ip4_from_map(k.address)),
+        port_from_map(k.dport),
+        k.proto,
+        k.scope,
+    )
+    .with_slot(k.backend_slot)
 }
 
 pub fn svc_key_from6(k: &Service6Key) -> SvcKey {
-    SvcKey::new(IpAddr::V6(Ipv6Addr::from(k.address)), port_from_map(k.dport), k.proto, k.scope).with_slot(k.backend_slot)
+    SvcKey::new(
+        IpAddr::V6(Ipv6Addr::from(k.address)),
+        port_from_map(k.dport),
+        k.proto,
+        k.scope,
+    )
+    .with_slot(k.backend_slot)
 }
 
 pub fn backend4(b: &BackendEntry) -> Backend4 {
@@ -70,31 +94,64 @@ pub fn backend4(b: &BackendEntry) -> Backend4 {
 }
 
 pub fn backend6(b: &BackendEntry) -> Backend6 {
-    Backend6 { address: v6(b.address).octets(), port: port_to_map(b.port), proto: b.proto, state: b.state, flags: b.flags, pad: [0; 3] }
+    Backend6 {
+        address: v6(b.address).octets(),
+        port: port_to_map(b.port),
+        proto: b.proto,
+        state: b.state,
+        flags: b.flags,
+        pad: [0; 3],
+    }
 }
 
 pub fn backend_from4(b: &Backend4) -> BackendEntry {
-    BackendEntry { address: IpAddr::V4(ip4_from_map(b.address)), port: port_from_map(b.port), proto: b.proto, state: b.state, flags: b.flags }
+    BackendEntry {
+        address: IpAddr::V4(ip4_from_map(b.address)),
+        port: port_from_map(b.port),
+        proto: b.proto,
+        state: b.state,
+        flags: b.flags,
+    }
 }
 
 pub fn backend_from6(b: &Backend6) -> BackendEntry {
-    BackendEntry { address: IpAddr::V6(Ipv6Addr::from(b.address)), port: port_from_map(b.port), proto: b.proto, state: b.state, flags: b.flags }
+    BackendEntry {
+        address: IpAddr::V6(Ipv6Addr::from(b.address)),
+        port: port_from_map(b.port),
+        proto: b.proto,
+        state: b.state,
+        flags: b.flags,
+    }
 }
 
 pub fn revnat4(r: &RevNatEntry) -> RevNat4 {
-    RevNat4 { address: ip4_to_map(v4(r.address)), port: port_to_map(r.port), pad: 0 }
+    RevNat4 {
+        address: ip4_to_map(v4(r.address)),
+        port: port_to_map(r.port),
+        pad: 0,
+    }
 }
 
 pub fn revnat6(r: &RevNatEntry) -> RevNat6 {
-    RevNat6 { address: v6(r.address).octets(), port: port_to_map(r.port), pad: 0 }
+    RevNat6 {
+        address: v6(r.address).octets(),
+        port: port_to_map(r.port),
+        pad: 0,
+    }
 }
 
 pub fn revnat_from4(r: &RevNat4) -> RevNatEntry {
-    RevNatEntry { address: IpAddr::V4(ip4_from_map(r.address)), port: port_from_map(r.port) }
+    RevNatEntry {
+        address: IpAddr::V4(ip4_from_map(r.address)),
+        port: port_from_map(r.port),
+    }
 }
 
 pub fn revnat_from6(r: &RevNat6) -> RevNatEntry {
-    RevNatEntry { address: IpAddr::V6(Ipv6Addr::from(r.address)), port: port_from_map(r.port) }
+    RevNatEntry {
+        address: IpAddr::V6(Ipv6Addr::from(r.address)),
+        port: port_from_map(r.port),
+    }
 }
 
 #[cfg(test)]
@@ -120,7 +177,13 @@ mod tests {
         assert_eq!(raw.address[0], 0xfd);
         assert_eq!(raw.dport.to_ne_bytes(), [0, 53]);
         assert_eq!(svc_key_from6(&raw), k6);
-        let b = BackendEntry { address: "fd00::1".parse().unwrap(), port: 8080, proto: 6, state: 1, flags: 1 };
+        let b = BackendEntry {
+            address: "fd00::1".parse().unwrap(),
+            port: 8080,
+            proto: 6,
+            state: 1,
+            flags: 1,
+        };
         assert_eq!(backend_from6(&backend6(&b)), b);
     }
 }

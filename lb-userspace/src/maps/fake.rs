@@ -13,7 +13,10 @@ pub struct FakeMaps {
 
 impl FakeMaps {
     pub fn with_capacity(capacity: Capacity) -> Self {
-        Self { capacity, ..Default::default() }
+        Self {
+            capacity,
+            ..Default::default()
+        }
     }
 
     /// Returns and clears the operation log.
@@ -38,10 +41,19 @@ impl LbMaps for FakeMaps {
         // Capacities are per family, like the real LB4_* / LB6_* maps.
         let (services, backends, revnat) = self.state.counts(op.family());
         let full = match op {
-            MapOp::UpsertService(k, _) => !self.state.services.contains_key(k) && services >= self.capacity.services as usize,
-            MapOp::UpsertBackend(id, _) => !self.state.backends.contains_key(id) && backends >= self.capacity.backends as usize,
-            MapOp::UpsertRevNat(id, _) => !self.state.revnat.contains_key(id) && revnat >= self.capacity.revnat as usize,
-            MapOp::SetMaglev(svc, _) => !self.state.maglev.contains_key(svc) && self.state.maglev.len() >= self.capacity.maglev as usize,
+            MapOp::UpsertService(k, _) => {
+                !self.state.services.contains_key(k) && services >= self.capacity.services as usize
+            }
+            MapOp::UpsertBackend(id, _) => {
+                !self.state.backends.contains_key(id) && backends >= self.capacity.backends as usize
+            }
+            MapOp::UpsertRevNat(id, _) => {
+                !self.state.revnat.contains_key(id) && revnat >= self.capacity.revnat as usize
+            }
+            MapOp::SetMaglev(svc, _) => {
+                !self.state.maglev.contains_key(svc)
+                    && self.state.maglev.len() >= self.capacity.maglev as usize
+            }
             MapOp::UpsertAffinityMatch(svc, b) => {
                 !self.state.affinity.get(svc).is_some_and(|s| s.contains(b))
                     && self.state.affinity_entries() >= self.capacity.services as usize

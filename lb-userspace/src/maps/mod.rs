@@ -14,8 +14,8 @@ pub mod state;
 
 use std::{net::IpAddr, sync::Arc};
 
-pub use lb_common::service::ServiceValue;
 use lb_common::maps as names;
+pub use lb_common::service::ServiceValue;
 pub use state::MapState;
 
 /// Address family of an entry; selects the LB4_* or LB6_* map.
@@ -47,7 +47,13 @@ pub struct SvcKey {
 
 impl SvcKey {
     pub const fn new(address: IpAddr, port: u16, proto: u8, scope: u8) -> Self {
-        Self { address, port, proto, scope, slot: 0 }
+        Self {
+            address,
+            port,
+            proto,
+            scope,
+            slot: 0,
+        }
     }
 
     pub const fn with_slot(&self, slot: u16) -> Self {
@@ -115,15 +121,29 @@ impl MapOp {
         let v4 = self.family() == Family::V4;
         match self {
             MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => {
-                if v4 { names::LB4_BACKENDS } else { names::LB6_BACKENDS }
+                if v4 {
+                    names::LB4_BACKENDS
+                } else {
+                    names::LB6_BACKENDS
+                }
             }
             MapOp::UpsertService(..) | MapOp::DeleteService(..) => {
-                if v4 { names::LB4_SERVICES } else { names::LB6_SERVICES }
+                if v4 {
+                    names::LB4_SERVICES
+                } else {
+                    names::LB6_SERVICES
+                }
             }
             MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => {
-                if v4 { names::LB4_REVNAT } else { names::LB6_REVNAT }
+                if v4 {
+                    names::LB4_REVNAT
+                } else {
+                    names::LB6_REVNAT
+                }
             }
-            MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => names::LB_AFFINITY_MATCH,
+            MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => {
+                names::LB_AFFINITY_MATCH
+            }
             MapOp::SetMaglev(..) | MapOp::DeleteMaglev(..) => names::LB_MAGLEV,
         }
     }

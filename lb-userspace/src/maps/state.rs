@@ -1,11 +1,7 @@
 //! `MapState`: the contents of the agent-written maps, plus indexes derived
 //! from them (backend references, ClusterIP addresses) kept up to date on
 //! every operation so a diff never has to scan the whole table.
-use std::{
-    collections::BTreeSet,
-    net::IpAddr,
-    sync::Arc,
-};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use crate::collections::HashMap;
 use lb_common::service::{SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
@@ -60,7 +56,10 @@ pub fn is_marker(key: &SvcKey, value: &ServiceValue) -> bool {
 }
 
 fn counts_as_vip(key: &SvcKey, value: &ServiceValue) -> bool {
-    key.slot == 0 && key.scope == SCOPE_ALL && value.flags & SVC_FLAG_CLUSTER_IP != 0 && !is_marker(key, value)
+    key.slot == 0
+        && key.scope == SCOPE_ALL
+        && value.flags & SVC_FLAG_CLUSTER_IP != 0
+        && !is_marker(key, value)
 }
 
 impl MapState {
@@ -190,7 +189,9 @@ impl MapState {
 
     /// Master entries of real frontends (not VIP markers).
     pub fn frontends(&self) -> impl Iterator<Item = (&SvcKey, &ServiceValue)> {
-        self.services.iter().filter(|(k, v)| k.slot == 0 && !is_marker(k, v))
+        self.services
+            .iter()
+            .filter(|(k, v)| k.slot == 0 && !is_marker(k, v))
     }
 
     /// Backend ids in slot order (active first, then terminating).
@@ -200,7 +201,11 @@ impl MapState {
         };
         let total = m.count as u32 + m.terminating_count as u32;
         (1..=total)
-            .filter_map(|slot| self.services.get(&master.with_slot(slot as u16)).map(|v| v.backend_id))
+            .filter_map(|slot| {
+                self.services
+                    .get(&master.with_slot(slot as u16))
+                    .map(|v| v.backend_id)
+            })
             .collect()
     }
 

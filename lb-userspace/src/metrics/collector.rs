@@ -17,8 +17,12 @@ pub struct BpfCollector {
 }
 
 fn read_counters(pin_dir: &std::path::Path) -> anyhow::Result<Vec<(u32, u64)>> {
-    let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(open_pinned(pin_dir, names::LB_COUNTERS)?)?;
-    COUNTER_NAMES.iter().map(|(i, _)| Ok((*i, map.get(i, 0)?.iter().sum()))).collect()
+    let map: PerCpuArray<MapData, u64> =
+        PerCpuArray::try_from(open_pinned(pin_dir, names::LB_COUNTERS)?)?;
+    COUNTER_NAMES
+        .iter()
+        .map(|(i, _)| Ok((*i, map.get(i, 0)?.iter().sum())))
+        .collect()
 }
 
 impl Collector for BpfCollector {
@@ -38,14 +42,23 @@ impl Collector for BpfCollector {
             }
         }
         if let Ok(counters) = read_counters(&self.pin_dir) {
-            let get = |i: u32| counters.iter().find(|(k, _)| *k == i).map_or(0, |(_, v)| *v);
+            let get = |i: u32| {
+                counters
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .map_or(0, |(_, v)| *v)
+            };
             let mut e = encoder.encode_descriptor(
                 "events",
                 "Drop and trace events, by what happened to them (sent, rate_limited, lost: ring buffer full)",
                 None,
                 MetricType::Counter,
             )?;
-            for (label, i) in [("sent", CNT_EVENTS_SENT), ("rate_limited", CNT_EVENTS_RATE_LIMITED), ("lost", CNT_EVENTS_LOST)] {
+            for (label, i) in [
+                ("sent", CNT_EVENTS_SENT),
+                ("rate_limited", CNT_EVENTS_RATE_LIMITED),
+                ("lost", CNT_EVENTS_LOST),
+            ] {
                 ConstCounter::new(get(i)).encode(e.encode_family(&[("result", label)])?)?;
             }
             let mut e = encoder.encode_descriptor(
@@ -54,7 +67,10 @@ impl Collector for BpfCollector {
                 None,
                 MetricType::Counter,
             )?;
-            for (label, i) in [("forward", CNT_SOCK_TRANSLATIONS), ("reverse", CNT_SOCK_REVERSE)] {
+            for (label, i) in [
+                ("forward", CNT_SOCK_TRANSLATIONS),
+                ("reverse", CNT_SOCK_REVERSE),
+            ] {
                 ConstCounter::new(get(i)).encode(e.encode_family(&[("direction", label)])?)?;
             }
             let mut e = encoder.encode_descriptor(
@@ -67,8 +83,16 @@ impl Collector for BpfCollector {
                 ConstCounter::new(get(i)).encode(e.encode_family(&[("direction", label)])?)?;
             }
             for (name, help, i) in [
-                ("conntrack_entries_created", "North-south flows entered into LB4_CT", CNT_CT_CREATED),
-                ("dsr_requests_learned", "DSR requests received on this node (service address taken from the IP option)", CNT_DSR_LEARNED),
+                (
+                    "conntrack_entries_created",
+                    "North-south flows entered into LB4_CT",
+                    CNT_CT_CREATED,
+                ),
+                (
+                    "dsr_requests_learned",
+                    "DSR requests received on this node (service address taken from the IP option)",
+                    CNT_DSR_LEARNED,
+                ),
             ] {
                 let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                 ConstCounter::new(get(i)).encode(e)?;

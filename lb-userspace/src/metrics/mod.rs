@@ -105,13 +105,41 @@ impl Metrics {
             "Time from a change being observed (file event, apiserver event) to the maps being updated",
             m.propagation_delay.clone(),
         );
-        registry.register("reconciles", "Reconcile attempts by result", m.reconciles.clone());
-        registry.register("map_writes", "Map element updates and deletes written", m.map_writes.clone());
-        registry.register("services", "Services in the applied model", m.services.clone());
-        registry.register("frontends", "Frontends (address, port, protocol) in the maps", m.frontends.clone());
-        registry.register("backends", "Distinct backends in the maps", m.backends.clone());
-        registry.register("map_entries", "Entries in each agent-written map", m.map_entries.clone());
-        registry.register("map_capacity", "Capacity (max_entries) of each agent-written map", m.map_capacity.clone());
+        registry.register(
+            "reconciles",
+            "Reconcile attempts by result",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "map_writes",
+            "Map element updates and deletes written",
+            m.map_writes.clone(),
+        );
+        registry.register(
+            "services",
+            "Services in the applied model",
+            m.services.clone(),
+        );
+        registry.register(
+            "frontends",
+            "Frontends (address, port, protocol) in the maps",
+            m.frontends.clone(),
+        );
+        registry.register(
+            "backends",
+            "Distinct backends in the maps",
+            m.backends.clone(),
+        );
+        registry.register(
+            "map_entries",
+            "Entries in each agent-written map",
+            m.map_entries.clone(),
+        );
+        registry.register(
+            "map_capacity",
+            "Capacity (max_entries) of each agent-written map",
+            m.map_capacity.clone(),
+        );
         registry.register(
             "source_errors",
             "Inputs refused by a source (invalid or unreadable), the maps kept their state",
@@ -128,7 +156,10 @@ impl Metrics {
 
     pub fn source_error(&self, source: &str, reason: &str, message: String) {
         self.source_errors
-            .get_or_create(&SourceErrorLabels { source: source.into(), reason: reason.into() })
+            .get_or_create(&SourceErrorLabels {
+                source: source.into(),
+                reason: reason.into(),
+            })
             .inc();
         let mut h = self.health.lock().unwrap();
         // The maps keep a good state: nothing is pending for the data path.
@@ -140,12 +171,29 @@ impl Metrics {
     /// triggered it was first seen.
     /// Part of an input was skipped; not an error of the whole input.
     pub fn source_warning(&self, source: &str, reason: &str) {
-        self.source_errors.get_or_create(&SourceErrorLabels { source: source.into(), reason: reason.into() }).inc();
+        self.source_errors
+            .get_or_create(&SourceErrorLabels {
+                source: source.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
-    pub fn reconciled(&self, stats: &ReconcileStats, observed: Option<Instant>, state: &MapState, services: usize, cap: Capacity) {
-        self.reconciles.get_or_create(&ResultLabels { result: "ok".into() }).inc();
-        self.reconcile_duration.observe(stats.duration.as_secs_f64());
+    pub fn reconciled(
+        &self,
+        stats: &ReconcileStats,
+        observed: Option<Instant>,
+        state: &MapState,
+        services: usize,
+        cap: Capacity,
+    ) {
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: "ok".into(),
+            })
+            .inc();
+        self.reconcile_duration
+            .observe(stats.duration.as_secs_f64());
         if let Some(t) = observed {
             self.propagation_delay.observe(t.elapsed().as_secs_f64());
         }
@@ -155,9 +203,19 @@ impl Metrics {
         self.backends.set(state.backends.len() as i64);
         for family in [AddrFamily::V4, AddrFamily::V6] {
             let (s, b, r) = state.counts(family);
-            let p = if family == AddrFamily::V4 { "LB4" } else { "LB6" };
-            for (name, n, c) in [("SERVICES", s, cap.services), ("BACKENDS", b, cap.backends), ("REVNAT", r, cap.revnat)] {
-                let labels = MapLabels { map: format!("{p}_{name}") };
+            let p = if family == AddrFamily::V4 {
+                "LB4"
+            } else {
+                "LB6"
+            };
+            for (name, n, c) in [
+                ("SERVICES", s, cap.services),
+                ("BACKENDS", b, cap.backends),
+                ("REVNAT", r, cap.revnat),
+            ] {
+                let labels = MapLabels {
+                    map: format!("{p}_{name}"),
+                };
                 self.map_entries.get_or_create(&labels).set(n as i64);
                 self.map_capacity.get_or_create(&labels).set(c as i64);
             }
@@ -169,7 +227,11 @@ impl Metrics {
     }
 
     pub fn reconcile_failed(&self, message: String) {
-        self.reconciles.get_or_create(&ResultLabels { result: "error".into() }).inc();
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: "error".into(),
+            })
+            .inc();
         self.health.lock().unwrap().last_error = Some(message);
     }
 }

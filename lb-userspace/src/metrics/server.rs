@@ -24,11 +24,18 @@ pub async fn serve(
     health: Arc<Mutex<Health>>,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let state = Arc::new(AppState { registry, health, grace });
-    let app = Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).with_state(state);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for metrics: {e} (change --metrics-address)"))?;
+    let state = Arc::new(AppState {
+        registry,
+        health,
+        grace,
+    });
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!("cannot listen on {addr} for metrics: {e} (change --metrics-address)")
+    })?;
     tracing::info!(%addr, "serving /metrics and /healthz");
     axum::serve(listener, app).await?;
     Ok(())
@@ -39,10 +46,17 @@ async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
         Ok(()) => (
             StatusCode::OK,
-            [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                "content-type",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         ),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], e.to_string()),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "text/plain")],
+            e.to_string(),
+        ),
     }
 }
 
@@ -59,7 +73,14 @@ async fn healthz(State(s): State<Arc<AppState>>) -> impl IntoResponse {
         "status": if healthy { "ok" } else { "unhealthy" },
         "lastError": h.last_error,
     });
-    let code = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (code, [("content-type", "application/json")], body.to_string())
+    let code = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
 }
-

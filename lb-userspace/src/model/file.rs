@@ -33,7 +33,9 @@ use std::{
 
 use serde::Deserialize;
 
-use super::{Algorithm, Backend, BackendState, Frontend, FrontendKind, Model, Service, ServiceName};
+use super::{
+    Algorithm, Backend, BackendState, Frontend, FrontendKind, Model, Service, ServiceName,
+};
 
 /// Most backends one frontend can have: slots are numbered with a u16.
 pub const MAX_BACKENDS_PER_FRONTEND: usize = u16::MAX as usize;
@@ -140,7 +142,10 @@ impl fmt::Display for FileError {
 impl std::error::Error for FileError {}
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> FileError {
-    FileError { field: field.into(), message: message.into() }
+    FileError {
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 /// Parses and validates a services file (no NodePorts: no node addresses).
@@ -164,7 +169,9 @@ pub fn to_model(file: &ServicesFile, ctx: &FileContext) -> Result<Model, FileErr
     for (i, spec) in file.services.iter().enumerate() {
         let at = format!("services[{i}]");
         for (j, b) in spec.backends.iter().enumerate() {
-            let Ok(address) = b.address.trim().parse::<IpAddr>() else { continue };
+            let Ok(address) = b.address.trim().parse::<IpAddr>() else {
+                continue;
+            };
             let here = format!("{at}.backends[{j}]");
             match locality.get(&address) {
                 Some((local, first)) if *local != b.local => {
@@ -209,23 +216,36 @@ pub fn to_model(file: &ServicesFile, ctx: &FileContext) -> Result<Model, FileErr
 
 fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service, FileError> {
     if spec.name.trim().is_empty() {
-        return Err(err(format!("{at}.name"), "must not be empty; name the service"));
+        return Err(err(
+            format!("{at}.name"),
+            "must not be empty; name the service",
+        ));
     }
     if spec.namespace.trim().is_empty() {
-        return Err(err(format!("{at}.namespace"), "must not be empty; leave it out for \"default\""));
+        return Err(err(
+            format!("{at}.namespace"),
+            "must not be empty; leave it out for \"default\"",
+        ));
     }
 
     let mut addresses = Vec::new();
     for (field, list, kind) in [
         ("clusterIPs", &spec.cluster_ips, FrontendKind::ClusterIP),
         ("externalIPs", &spec.external_ips, FrontendKind::ExternalIP),
-        ("loadBalancerIPs", &spec.load_balancer_ips, FrontendKind::LoadBalancer),
+        (
+            "loadBalancerIPs",
+            &spec.load_balancer_ips,
+            FrontendKind::LoadBalancer,
+        ),
     ] {
         for (j, text) in list.iter().enumerate() {
             let field = format!("{at}.{field}[{j}]");
             let address = parse_service_address(&field, text)?;
             if addresses.iter().any(|(a, _)| *a == address) {
-                return Err(err(field, format!("{address} is listed twice; remove the duplicate")));
+                return Err(err(
+                    field,
+                    format!("{address} is listed twice; remove the duplicate"),
+                ));
             }
             addresses.push((address, kind));
         }
@@ -237,7 +257,10 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
         ));
     }
     if spec.ports.is_empty() {
-        return Err(err(format!("{at}.ports"), "is empty; list at least one port"));
+        return Err(err(
+            format!("{at}.ports"),
+            "is empty; list at least one port",
+        ));
     }
 
     let affinity_timeout_s = match spec.session_affinity.as_deref() {
@@ -270,12 +293,18 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
 
     let kind = spec.kind.as_deref().unwrap_or("ClusterIP");
     if !matches!(kind, "ClusterIP" | "NodePort" | "LoadBalancer") {
-        return Err(err(format!("{at}.type"), format!("{kind:?} is not supported; use ClusterIP, NodePort or LoadBalancer")));
+        return Err(err(
+            format!("{at}.type"),
+            format!("{kind:?} is not supported; use ClusterIP, NodePort or LoadBalancer"),
+        ));
     }
     let policy = |field: &str, v: &Option<String>| match v.as_deref() {
         None | Some("Cluster") => Ok(false),
         Some("Local") => Ok(true),
-        Some(other) => Err(err(format!("{at}.{field}"), format!("{other:?} is not a policy; use Cluster or Local"))),
+        Some(other) => Err(err(
+            format!("{at}.{field}"),
+            format!("{other:?} is not a policy; use Cluster or Local"),
+        )),
     };
     let internal_local = policy("internalTrafficPolicy", &spec.internal_traffic_policy)?;
     let external_local = policy("externalTrafficPolicy", &spec.external_traffic_policy)?;
@@ -284,16 +313,28 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
     for (j, b) in spec.backends.iter().enumerate() {
         if let Some(w) = b.weight {
             if !(1..=65_535).contains(&w) {
-                return Err(err(format!("{at}.backends[{j}].weight"), format!("{w} is out of range; use 1-65535")));
+                return Err(err(
+                    format!("{at}.backends[{j}].weight"),
+                    format!("{w} is out of range; use 1-65535"),
+                ));
             }
         }
         let field = format!("{at}.backends[{j}].address");
         let address: IpAddr = b.address.trim().parse().map_err(|_| {
-            err(field.clone(), format!("{:?} is not an IP address; write e.g. 10.244.1.2", b.address))
+            err(
+                field.clone(),
+                format!(
+                    "{:?} is not an IP address; write e.g. 10.244.1.2",
+                    b.address
+                ),
+            )
         })?;
         check_unicast(&field, address)?;
         if backends_by_address.iter().any(|(a, _)| *a == address) {
-            return Err(err(field, format!("{address} is listed twice; remove the duplicate")));
+            return Err(err(
+                field,
+                format!("{address} is listed twice; remove the duplicate"),
+            ));
         }
         backends_by_address.push((address, b));
     }
@@ -313,7 +354,10 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
     for (j, p) in spec.ports.iter().enumerate() {
         let pat = format!("{at}.ports[{j}]");
         let port = check_port(&format!("{pat}.port"), p.port)?;
-        let target = check_port(&format!("{pat}.targetPort"), p.target_port.unwrap_or(p.port))?;
+        let target = check_port(
+            &format!("{pat}.targetPort"),
+            p.target_port.unwrap_or(p.port),
+        )?;
         let protocol = match p.protocol.as_str() {
             "TCP" => super::Protocol::Tcp,
             "UDP" => super::Protocol::Udp,
@@ -324,37 +368,63 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                 ))
             }
             other => {
-                return Err(err(format!("{pat}.protocol"), format!("unknown protocol {other:?}; use TCP or UDP")))
+                return Err(err(
+                    format!("{pat}.protocol"),
+                    format!("unknown protocol {other:?}; use TCP or UDP"),
+                ))
             }
         };
         if !seen_ports.insert((port, protocol)) {
             return Err(err(
                 format!("{pat}.port"),
-                format!("{port}/{} is listed twice; remove the duplicate", protocol.as_str()),
+                format!(
+                    "{port}/{} is listed twice; remove the duplicate",
+                    protocol.as_str()
+                ),
             ));
         }
         if let Some(name) = &p.name {
             if !seen_names.insert(name.clone()) {
-                return Err(err(format!("{pat}.name"), format!("port name {name:?} is used twice; port names must be unique")));
+                return Err(err(
+                    format!("{pat}.name"),
+                    format!("port name {name:?} is used twice; port names must be unique"),
+                ));
             }
         }
-        let mut fronts: Vec<(IpAddr, u16, FrontendKind)> = addresses.iter().map(|(a, k)| (*a, port, *k)).collect();
+        let mut fronts: Vec<(IpAddr, u16, FrontendKind)> =
+            addresses.iter().map(|(a, k)| (*a, port, *k)).collect();
         if let Some(np) = p.node_port {
             let field = format!("{pat}.nodePort");
             if kind == "ClusterIP" {
-                return Err(err(field, "a ClusterIP service has no nodePort; set type: NodePort or LoadBalancer"));
+                return Err(err(
+                    field,
+                    "a ClusterIP service has no nodePort; set type: NodePort or LoadBalancer",
+                ));
             }
             let np = check_port(&field, np)?;
             if ctx.nodeport_addresses.is_empty() {
-                return Err(err(field, "NodePorts need this node's addresses: start lb-agent with --devices"));
+                return Err(err(
+                    field,
+                    "NodePorts need this node's addresses: start lb-agent with --devices",
+                ));
             }
-            fronts.extend(ctx.nodeport_addresses.iter().map(|a| (*a, np, FrontendKind::NodePort)));
+            fronts.extend(
+                ctx.nodeport_addresses
+                    .iter()
+                    .map(|a| (*a, np, FrontendKind::NodePort)),
+            );
         }
         for (address, fport, fkind) in fronts {
             let mut backends: Vec<Backend> = backends_by_address
                 .iter()
                 .filter(|(a, _)| a.is_ipv4() == address.is_ipv4())
-                .map(|(a, b)| Backend { address: *a, port: target, state: b.state, local: b.local, weight: b.weight.unwrap_or(1) })
+                .map(|(a, b)| Backend {
+                    address: *a,
+                    port: target,
+                    state: b.state,
+                    local: b.local,
+                    weight: b.weight.unwrap_or(1),
+                })
                 .collect();
             if fkind == FrontendKind::ClusterIP && internal_local {
                 backends.retain(|b| b.local);
@@ -377,10 +447,12 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
 }
 
 fn parse_service_address(field: &str, text: &str) -> Result<IpAddr, FileError> {
-    let address: IpAddr = text
-        .trim()
-        .parse()
-        .map_err(|_| err(field, format!("{text:?} is not an IP address; write e.g. 10.96.0.10")))?;
+    let address: IpAddr = text.trim().parse().map_err(|_| {
+        err(
+            field,
+            format!("{text:?} is not an IP address; write e.g. 10.96.0.10"),
+        )
+    })?;
     check_unicast(field, address)?;
     Ok(address)
 }
@@ -391,7 +463,10 @@ fn check_unicast(field: &str, address: IpAddr) -> Result<(), FileError> {
         IpAddr::V6(a) => a.is_unspecified() || a.is_multicast(),
     };
     if bad {
-        return Err(err(field, format!("{address} is not a unicast address; use a unicast address")));
+        return Err(err(
+            field,
+            format!("{address} is not a unicast address; use a unicast address"),
+        ));
     }
     Ok(())
 }
@@ -399,7 +474,10 @@ fn check_unicast(field: &str, address: IpAddr) -> Result<(), FileError> {
 fn check_port(field: &str, port: u32) -> Result<u16, FileError> {
     match port {
         1..=65535 => Ok(port as u16),
-        _ => Err(err(field, format!("{port} is not a valid port; use 1-65535"))),
+        _ => Err(err(
+            field,
+            format!("{port} is not a valid port; use 1-65535"),
+        )),
     }
 }
 
@@ -443,7 +521,10 @@ services:
         assert_eq!(http.backends[1].state, BackendState::Terminating);
         let dns = &web.frontends[1];
         assert_eq!((dns.port, dns.protocol), (53, super::super::Protocol::Udp));
-        assert!(dns.backends.iter().all(|b| b.port == 53), "targetPort defaults to port");
+        assert!(
+            dns.backends.iter().all(|b| b.port == 53),
+            "targetPort defaults to port"
+        );
 
         let db = &model.services[&ServiceName::new("prod", "db")];
         assert_eq!(db.frontends.len(), 2);
@@ -489,15 +570,20 @@ services:
 
     #[test]
     fn rejects_unknown_protocol_and_sctp() {
-        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, protocol: ICMP}]}]");
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, protocol: ICMP}]}]",
+        );
         assert_eq!(e.field, "services[0].ports[0].protocol");
-        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, protocol: SCTP}]}]");
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, protocol: SCTP}]}]",
+        );
         assert!(e.message.contains("SCTP"), "{e}");
     }
 
     #[test]
     fn rejects_duplicates() {
-        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}, {port: 80}]}]");
+        let e =
+            bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}, {port: 80}]}]");
         assert_eq!(e.field, "services[0].ports[1].port");
         let e = bad(
             "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}, {address: 10.0.0.1}]}]",
@@ -562,14 +648,29 @@ services:
         let e = bad(yaml);
         assert_eq!(e.field, "services[0].ports[0].nodePort");
         assert!(e.message.contains("--devices"), "{e}");
-        let ctx = FileContext { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()] };
+        let ctx = FileContext {
+            nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+        };
         let m = parse_with(yaml, &ctx).unwrap();
         let fe = &m.services[&ServiceName::new("default", "a")].frontends;
         assert_eq!(fe.len(), 2);
-        assert_eq!((fe[1].port, fe[1].kind, fe[1].external_traffic_local), (30080, FrontendKind::NodePort, true));
-        assert_eq!(fe[1].backends.len(), 2, "node-local clients use every backend");
-        assert_eq!(fe[0].backends.len(), 1, "internalTrafficPolicy: Local keeps the local one");
-        let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, nodePort: 30080}]}]");
+        assert_eq!(
+            (fe[1].port, fe[1].kind, fe[1].external_traffic_local),
+            (30080, FrontendKind::NodePort, true)
+        );
+        assert_eq!(
+            fe[1].backends.len(),
+            2,
+            "node-local clients use every backend"
+        );
+        assert_eq!(
+            fe[0].backends.len(),
+            1,
+            "internalTrafficPolicy: Local keeps the local one"
+        );
+        let e = bad(
+            "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, nodePort: 30080}]}]",
+        );
         assert!(e.message.contains("type: NodePort"), "{e}");
     }
 
@@ -585,16 +686,21 @@ services:
     #[test]
     fn every_services_file_example_in_the_readme_parses() {
         let readme = include_str!("../../../README.md");
-        let blocks: Vec<&str> =
-            readme.split("```yaml\n").skip(1).filter_map(|b| b.split("```").next()).filter(|b| b.starts_with("services:")).collect();
+        let blocks: Vec<&str> = readme
+            .split("```yaml\n")
+            .skip(1)
+            .filter_map(|b| b.split("```").next())
+            .filter(|b| b.starts_with("services:"))
+            .collect();
         assert!(blocks.len() >= 2, "README has services file examples");
         // As run with --devices (the NodePort example needs node addresses).
-        let ctx = FileContext { nodeport_addresses: vec!["192.168.1.10".parse().unwrap()] };
+        let ctx = FileContext {
+            nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+        };
         for b in blocks {
             if let Err(e) = parse_with(b, &ctx) {
                 panic!("README example does not parse: {e}\n{b}");
             }
         }
     }
-
 }

@@ -52,7 +52,8 @@ fn endpoint(a: IpAddr, port_be: u16) -> String {
 }
 
 pub fn decode(e: &Event) -> MonitorEvent {
-    let source = (e.sport != 0 || e.saddr != [0; 16]).then(|| endpoint(addr(e.family, &e.saddr), e.sport));
+    let source =
+        (e.sport != 0 || e.saddr != [0; 16]).then(|| endpoint(addr(e.family, &e.saddr), e.sport));
     let comm_len = e.comm.iter().position(|b| *b == 0).unwrap_or(e.comm.len());
     MonitorEvent {
         kind: match e.kind {
@@ -62,8 +63,10 @@ pub fn decode(e: &Event) -> MonitorEvent {
         },
         ktime_ns: e.ktime_ns,
         hook: hook_name(e.hook),
-        reason: (e.kind == EVENT_DROP).then(|| DropReason::from_u32(e.reason).map_or("unknown", |r| r.name())),
-        protocol: Protocol::from_number(e.proto).map_or_else(|| format!("proto-{}", e.proto), |p| p.as_str().to_string()),
+        reason: (e.kind == EVENT_DROP)
+            .then(|| DropReason::from_u32(e.reason).map_or("unknown", |r| r.name())),
+        protocol: Protocol::from_number(e.proto)
+            .map_or_else(|| format!("proto-{}", e.proto), |p| p.as_str().to_string()),
         source,
         destination: endpoint(addr(e.family, &e.daddr), e.dport),
         translated: (e.kind == EVENT_TRACE).then(|| endpoint(addr(e.family, &e.xaddr), e.xport)),
@@ -82,8 +85,16 @@ pub fn decode(e: &Event) -> MonitorEvent {
 /// -> trace connect4 10.96.0.10:80/TCP => 10.244.1.2:8080 service 3 backend 7 by pid 4242 (curl) cookie 8194
 /// ```
 pub fn format_line(e: &MonitorEvent) -> String {
-    let from = e.source.as_ref().map(|s| format!("{s} -> ")).unwrap_or_default();
-    let service = if e.service_id != 0 { format!(" service {}", e.service_id) } else { String::new() };
+    let from = e
+        .source
+        .as_ref()
+        .map(|s| format!("{s} -> "))
+        .unwrap_or_default();
+    let service = if e.service_id != 0 {
+        format!(" service {}", e.service_id)
+    } else {
+        String::new()
+    };
     let who = format!(" by pid {} ({}) cookie {}", e.pid, e.comm, e.cookie);
     match e.kind {
         "drop" => format!(

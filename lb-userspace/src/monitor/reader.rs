@@ -23,19 +23,30 @@ pub struct EventReader {
 }
 
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl EventReader {
     pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
-        let ring = RingBuf::try_from(open_pinned(pin_dir, names::LB_EVENTS)?).context("LB_EVENTS is not a ring buffer")?;
-        Ok(Self { ring, since_ns: monotonic_ns() })
+        let ring = RingBuf::try_from(open_pinned(pin_dir, names::LB_EVENTS)?)
+            .context("LB_EVENTS is not a ring buffer")?;
+        Ok(Self {
+            ring,
+            since_ns: monotonic_ns(),
+        })
     }
 
     /// Calls `f` for each new event until `f` returns false or `stop` is set.
-    pub fn run(&mut self, stop: &AtomicBool, mut f: impl FnMut(MonitorEvent) -> bool) -> anyhow::Result<()> {
+    pub fn run(
+        &mut self,
+        stop: &AtomicBool,
+        mut f: impl FnMut(MonitorEvent) -> bool,
+    ) -> anyhow::Result<()> {
         let fd = self.ring.as_raw_fd();
         while !stop.load(Ordering::Relaxed) {
             while let Some(item) = self.ring.next() {
@@ -50,7 +61,11 @@ impl EventReader {
                     return Ok(());
                 }
             }
-            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
             let timeout = Duration::from_millis(200).as_millis() as i32;
             let r = unsafe { libc::poll(&mut pfd, 1, timeout) };
             if r < 0 {

@@ -26,22 +26,36 @@ pub enum LoadError {
 }
 
 pub fn load(path: &Path, ctx: &services_file::FileContext) -> Result<Model, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
-    services_file::parse_with(&text, ctx).map_err(|source| LoadError::Invalid { path: path.to_path_buf(), source })
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    services_file::parse_with(&text, ctx).map_err(|source| LoadError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Sends `()` whenever the file may have changed. Keep the returned watcher alive.
 pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::channel(16);
-    let file_name = path.file_name().context("services file path has no file name")?.to_owned();
+    let file_name = path
+        .file_name()
+        .context("services file path has no file name")?
+        .to_owned();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        let relevant = matches!(event.kind, EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_))
-            && event.paths.iter().any(|p| p.file_name() == Some(file_name.as_os_str()));
+        let relevant = matches!(
+            event.kind,
+            EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+        ) && event
+            .paths
+            .iter()
+            .any(|p| p.file_name() == Some(file_name.as_os_str()));
         if relevant {
             // A full channel already holds a pending reload: dropping this one loses nothing.
             let _ = tx.try_send(());
@@ -66,7 +80,13 @@ pub async fn run(
     let (_watcher, mut changes) = match watch(&path) {
         Ok(w) => w,
         Err(e) => {
-            let _ = tx.send(SourceEvent::Error { source: "file", reason: "watch-failed", message: format!("{e:#}") }).await;
+            let _ = tx
+                .send(SourceEvent::Error {
+                    source: "file",
+                    reason: "watch-failed",
+                    message: format!("{e:#}"),
+                })
+                .await;
             return;
         }
     };

@@ -14,11 +14,22 @@ pub enum SourceEvent {
     /// list or relist): services not in it are removed.
     Full { model: Model, observed: Instant },
     /// Some services changed; `None` means the service is gone.
-    Changes { changes: Vec<(ServiceName, Option<Service>)>, observed: Instant },
+    Changes {
+        changes: Vec<(ServiceName, Option<Service>)>,
+        observed: Instant,
+    },
     /// The source could not be read or gave invalid input; the maps keep
     /// their state. `source` ("file", "kubernetes") and `reason` are short
     /// codes for metrics.
-    Error { source: &'static str, reason: &'static str, message: String },
+    Error {
+        source: &'static str,
+        reason: &'static str,
+        message: String,
+    },
     /// Part of an input was skipped (an SCTP port, a bad address).
-    Warning { source: &'static str, reason: &'static str, message: String },
+    Warning {
+        source: &'static str,
+        reason: &'static str,
+        message: String,
+    },
 }

@@ -46,7 +46,14 @@ impl Attr {
 }
 
 fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut Attr,
+            std::mem::size_of::<Attr>(),
+        )
+    };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -88,10 +95,16 @@ pub fn cgroup_link_info(link: BorrowedFd<'_>) -> io::Result<CgroupLinkInfo> {
     attr.put_u32(4, std::mem::size_of_val(&info) as u32); // info_len
     attr.put_u64(8, info.as_mut_ptr() as u64); // info
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let bytes: &[u8] = unsafe { std::slice::from_raw_parts(info.as_ptr().cast(), std::mem::size_of_val(&info)) };
+    let bytes: &[u8] =
+        unsafe { std::slice::from_raw_parts(info.as_ptr().cast(), std::mem::size_of_val(&info)) };
     let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().unwrap());
-    Ok(CgroupLinkInfo { link_id: u32_at(4), prog_id: u32_at(8), cgroup_id: u64_at(16), attach_type: u32_at(24) })
+    Ok(CgroupLinkInfo {
+        link_id: u32_at(4),
+        prog_id: u32_at(8),
+        cgroup_id: u64_at(16),
+        attach_type: u32_at(24),
+    })
 }
 
 /// Ids of every program attached to `cgroup` for `attach_type` (effective or not).
@@ -136,7 +149,10 @@ pub fn map_update_batch(map: BorrowedFd<'_>, keys: &[u32], values: &[u32]) -> io
     bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
     let done = attr.get_u32(32) as usize;
     if done != keys.len() {
-        return Err(io::Error::other(format!("batch update wrote {done} of {} entries", keys.len())));
+        return Err(io::Error::other(format!(
+            "batch update wrote {done} of {} entries",
+            keys.len()
+        )));
     }
     Ok(())
 }
@@ -146,7 +162,11 @@ pub fn map_update_batch(map: BorrowedFd<'_>, keys: &[u32], values: &[u32]) -> io
 /// single updates would (kernel/bpf/syscall.c, generic_map_update_batch),
 /// so readers see the same sequence of states; only the syscalls are
 /// saved. On failure: how many were written before it, and the error.
-pub fn map_update_batch_of<K: Copy, V: Copy>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> Result<(), (usize, io::Error)> {
+pub fn map_update_batch_of<K: Copy, V: Copy>(
+    map: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> Result<(), (usize, io::Error)> {
     assert_eq!(keys.len(), values.len());
     if keys.is_empty() {
         return Ok(());
@@ -160,7 +180,13 @@ pub fn map_update_batch_of<K: Copy, V: Copy>(map: BorrowedFd<'_>, keys: &[K], va
     let done = attr.get_u32(32) as usize;
     match result {
         Ok(_) if done == keys.len() => Ok(()),
-        Ok(_) => Err((done, io::Error::other(format!("batch update wrote {done} of {} entries", keys.len())))),
+        Ok(_) => Err((
+            done,
+            io::Error::other(format!(
+                "batch update wrote {done} of {} entries",
+                keys.len()
+            )),
+        )),
         Err(e) => Err((done.min(keys.len()), e)),
     }
 }

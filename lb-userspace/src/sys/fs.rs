@@ -22,7 +22,8 @@ fn fs_magic(path: &Path) -> anyhow::Result<i64> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("statfs {}", path.display()));
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
     }
     Ok(st.f_type as i64)
 }
@@ -44,7 +45,9 @@ pub fn check_cgroup2(path: &Path) -> anyhow::Result<()> {
 pub fn ensure_pin_dir(pin_dir: &Path) -> anyhow::Result<()> {
     let mut existing = pin_dir;
     while !existing.exists() {
-        existing = existing.parent().context("pin directory has no existing parent")?;
+        existing = existing
+            .parent()
+            .context("pin directory has no existing parent")?;
     }
     if fs_magic(existing)? != BPF_FS_MAGIC {
         bail!(
@@ -52,7 +55,8 @@ pub fn ensure_pin_dir(pin_dir: &Path) -> anyhow::Result<()> {
             existing.display()
         );
     }
-    std::fs::create_dir_all(pin_dir.join("links")).with_context(|| format!("creating {}", pin_dir.display()))?;
+    std::fs::create_dir_all(pin_dir.join("links"))
+        .with_context(|| format!("creating {}", pin_dir.display()))?;
     // Pins are the data path's state: root only.
     use std::os::unix::fs::PermissionsExt as _;
     for dir in [pin_dir.to_path_buf(), pin_dir.join("links")] {
@@ -65,7 +69,9 @@ pub fn ensure_pin_dir(pin_dir: &Path) -> anyhow::Result<()> {
 /// The id the kernel gives a cgroup v2 directory (its kernfs inode number).
 pub fn cgroup_id(path: &Path) -> anyhow::Result<u64> {
     use std::os::unix::fs::MetadataExt as _;
-    Ok(std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?.ino())
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("stat {}", path.display()))?
+        .ino())
 }
 
 /// The cookie of the caller's network namespace (SO_NETNS_COOKIE, Linux 5.14).
@@ -77,7 +83,15 @@ pub fn own_netns_cookie() -> anyhow::Result<u64> {
     }
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE, (&mut cookie as *mut u64).cast(), &mut len) };
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
     let err = std::io::Error::last_os_error();
     unsafe { libc::close(fd) };
     if r != 0 {

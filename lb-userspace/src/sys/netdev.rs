@@ -23,7 +23,10 @@ pub fn ipv4_address(name: &str) -> anyhow::Result<Option<Ipv4Addr>> {
     while !cur.is_null() {
         let ifa = unsafe { &*cur };
         let this = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-        if this == name && !ifa.ifa_addr.is_null() && unsafe { (*ifa.ifa_addr).sa_family } as i32 == libc::AF_INET {
+        if this == name
+            && !ifa.ifa_addr.is_null()
+            && unsafe { (*ifa.ifa_addr).sa_family } as i32 == libc::AF_INET
+        {
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
             found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
             break;

@@ -34,9 +34,15 @@ pub struct Cidr {
 impl std::str::FromStr for Cidr {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (a, p) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
-        let address: IpAddr = a.parse().map_err(|_| format!("{a:?} is not an IP address"))?;
-        let prefix: u8 = p.parse().map_err(|_| format!("{p:?} is not a prefix length"))?;
+        let (a, p) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
+        let address: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{a:?} is not an IP address"))?;
+        let prefix: u8 = p
+            .parse()
+            .map_err(|_| format!("{p:?} is not a prefix length"))?;
         let max = if address.is_ipv4() { 32 } else { 128 };
         if prefix > max {
             return Err(format!("prefix /{prefix} is longer than {max}"));
@@ -49,11 +55,19 @@ impl Cidr {
     pub fn contains(&self, ip: &IpAddr) -> bool {
         match (self.address, ip) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - self.prefix)
+                };
                 u32::from(n) & mask == u32::from(*a) & mask
             }
             (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix) };
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - self.prefix)
+                };
                 u128::from(n) & mask == u128::from(*a) & mask
             }
             _ => false,
@@ -97,7 +111,10 @@ impl Store {
         Self {
             node_name: node_name.to_string(),
             nodeport_cidrs,
-            node: NodeContext { name: node_name.to_string(), nodeport_addresses: Vec::new() },
+            node: NodeContext {
+                name: node_name.to_string(),
+                nodeport_addresses: Vec::new(),
+            },
             services: HashMap::new(),
             slices: HashMap::new(),
             slice_owner: HashMap::new(),
@@ -163,7 +180,11 @@ impl Store {
                 }
             }
             Event::Init => self.slice_relist.buffer = Some(Vec::new()),
-            Event::InitApply(s) => self.slice_relist.buffer.get_or_insert_with(Vec::new).push(s),
+            Event::InitApply(s) => self
+                .slice_relist
+                .buffer
+                .get_or_insert_with(Vec::new)
+                .push(s),
             Event::InitDone => {
                 let items = self.slice_relist.buffer.take().unwrap_or_default();
                 self.slices.clear();
@@ -245,7 +266,11 @@ impl Store {
                     model.services.insert(name, svc);
                 }
             }
-            self.published = model.services.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            self.published = model
+                .services
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             return Some(Output::Full(model));
         }
         if self.dirty.is_empty() {
@@ -283,7 +308,11 @@ impl Store {
         });
         let wanted: Vec<FrontendId> = translated
             .iter()
-            .flat_map(|s| s.frontends.iter().map(|f| (f.address, f.port, f.protocol.number())))
+            .flat_map(|s| {
+                s.frontends
+                    .iter()
+                    .map(|f| (f.address, f.port, f.protocol.number()))
+            })
             .collect();
         // Let go of frontends no longer wanted; the next claimant takes over.
         for id in self.asked.remove(name).unwrap_or_default() {
@@ -318,15 +347,26 @@ impl Store {
         let claims = &self.claims;
         let mut lost = Vec::new();
         svc.frontends.retain(|f| {
-            let owner = claims.get(&(f.address, f.port, f.protocol.number())).and_then(|s| s.first());
+            let owner = claims
+                .get(&(f.address, f.port, f.protocol.number()))
+                .and_then(|s| s.first());
             let ours = owner == Some(name);
             if !ours {
-                lost.push(format!("{}:{}/{} (owned by {})", f.address, f.port, f.protocol.as_str(), owner.map_or("?".into(), |o| o.to_string())));
+                lost.push(format!(
+                    "{}:{}/{} (owned by {})",
+                    f.address,
+                    f.port,
+                    f.protocol.as_str(),
+                    owner.map_or("?".into(), |o| o.to_string())
+                ));
             }
             ours
         });
         for l in lost {
-            self.warnings.push(Warning { reason: "frontend-conflict", message: format!("{name}: frontend {l} is already taken; skipped") });
+            self.warnings.push(Warning {
+                reason: "frontend-conflict",
+                message: format!("{name}: frontend {l} is already taken; skipped"),
+            });
         }
         Some(svc)
     }
@@ -338,7 +378,10 @@ pub enum Output {
 }
 
 fn slice_key(s: &EndpointSlice) -> (String, String) {
-    (s.metadata.namespace.clone().unwrap_or_default(), s.metadata.name.clone().unwrap_or_default())
+    (
+        s.metadata.namespace.clone().unwrap_or_default(),
+        s.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// The node's InternalIP and ExternalIP addresses, filtered by the CIDRs
@@ -424,13 +467,18 @@ mod tests {
         s.on_service(Event::InitDone);
         s.on_slice(Event::Init);
         s.on_slice(Event::InitApply(slice("a-1", "a", &["10.244.0.1"])));
-        assert!(s.take_output().is_none(), "slices not listed yet: no prune on a partial view");
+        assert!(
+            s.take_output().is_none(),
+            "slices not listed yet: no prune on a partial view"
+        );
         s.on_slice(Event::InitDone);
         assert!(s.take_output().is_none(), "node not listed yet");
         s.on_node(Event::Init);
         s.on_node(Event::InitApply(node(&["192.168.1.10"])));
         s.on_node(Event::InitDone);
-        let Some(Output::Full(model)) = s.take_output() else { panic!("full model expected") };
+        let Some(Output::Full(model)) = s.take_output() else {
+            panic!("full model expected")
+        };
         let fe = &model.services[&n("a")].frontends;
         assert_eq!(fe.len(), 2, "ClusterIP and NodePort on the node address");
         assert_eq!(fe[0].backends.len(), 1);
@@ -439,48 +487,97 @@ mod tests {
 
     #[test]
     fn a_slice_change_outputs_only_its_service() {
-        let mut s = synced(vec![svc("a", "10.96.0.1", &[]), svc("b", "10.96.0.2", &[])], vec![slice("a-1", "a", &["10.244.0.1"])]);
+        let mut s = synced(
+            vec![svc("a", "10.96.0.1", &[]), svc("b", "10.96.0.2", &[])],
+            vec![slice("a-1", "a", &["10.244.0.1"])],
+        );
         s.take_output();
-        s.on_slice(Event::Apply(slice("a-1", "a", &["10.244.0.1", "10.244.0.2"])));
-        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        s.on_slice(Event::Apply(slice(
+            "a-1",
+            "a",
+            &["10.244.0.1", "10.244.0.2"],
+        )));
+        let Some(Output::Changes(changes)) = s.take_output() else {
+            panic!()
+        };
         assert_eq!(changes.len(), 1);
         assert_eq!(changes[0].0, n("a"));
-        assert_eq!(changes[0].1.as_ref().unwrap().frontends[0].backends.len(), 2);
+        assert_eq!(
+            changes[0].1.as_ref().unwrap().frontends[0].backends.len(),
+            2
+        );
         // The same object again is not a change.
-        s.on_slice(Event::Apply(slice("a-1", "a", &["10.244.0.1", "10.244.0.2"])));
+        s.on_slice(Event::Apply(slice(
+            "a-1",
+            "a",
+            &["10.244.0.1", "10.244.0.2"],
+        )));
         assert!(s.take_output().is_none());
         s.on_service(Event::Delete(svc("b", "10.96.0.2", &[])));
-        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        let Some(Output::Changes(changes)) = s.take_output() else {
+            panic!()
+        };
         assert_eq!(changes, vec![(n("b"), None)]);
     }
 
     #[test]
     fn a_relist_outputs_a_full_model_without_what_it_lost() {
-        let mut s = synced(vec![svc("a", "10.96.0.1", &[]), svc("b", "10.96.0.2", &[])], vec![]);
+        let mut s = synced(
+            vec![svc("a", "10.96.0.1", &[]), svc("b", "10.96.0.2", &[])],
+            vec![],
+        );
         s.take_output();
         // e.g. after 410 Gone: b was deleted while the watch was down.
         s.on_service(Event::Init);
         s.on_service(Event::InitApply(svc("a", "10.96.0.1", &[])));
         assert!(s.take_output().is_none(), "mid-relist: nothing");
         s.on_service(Event::InitDone);
-        let Some(Output::Full(model)) = s.take_output() else { panic!() };
-        assert_eq!(model.services.keys().cloned().collect::<Vec<_>>(), vec![n("a")]);
+        let Some(Output::Full(model)) = s.take_output() else {
+            panic!()
+        };
+        assert_eq!(
+            model.services.keys().cloned().collect::<Vec<_>>(),
+            vec![n("a")]
+        );
     }
 
     #[test]
     fn a_contested_external_ip_goes_to_the_first_service_and_passes_on_when_released() {
-        let mut s = synced(vec![svc("a", "10.96.0.1", &["203.0.113.5"]), svc("b", "10.96.0.2", &["203.0.113.5"])], vec![]);
-        let Some(Output::Full(model)) = s.take_output() else { panic!() };
-        let has_ext = |m: &Service| m.frontends.iter().any(|f| f.address.to_string() == "203.0.113.5");
+        let mut s = synced(
+            vec![
+                svc("a", "10.96.0.1", &["203.0.113.5"]),
+                svc("b", "10.96.0.2", &["203.0.113.5"]),
+            ],
+            vec![],
+        );
+        let Some(Output::Full(model)) = s.take_output() else {
+            panic!()
+        };
+        let has_ext = |m: &Service| {
+            m.frontends
+                .iter()
+                .any(|f| f.address.to_string() == "203.0.113.5")
+        };
         assert!(has_ext(&model.services[&n("a")]));
         assert!(!has_ext(&model.services[&n("b")]));
-        assert_eq!(s.take_warnings().iter().filter(|w| w.reason == "frontend-conflict").count(), 1);
+        assert_eq!(
+            s.take_warnings()
+                .iter()
+                .filter(|w| w.reason == "frontend-conflict")
+                .count(),
+            1
+        );
 
         s.on_service(Event::Delete(svc("a", "10.96.0.1", &["203.0.113.5"])));
-        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        let Some(Output::Changes(changes)) = s.take_output() else {
+            panic!()
+        };
         let map: BTreeMap<_, _> = changes.into_iter().collect();
         assert_eq!(map[&n("a")], None);
-        assert!(has_ext(map[&n("b")].as_ref().unwrap()), "b takes the released frontend over");
+        assert!(
+            has_ext(map[&n("b")].as_ref().unwrap()),
+            "b takes the released frontend over"
+        );
     }
 
     #[test]
@@ -488,13 +585,23 @@ mod tests {
         let mut s = synced(vec![svc("a", "10.96.0.1", &[])], vec![]);
         s.take_output();
         s.on_node(Event::Apply(node(&["192.168.1.10", "10.0.0.5"])));
-        let Some(Output::Changes(changes)) = s.take_output() else { panic!() };
+        let Some(Output::Changes(changes)) = s.take_output() else {
+            panic!()
+        };
         let fe = &changes[0].1.as_ref().unwrap().frontends;
-        assert_eq!(fe.iter().filter(|f| f.kind == crate::model::FrontendKind::NodePort).count(), 2);
+        assert_eq!(
+            fe.iter()
+                .filter(|f| f.kind == crate::model::FrontendKind::NodePort)
+                .count(),
+            2
+        );
 
         let mut s = Store::new("node-a", vec!["10.0.0.0/8".parse().unwrap()]);
         s.on_node(Event::InitApply(node(&["192.168.1.10", "10.0.0.5"])));
-        assert_eq!(s.node().nodeport_addresses, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            s.node().nodeport_addresses,
+            vec!["10.0.0.5".parse::<IpAddr>().unwrap()]
+        );
     }
 
     #[test]

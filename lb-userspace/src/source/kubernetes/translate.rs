@@ -21,13 +21,16 @@ use std::{
 
 use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice};
 
-use crate::model::{Algorithm, Backend, BackendState, Frontend, FrontendKind, Protocol, Service, ServiceName};
+use crate::model::{
+    Algorithm, Backend, BackendState, Frontend, FrontendKind, Protocol, Service, ServiceName,
+};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const LABEL_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Label selector of the watches, as kube-proxy's informers.
-pub const WATCH_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+pub const WATCH_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 /// Per-service backend selection: `random` (default) or `maglev`.
 pub const ANNOTATION_ALGORITHM: &str = "lb.dev/algorithm";
 
@@ -58,7 +61,10 @@ pub struct Translation {
 
 pub fn service_name(svc: &K8sService) -> ServiceName {
     ServiceName::new(
-        svc.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        svc.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
         svc.metadata.name.clone().unwrap_or_default(),
     )
 }
@@ -70,7 +76,14 @@ pub fn slice_service(slice: &EndpointSlice) -> Option<ServiceName> {
         return None;
     }
     let name = labels.get(LABEL_SERVICE_NAME)?;
-    Some(ServiceName::new(slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name.clone()))
+    Some(ServiceName::new(
+        slice
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name.clone(),
+    ))
 }
 
 fn warn(warnings: &mut Vec<Warning>, reason: &'static str, message: String) {
@@ -82,13 +95,22 @@ fn parse_ip(text: &str) -> Option<IpAddr> {
     (!ip.is_unspecified() && !ip.is_multicast()).then_some(ip)
 }
 
-pub fn translate<'a>(svc: &K8sService, slices: impl IntoIterator<Item = &'a EndpointSlice>, node: &NodeContext) -> Translation {
+pub fn translate<'a>(
+    svc: &K8sService,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node: &NodeContext,
+) -> Translation {
     let name = service_name(svc);
     let mut warnings = Vec::new();
     let Some(spec) = svc.spec.as_ref() else {
         return Translation::default();
     };
-    if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL_PROXY_NAME)) {
+    if svc
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_PROXY_NAME))
+    {
         return Translation::default();
     }
     let svc_type = spec.type_.as_deref().unwrap_or("ClusterIP");
@@ -106,26 +128,52 @@ pub fn translate<'a>(svc: &K8sService, slices: impl IntoIterator<Item = &'a Endp
         Some(ips) if !ips.is_empty() => ips.clone(),
         _ => spec.cluster_ip.iter().cloned().collect(),
     };
-    let mut add = |text: &str, kind: FrontendKind, field: &str, warnings: &mut Vec<Warning>| match parse_ip(text) {
-        Some(ip) if !addresses.iter().any(|(a, _)| *a == ip) => addresses.push((ip, kind)),
-        Some(_) => {}
-        None => warn(warnings, "invalid-address", format!("{name}: {field} {text:?} is not a usable IP address; skipped")),
-    };
+    let mut add =
+        |text: &str, kind: FrontendKind, field: &str, warnings: &mut Vec<Warning>| match parse_ip(
+            text,
+        ) {
+            Some(ip) if !addresses.iter().any(|(a, _)| *a == ip) => addresses.push((ip, kind)),
+            Some(_) => {}
+            None => warn(
+                warnings,
+                "invalid-address",
+                format!("{name}: {field} {text:?} is not a usable IP address; skipped"),
+            ),
+        };
     for ip in &cluster_ips {
-        add(ip, FrontendKind::ClusterIP, "spec.clusterIPs", &mut warnings);
+        add(
+            ip,
+            FrontendKind::ClusterIP,
+            "spec.clusterIPs",
+            &mut warnings,
+        );
     }
     for ip in spec.external_ips.iter().flatten() {
-        add(ip, FrontendKind::ExternalIP, "spec.externalIPs", &mut warnings);
+        add(
+            ip,
+            FrontendKind::ExternalIP,
+            "spec.externalIPs",
+            &mut warnings,
+        );
     }
     if svc_type == "LoadBalancer" {
-        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref());
         for ing in ingress.into_iter().flatten() {
             // ipMode Proxy (KEP-1860): the load balancer proxies; do not short-circuit its IP.
             if ing.ip_mode.as_deref() == Some("Proxy") {
                 continue;
             }
             if let Some(ip) = &ing.ip {
-                add(ip, FrontendKind::LoadBalancer, "status.loadBalancer.ingress.ip", &mut warnings);
+                add(
+                    ip,
+                    FrontendKind::LoadBalancer,
+                    "status.loadBalancer.ingress.ip",
+                    &mut warnings,
+                );
             }
         }
     }
@@ -139,7 +187,13 @@ pub fn translate<'a>(svc: &K8sService, slices: impl IntoIterator<Item = &'a Endp
     });
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
-    let algorithm = match svc.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_ALGORITHM)).map(String::as_str) {
+    let algorithm = match svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_ALGORITHM))
+        .map(String::as_str)
+    {
         None | Some("random") => Algorithm::Random,
         Some("maglev") => Algorithm::Maglev,
         Some(other) => {
@@ -161,25 +215,55 @@ pub fn translate<'a>(svc: &K8sService, slices: impl IntoIterator<Item = &'a Endp
             }
         };
         let Ok(number) = u16::try_from(port.port) else {
-            warn(&mut warnings, "invalid-port", format!("{name}: spec.ports[{i}].port {} is out of range; skipped", port.port));
+            warn(
+                &mut warnings,
+                "invalid-port",
+                format!(
+                    "{name}: spec.ports[{i}].port {} is out of range; skipped",
+                    port.port
+                ),
+            );
             continue;
         };
         if number == 0 || !seen_ports.insert((number, protocol)) {
-            warn(&mut warnings, "invalid-port", format!("{name}: spec.ports[{i}].port {number}/{} is zero or listed twice; skipped", protocol.as_str()));
+            warn(
+                &mut warnings,
+                "invalid-port",
+                format!(
+                    "{name}: spec.ports[{i}].port {number}/{} is zero or listed twice; skipped",
+                    protocol.as_str()
+                ),
+            );
             continue;
         }
         let port_name = port.name.clone().unwrap_or_default();
         let all = backends_for_port(&slices, &port_name, protocol, node, &name, &mut warnings);
 
-        let mut kinds: Vec<(IpAddr, u16, FrontendKind)> = addresses.iter().map(|(a, k)| (*a, number, *k)).collect();
-        if let Some(node_port) = port.node_port.filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer")) {
+        let mut kinds: Vec<(IpAddr, u16, FrontendKind)> =
+            addresses.iter().map(|(a, k)| (*a, number, *k)).collect();
+        if let Some(node_port) = port
+            .node_port
+            .filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer"))
+        {
             match u16::try_from(node_port) {
-                Ok(np) if np != 0 => kinds.extend(node.nodeport_addresses.iter().map(|a| (*a, np, FrontendKind::NodePort))),
-                _ => warn(&mut warnings, "invalid-port", format!("{name}: nodePort {node_port} is out of range; skipped")),
+                Ok(np) if np != 0 => kinds.extend(
+                    node.nodeport_addresses
+                        .iter()
+                        .map(|a| (*a, np, FrontendKind::NodePort)),
+                ),
+                _ => warn(
+                    &mut warnings,
+                    "invalid-port",
+                    format!("{name}: nodePort {node_port} is out of range; skipped"),
+                ),
             }
         }
         for (address, fport, kind) in kinds {
-            let mut backends: Vec<Backend> = all.iter().filter(|b| b.address.is_ipv4() == address.is_ipv4()).cloned().collect();
+            let mut backends: Vec<Backend> = all
+                .iter()
+                .filter(|b| b.address.is_ipv4() == address.is_ipv4())
+                .cloned()
+                .collect();
             if kind == FrontendKind::ClusterIP && internal_local {
                 backends.retain(|b| b.local);
             }
@@ -198,7 +282,10 @@ pub fn translate<'a>(svc: &K8sService, slices: impl IntoIterator<Item = &'a Endp
     }
     frontends.sort_by(|a, b| (a.address, a.port, a.protocol).cmp(&(b.address, b.port, b.protocol)));
     frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
-    Translation { service: Some(Service { frontends }), warnings }
+    Translation {
+        service: Some(Service { frontends }),
+        warnings,
+    }
 }
 
 /// Backends of one service port from every slice, deduplicated (an endpoint
@@ -218,11 +305,16 @@ fn backends_for_port(
             continue; // FQDN slices are not load-balanced
         }
         let Some(port) = slice.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == port_name && p.protocol.as_deref().unwrap_or("TCP") == protocol.as_str()
+            p.name.as_deref().unwrap_or("") == port_name
+                && p.protocol.as_deref().unwrap_or("TCP") == protocol.as_str()
         }) else {
             continue;
         };
-        let Some(number) = port.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else {
+        let Some(number) = port
+            .port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+        else {
             continue;
         };
         for ep in &slice.endpoints {
@@ -239,13 +331,26 @@ fn backends_for_port(
                 continue;
             };
             // Consumers use the first address (EndpointSlice API).
-            let Some(text) = ep.addresses.first() else { continue };
-            let Some(address) = parse_ip(text) else {
-                warn(warnings, "invalid-address", format!("{name}: endpoint address {text:?} is not an IP address; skipped"));
+            let Some(text) = ep.addresses.first() else {
                 continue;
             };
-            let local = !node.name.is_empty() && ep.node_name.as_deref() == Some(node.name.as_str());
-            let b = Backend { address, port: number, state, local, weight: 1 };
+            let Some(address) = parse_ip(text) else {
+                warn(
+                    warnings,
+                    "invalid-address",
+                    format!("{name}: endpoint address {text:?} is not an IP address; skipped"),
+                );
+                continue;
+            };
+            let local =
+                !node.name.is_empty() && ep.node_name.as_deref() == Some(node.name.as_str());
+            let b = Backend {
+                address,
+                port: number,
+                state,
+                local,
+                weight: 1,
+            };
             by_addr
                 .entry((address, number))
                 .and_modify(|old| {

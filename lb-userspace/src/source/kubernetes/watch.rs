@@ -43,16 +43,26 @@ fn watch_error(kind: &str, e: &watcher::Error) -> SourceEvent {
         watcher::Error::WatchFailed(_) => "watch-failed",
         _ => "watch-error",
     };
-    SourceEvent::Error { source: "kubernetes", reason, message: format!("watching {kind}: {e}; retrying, the maps keep their state") }
+    SourceEvent::Error {
+        source: "kubernetes",
+        reason,
+        message: format!("watching {kind}: {e}; retrying, the maps keep their state"),
+    }
 }
 
 /// Runs until `tx` is closed.
 pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>) {
     let selector = watcher::Config::default().labels(WATCH_SELECTOR);
-    let mut services = watcher(Api::<K8sService>::all(client.clone()), selector.clone()).default_backoff().boxed();
-    let mut slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector).default_backoff().boxed();
+    let mut services = watcher(Api::<K8sService>::all(client.clone()), selector.clone())
+        .default_backoff()
+        .boxed();
+    let mut slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector)
+        .default_backoff()
+        .boxed();
     let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
-    let mut nodes = watcher(Api::<Node>::all(client), node_cfg).default_backoff().boxed();
+    let mut nodes = watcher(Api::<Node>::all(client), node_cfg)
+        .default_backoff()
+        .boxed();
 
     let mut store = Store::new(&cfg.node_name, cfg.nodeport_cidrs.clone());
     // When the first unsent change arrived.
