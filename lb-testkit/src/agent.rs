@@ -42,6 +42,8 @@ pub struct Agent {
     pub extra_args: Vec<String>,
     /// Run the agent inside this network namespace (it then is the "host").
     pub netns: Option<String>,
+    /// How long a (re)start may take to reach its first reconcile.
+    pub startup_timeout: Duration,
 }
 
 /// A loopback port nobody listens on right now.
@@ -117,11 +119,23 @@ impl Agent {
         extra_args: &[&str],
         netns: Option<String>,
     ) -> Self {
+        let mut agent = Self::unspawned(source_args, cgroup, pin_dir, extra_args, netns);
+        agent.spawn();
+        agent
+    }
+
+    fn unspawned(
+        source_args: Vec<String>,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+        netns: Option<String>,
+    ) -> Self {
         let log = std::env::temp_dir().join(format!(
             "lb-agent-{}.log",
             pin_dir.file_name().unwrap().to_string_lossy()
         ));
-        let mut agent = Agent {
+        Agent {
             child: None,
             log,
             source_args,
@@ -130,9 +144,8 @@ impl Agent {
             metrics: ([127, 0, 0, 1], free_port()).into(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             netns,
-        };
-        agent.spawn();
-        agent
+            startup_timeout: Duration::from_secs(20),
+        }
     }
 
     /// GET on the agent's metrics server: (status code, body). An agent in a network namespace listens there: the request is made
@@ -189,7 +202,7 @@ impl Agent {
             .spawn()
             .expect("spawning lb-agent");
         self.child = Some(child);
-        let ok = self.wait_for_log("reconciled", 1, Duration::from_secs(20));
+        let ok = self.wait_for_log("reconciled", 1, self.startup_timeout);
         assert!(ok, "lb-agent did not reconcile; log:\n{}", self.log_text());
     }
 
@@ -207,6 +220,26 @@ impl Agent {
             }
             self.log_text().matches(needle).count() >= times
         })
+    }
+
+    /// Like `start_with`, for big services files: waits up to `timeout` for the first reconcile.
+    pub fn start_slow(
+        services: &Path,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+        timeout: Duration,
+    ) -> Self {
+        let source = vec!["--services".to_string(), services.display().to_string()];
+        let mut agent = Self::unspawned(source, cgroup, pin_dir, extra_args, None);
+        agent.startup_timeout = timeout;
+        agent.spawn();
+        agent
+    }
+
+    /// The agent's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// SIGKILL: no chance to clean anything up.

@@ -47,6 +47,11 @@ impl Dataplane {
     /// Builds the namespace, enters it on the calling thread (test_run uses
     /// the caller's namespace for FIB lookups) and loads the programs.
     pub fn new(tag: &str) -> Self {
+        Self::with_sizes(tag, &MapSizes::default())
+    }
+
+    /// `new` with map capacities of its own (benchmarks at 100 000 services).
+    pub fn with_sizes(tag: &str, sizes: &MapSizes) -> Self {
         let netns = Netns::create(&format!("lbt-{tag}-np"));
         netns.ip(&[
             "link",
@@ -109,8 +114,7 @@ impl Dataplane {
         crate::netns::enter(&netns.name).expect("entering the test namespace");
 
         let pins = PinDir::create(tag);
-        let (mut ebpf, _) =
-            datapath::load(&pins.path, &MapSizes::default()).expect("loading the object");
+        let (mut ebpf, _) = datapath::load(&pins.path, sizes).expect("loading the object");
         for name in [datapath::TC_INGRESS, datapath::TC_EGRESS] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("{name}: {e:#}"));

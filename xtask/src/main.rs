@@ -18,6 +18,8 @@ tasks:
   build   setup, then build lb-agent, lbctl and the test tools
   demo    setup, build, then run the standalone demo (network namespaces, no real interface touched)
   test    setup, build, then run every test (unit and real-kernel integration; needs root)
+  bench   setup, release build, then benchmarks side by side with kube-proxy's rule layouts;
+          writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
 ";
 
 fn main() {
@@ -29,6 +31,7 @@ fn main() {
         Some("test") => setup::run()
             .and_then(|_| build())
             .and_then(|_| test(&args[1..])),
+        Some("bench") => setup::run().and_then(|_| bench(&args[1..])),
         _ => {
             eprint!("{USAGE}");
             std::process::exit(2);
@@ -101,6 +104,44 @@ fn test(extra: &[String]) -> anyhow::Result<()> {
     result?;
     eprintln!("xtask: all tests passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// Benchmarks are built in release mode: the agent's and the programs'
+/// loaders' speed is part of what is measured.
+fn bench(extra: &[String]) -> anyhow::Result<()> {
+    if unsafe_geteuid() != 0 {
+        bail!("the benchmarks load BPF programs and create network namespaces: run as root");
+    }
+    let mut args: Vec<&str> = Vec::new();
+    let mut smoke = false;
+    for a in extra {
+        match a.as_str() {
+            "--quick" => args.extend(["--profile", "quick"]),
+            "--smoke" => {
+                smoke = true;
+                args.extend(["--profile", "smoke"]);
+            }
+            other => args.push(other),
+        }
+    }
+    // The smoke run only proves the bench works: the debug build the tests
+    // made is enough and saves CI a release build.
+    let profile = if smoke { "debug" } else { "release" };
+    if smoke {
+        build()?;
+    } else {
+        run(cmd("cargo", &["build", "--release", "--bins"]))?;
+    }
+    let result = run(cmd(
+        &root()
+            .join("target")
+            .join(profile)
+            .join("lb-bench")
+            .to_string_lossy(),
+        &args,
+    ));
+    setup::sweep_leftovers();
+    result
 }
 
 fn unsafe_geteuid() -> u32 {

@@ -18,6 +18,9 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "gcc",
     "libc6-dev",
+    // kube-proxy's rule layouts, loaded side by side with ours by `cargo xtask bench`.
+    "iptables",
+    "nftables",
     // For kubernetes-validate (the manifest tests), in a venv of its own.
     "python3",
     "python3-venv",

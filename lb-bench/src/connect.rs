@@ -1,0 +1,277 @@
+//! Connects through a service address, side by side:
+//!
+//! * `direct`: to the backend's own address, nothing in the way (the peer
+//!   every other variant is divided by);
+//! * `lb`: to the service address, translated by our connect4 program;
+//! * `iptables`: kube-proxy's iptables layout (iptables-legacy, nat table);
+//! * `nftables`: kube-proxy's nftables layout.
+//!
+//! ```text
+//!  [client ns]  direct / lb (cgroup with our programs)  ─┐
+//!  [ipt ns]     iptables rules in its nat table          ─┼─ br0 [hub] ── 10.250.0.11, .12 (accept + RST)
+//!  [nft ns]     nftables rules                           ─┘
+//! ```
+//!
+//! All at N services with 2 endpoints each, the measured service last. The
+//! variants take turns round by round, so machine noise hits them alike.
+use std::{
+    net::{SocketAddr, SocketAddrV4},
+    time::{Duration, Instant},
+};
+
+use lb_testkit::{
+    agent::{Agent, PinDir},
+    cgroup::ChildCgroup,
+    topology::Topology,
+    unique,
+};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::{
+    client,
+    kube_proxy::{self, timed_in_netns},
+    memory::{self, Memory},
+    profile::Profile,
+    stats::{median_f64, percentile},
+    workload::{Workload, TARGET_PORT},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    Direct,
+    Lb,
+    Iptables,
+    Nftables,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 4] = [
+        Variant::Direct,
+        Variant::Lb,
+        Variant::Iptables,
+        Variant::Nftables,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Direct => "direct to backend",
+            Variant::Lb => "lb (socket LB)",
+            Variant::Iptables => "kube-proxy iptables",
+            Variant::Nftables => "kube-proxy nftables",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct VariantResult {
+    pub variant: Variant,
+    /// Median over rounds of connects per second.
+    pub rate: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub attempts: usize,
+    pub failed: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scale {
+    pub services: usize,
+    pub results: Vec<VariantResult>,
+    /// Time to install the N services: our agent from start to its first
+    /// reconcile (file parse included), iptables-restore, nft -f.
+    pub setup_lb: Duration,
+    pub setup_iptables: Option<Duration>,
+    pub setup_nftables: Option<Duration>,
+    pub memory: Option<Memory>,
+}
+
+impl Scale {
+    pub fn get(&self, v: Variant) -> Option<&VariantResult> {
+        self.results.iter().find(|r| r.variant == v)
+    }
+}
+
+/// A backend that accepts and closes. The client has reset the connection
+/// by then (or does so on the server's FIN), so neither side keeps a
+/// TIME_WAIT. The server must not reset itself: its RST can race the
+/// client's next SYN from the same port and fail that connect.
+fn start_server(netns: &str, addr: SocketAddrV4) {
+    let (ns, (tx, rx)) = (netns.to_string(), std::sync::mpsc::channel());
+    std::thread::spawn(move || {
+        lb_testkit::netns::enter(&ns).expect("backend namespace");
+        let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.bind(&SocketAddr::from(addr).into()).expect("bind");
+        s.listen(4096).unwrap();
+        tx.send(()).unwrap();
+        // Ends with the process: the bench exits when it is done.
+        loop {
+            if let Ok((c, _)) = s.accept() {
+                drop(c);
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("server ready");
+}
+
+/// A client namespace where the service range is routed on-link, as in a
+/// cluster: kube-proxy's rules DNAT after the route lookup, which must succeed.
+fn kube_proxy_client(topo: &mut Topology, tag: &str) -> String {
+    let name = topo.add_client(tag);
+    let ns = topo.extra_clients.last().unwrap();
+    ns.ip(&[
+        "route",
+        "del",
+        "blackhole",
+        lb_testkit::topology::SERVICE_RANGE,
+    ]);
+    ns.ip(&[
+        "route",
+        "add",
+        lb_testkit::topology::SERVICE_RANGE,
+        "dev",
+        "eth0",
+    ]);
+    name
+}
+
+fn map_size(needed: usize) -> u32 {
+    (needed.max(65_536)).next_power_of_two() as u32
+}
+
+pub fn run(p: &Profile) -> Vec<Scale> {
+    let tag = unique("bench-connect");
+    let mut topo = Topology::new(&tag, 2);
+    let backends: Vec<SocketAddrV4> = (0..2)
+        .map(|i| SocketAddrV4::new(Topology::backend_ip(i), TARGET_PORT))
+        .collect();
+    for (i, b) in backends.iter().enumerate() {
+        start_server(&topo.backends[i].name, *b);
+    }
+    let ipt_ns = kube_proxy_client(&mut topo, &format!("{tag}i"));
+    let nft_ns = kube_proxy_client(&mut topo, &format!("{tag}n"));
+    let lb_cgroup = ChildCgroup::create(&format!("{tag}-lb"));
+    let plain_cgroup = ChildCgroup::create(&format!("{tag}-plain"));
+    let services_file = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
+
+    let mut scales = Vec::new();
+    for &n in &p.connect_services {
+        eprintln!("lb-bench: connect at {n} services");
+        let w = Workload::new(n, 2, &backends);
+        let vip = SocketAddr::from((w.last().vip, w.last().port));
+
+        std::fs::write(&services_file, w.services_yaml()).unwrap();
+        let pins = PinDir::create(&format!("{tag}-{n}"));
+        let sizes = [
+            format!("--map-size-services={}", map_size(4 * n + 16)),
+            format!("--map-size-backends={}", map_size(2 * n + 16)),
+        ];
+        let args: Vec<&str> = sizes.iter().map(String::as_str).collect();
+        let t = Instant::now();
+        let agent = Agent::start_slow(
+            &services_file,
+            &lb_cgroup.path,
+            &pins.path,
+            &args,
+            Duration::from_secs(600),
+        );
+        let setup_lb = t.elapsed();
+        let mut variants = vec![Variant::Direct, Variant::Lb];
+        let setup_iptables = (n <= p.iptables_max_services).then(|| {
+            variants.push(Variant::Iptables);
+            timed_in_netns(
+                &ipt_ns,
+                "iptables-legacy-restore",
+                &[],
+                &kube_proxy::iptables::full(&w.services),
+            )
+            .expect("loading the iptables layout")
+        });
+        let setup_nftables = (n <= p.nftables_max_services).then(|| {
+            variants.push(Variant::Nftables);
+            timed_in_netns(
+                &nft_ns,
+                "nft",
+                &["-f", "-"],
+                &kube_proxy::nftables::full(&w.services),
+            )
+            .expect("loading the nftables layout")
+        });
+        let memory = p
+            .memory_at
+            .contains(&n)
+            .then(|| memory::measure(n, agent.pid().unwrap(), &pins.path));
+
+        let direct: Vec<SocketAddr> = backends.iter().map(|b| SocketAddr::from(*b)).collect();
+        let target = |v: Variant| -> (&std::path::Path, &str, Vec<SocketAddr>) {
+            match v {
+                Variant::Direct => (&plain_cgroup.path, &topo.client.name, direct.clone()),
+                Variant::Lb => (&lb_cgroup.path, &topo.client.name, vec![vip]),
+                Variant::Iptables => (&plain_cgroup.path, &ipt_ns, vec![vip]),
+                Variant::Nftables => (&plain_cgroup.path, &nft_ns, vec![vip]),
+            }
+        };
+        // Warm-up (neighbour entries, caches), and proof that every variant
+        // reaches a backend: a broken layout must not pass as a slow one.
+        for &v in &variants {
+            let (cg, ns, addr) = target(v);
+            let s = client::run(cg, ns, &addr, 20, 5_000);
+            assert!(
+                !s.latencies_ns.is_empty(),
+                "{} never reached a backend through {addr:?}",
+                v.name()
+            );
+        }
+        let k = variants.len();
+        let mut latencies: Vec<Vec<Duration>> = vec![Vec::new(); k];
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); k];
+        let mut failed = vec![0usize; k];
+        for round in 0..p.connect_rounds {
+            for j in 0..k {
+                let i = (round + j) % k;
+                let (cg, ns, addr) = target(variants[i]);
+                let s = client::run(cg, ns, &addr, p.connect_per_round, p.round_ms);
+                let attempts = s.latencies_ns.len() + s.failed;
+                rates[i].push(attempts as f64 / (s.elapsed_ns as f64 / 1e9));
+                failed[i] += s.failed;
+                if let Some(e) = s.first_error {
+                    eprintln!(
+                        "lb-bench: {} at {n} services: {} failed, first: {e}",
+                        variants[i].name(),
+                        s.failed
+                    );
+                }
+                latencies[i].extend(s.latencies_ns.iter().map(|&ns| Duration::from_nanos(ns)));
+            }
+        }
+        let results = variants
+            .iter()
+            .enumerate()
+            .map(|(i, &variant)| {
+                let mut l = std::mem::take(&mut latencies[i]);
+                l.sort();
+                VariantResult {
+                    variant,
+                    rate: median_f64(rates[i].clone()),
+                    p50: percentile(&l, 0.5),
+                    p99: percentile(&l, 0.99),
+                    attempts: l.len() + failed[i],
+                    failed: failed[i],
+                }
+            })
+            .collect();
+        drop(agent);
+        drop(pins);
+        scales.push(Scale {
+            services: n,
+            results,
+            setup_lb,
+            setup_iptables,
+            setup_nftables,
+            memory,
+        });
+    }
+    let _ = std::fs::remove_file(&services_file);
+    scales
+}

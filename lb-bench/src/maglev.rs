@@ -1,0 +1,71 @@
+//! Maglev table builds (NSDI'16, Pseudocode 1): time per table, balance
+//! (the most and the fewest slots any backend has, against M/N), and
+//! disruption (slots that change owner when one backend of N goes, against
+//! the ideal 1/N).
+use std::time::{Duration, Instant};
+
+use lb::desired::maglev::{build, MaglevBackend};
+
+use crate::{profile::Profile, stats::median};
+
+#[derive(Clone, Debug)]
+pub struct MaglevResult {
+    pub m: u32,
+    pub backends: usize,
+    pub build: Duration,
+    /// max slots / (M/N) and min slots / (M/N).
+    pub max_over_ideal: f64,
+    pub min_over_ideal: f64,
+    /// Share of slots that moved when one backend was removed.
+    pub disruption: f64,
+}
+
+fn backends(n: usize) -> Vec<MaglevBackend> {
+    (0..n)
+        .map(|i| MaglevBackend {
+            name: format!("10.244.{}.{}:8080/TCP", i / 250, i % 250 + 1),
+            id: i as u32 + 1,
+            weight: 1,
+        })
+        .collect()
+}
+
+pub fn run(p: &Profile) -> Vec<MaglevResult> {
+    let mut out = Vec::new();
+    for &m in &p.maglev_sizes {
+        for &n in &p.maglev_backends {
+            let set = backends(n);
+            let times: Vec<Duration> = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    std::hint::black_box(build(std::hint::black_box(&set), m));
+                    t.elapsed()
+                })
+                .collect();
+            let table = build(&set, m);
+            let mut counts = vec![0usize; n + 1];
+            for &id in &table {
+                counts[id as usize] += 1;
+            }
+            let ideal = m as f64 / n as f64;
+            let (max, min) = (
+                counts[1..].iter().max().copied().unwrap_or(0),
+                counts[1..].iter().min().copied().unwrap_or(0),
+            );
+            // Remove the middle backend; count slots whose owner changed.
+            let mut fewer = set.clone();
+            fewer.remove(n / 2);
+            let after = build(&fewer, m);
+            let moved = table.iter().zip(&after).filter(|(a, b)| a != b).count();
+            out.push(MaglevResult {
+                m,
+                backends: n,
+                build: median(times),
+                max_over_ideal: max as f64 / ideal,
+                min_over_ideal: min as f64 / ideal,
+                disruption: moved as f64 / m as f64,
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,98 @@
+//! lb-bench: the load balancer side by side with kube-proxy's own rule
+//! layouts, in one run on one machine, reported as ratios.
+//!
+//!   lb-bench [--profile full|quick|smoke] [--out FILE]
+//!
+//! Every part sets up its own network namespaces, child cgroups and pin
+//! directories and removes them afterwards; nothing touches the root cgroup,
+//! a real interface, or sends a packet that could leave the machine.
+//! `cargo xtask bench` builds it in release mode and runs it as root.
+mod client;
+mod connect;
+mod control;
+mod kube_proxy;
+mod maglev;
+mod memory;
+mod packet;
+mod profile;
+mod report;
+mod stats;
+mod workload;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use profile::Profile;
+
+#[derive(Parser)]
+#[command(
+    name = "lb-bench",
+    about = "Benchmarks against kube-proxy's iptables and nftables layouts"
+)]
+struct Cli {
+    /// full: every scale of the issue (about 15 minutes); quick: under 3
+    /// minutes; smoke: seconds, proves the bench still works (CI).
+    #[arg(long, value_enum, default_value_t = profile::Name::Full)]
+    profile: profile::Name,
+    /// Where the Markdown report goes [default: docs/benchmarks.md for full,
+    /// target/benchmarks-<profile>.md otherwise].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Only these parts (connect, control, packet, maglev); default all.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Internal: the measuring client, run inside a cgroup and a namespace.
+    #[command(hide = true)]
+    ConnectClient(client::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Command::ConnectClient(args)) = cli.command {
+        client::main(args);
+        return;
+    }
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("lb-bench: loads BPF programs and creates network namespaces: run as root (cargo xtask bench)");
+        std::process::exit(1);
+    }
+    let p = Profile::new(cli.profile);
+    let wants = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
+    let started = std::time::Instant::now();
+    let mut r = report::Report::new(&p, std::env::args().collect::<Vec<_>>().join(" "));
+    if wants("maglev") {
+        eprintln!("lb-bench: Maglev table builds");
+        r.maglev = maglev::run(&p);
+    }
+    if wants("packet") {
+        eprintln!("lb-bench: tc/XDP ns per packet (BPF_PROG_TEST_RUN)");
+        r.packet = packet::run(&p);
+    }
+    if wants("control") {
+        eprintln!("lb-bench: control plane (full sync, one endpoint change)");
+        r.control = control::run(&p);
+    }
+    if wants("connect") {
+        eprintln!("lb-bench: connect through a service address");
+        r.connect = connect::run(&p);
+    }
+    r.total = started.elapsed();
+    let text = r.render();
+    let out = cli.out.unwrap_or_else(|| p.default_out());
+    if let Some(dir) = out.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    std::fs::write(&out, &text).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+    print!("{text}");
+    eprintln!(
+        "lb-bench: report written to {} ({:.0?})",
+        out.display(),
+        r.total
+    );
+}

@@ -1,0 +1,158 @@
+//! The packet path: ns per packet of the tc ingress and XDP programs, the
+//! kernel's own measurement (BPF_PROG_TEST_RUN with `repeat`), at few and at
+//! many LoadBalancer services.
+//!
+//! `repeat` runs the program again and again on the same buffer, so a
+//! packet the program rewrites would be a different packet from the second
+//! run on. The established-flow case therefore uses a service whose backend
+//! is its own address and port: the DNAT writes what is already there, and
+//! every run does the same lookups, the same checksum helper calls and the
+//! same writes as a real rewrite. A new flow cannot be repeated (the first
+//! run creates its conntrack entry): those are timed one packet per run,
+//! each with a new source port, so they include the timer's own overhead.
+use std::{net::Ipv4Addr, time::Duration};
+
+use lb::{
+    datapath::MapSizes,
+    model::{Backend, BackendState, FrontendKind, ServiceName},
+};
+use lb_testkit::{
+    dataplane::{Dataplane, CLIENT_IP, CLIENT_MAC, EXT0_MAC, NODE_IP, TC_ACT_OK, XDP_PASS},
+    packets::{self, ACK, SYN},
+    unique,
+};
+
+use crate::{
+    profile::Profile,
+    workload::{service, Workload},
+};
+
+#[derive(Clone, Debug)]
+pub struct PacketResult {
+    pub services: usize,
+    pub program: &'static str,
+    pub path: &'static str,
+    pub ns_per_packet: f64,
+}
+
+/// LoadBalancer addresses 198.18.0.1, ... (the benchmarking range, RFC 2544).
+fn lb_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from_be_bytes([198, 18, 0, 0]) + i as u32 + 1)
+}
+
+pub fn run(p: &Profile) -> Vec<PacketResult> {
+    let p = (p.packet_services.clone(), p.packet_repeat, p.new_flows);
+    // The harness enters a namespace of its own on the calling thread.
+    std::thread::spawn(move || p.0.iter().flat_map(|&n| one_scale(n, p.1, p.2)).collect())
+        .join()
+        .expect("packet bench")
+}
+
+fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
+    eprintln!("lb-bench: packet path at {n} services");
+    let sizes = MapSizes {
+        services: (4 * n + 16).max(65_536).next_power_of_two() as u32,
+        backends: (2 * n + 16).max(65_536).next_power_of_two() as u32,
+        revnat: (n + 16).max(65_536).next_power_of_two() as u32,
+        ct: (new_flows * 4 + 1024).max(262_144).next_power_of_two() as u32,
+        ..MapSizes::default()
+    };
+    let mut dp = Dataplane::with_sizes(&unique(&format!("bench-pkt{n}")), &sizes);
+    // N LoadBalancer services with two node-local backends each; the last
+    // one's backend is its own address (see the module comment).
+    let mut w = Workload::new(n, 2, &[]);
+    for (i, s) in w.services.iter_mut().enumerate() {
+        s.vip = lb_ip(i);
+    }
+    let mut model = w.model(FrontendKind::LoadBalancer);
+    let last = w.last().clone();
+    let mut svc = service(&last, FrontendKind::LoadBalancer);
+    svc.frontends[0].backends = vec![Backend {
+        address: last.vip.into(),
+        port: last.port,
+        state: BackendState::Active,
+        local: true,
+        weight: 1,
+    }];
+    model
+        .services
+        .insert(ServiceName::new("default", &last.name), svc);
+    dp.apply(&model);
+
+    let established = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, last.vip, 40_000, last.port, ACK, b"",
+    );
+    let miss = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40_000, 22, ACK, b"",
+    );
+    // The first run creates the flow; check that later runs take the path we mean to time.
+    let (rc, out) = dp.tc_ingress(&established);
+    assert_eq!(
+        rc, TC_ACT_OK,
+        "established flow: tc passes it to the local backend"
+    );
+    assert_eq!(
+        packets::inspect(&out).daddr,
+        last.vip,
+        "the rewrite is idempotent"
+    );
+    assert_eq!(dp.xdp(&established).0, XDP_PASS);
+    assert_eq!(
+        dp.tc_ingress(&miss),
+        (TC_ACT_OK, miss.clone()),
+        "non-service traffic passes untouched"
+    );
+
+    let per = |d: Duration, runs: u32| d.as_nanos() as f64 / runs as f64;
+    let mut out = vec![
+        PacketResult {
+            services: n,
+            program: "tc",
+            path: "established flow (conntrack hit, DNAT)",
+            ns_per_packet: per(dp.tc_ingress_timed(&established, repeat), 1),
+        },
+        PacketResult {
+            services: n,
+            program: "XDP",
+            path: "established flow (conntrack hit, DNAT)",
+            ns_per_packet: per(dp.xdp_timed(&established, repeat), 1),
+        },
+        PacketResult {
+            services: n,
+            program: "tc",
+            path: "not a service (passes)",
+            ns_per_packet: per(dp.tc_ingress_timed(&miss, repeat), 1),
+        },
+        PacketResult {
+            services: n,
+            program: "XDP",
+            path: "not a service (passes)",
+            ns_per_packet: per(dp.xdp_timed(&miss, repeat), 1),
+        },
+    ];
+    // New flows to a service with two real (other) backends: service lookup,
+    // random choice, conntrack insert, DNAT. One run each.
+    let target = w.services[0].vip;
+    for (program, xdp) in [("tc", false), ("XDP", true)] {
+        let mut total = Duration::ZERO;
+        for i in 0..new_flows {
+            let sport = 1024 + (i % 60_000) as u16;
+            let src = Ipv4Addr::from(
+                u32::from(CLIENT_IP) + ((i / 60_000) as u32 + if xdp { 100 } else { 0 }),
+            );
+            let pkt = packets::tcp(CLIENT_MAC, EXT0_MAC, src, target, sport, 80, SYN, b"");
+            total += if xdp {
+                dp.xdp_timed(&pkt, 1)
+            } else {
+                dp.tc_ingress_timed(&pkt, 1)
+            };
+        }
+        out.push(PacketResult {
+            services: n,
+            program,
+            path: "new flow (lookup, choice, conntrack insert, DNAT)",
+            ns_per_packet: per(total, new_flows as u32),
+        });
+    }
+    out
+}

@@ -1,0 +1,118 @@
+//! How much each run measures: the scales of the issue (full), a run under
+//! three minutes (quick), and a few seconds for CI (smoke).
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Name {
+    Full,
+    Quick,
+    Smoke,
+}
+
+pub struct Profile {
+    pub name: Name,
+    /// Services in the connect benchmark (2 backends each, the measured one last).
+    pub connect_services: Vec<usize>,
+    /// Rounds per variant; the variants take turns, so drift hits all alike.
+    pub connect_rounds: usize,
+    /// Connects per round, at most, and at most this long per round.
+    pub connect_per_round: usize,
+    pub round_ms: u64,
+    /// Services (× 10 endpoints) in the control-plane benchmark.
+    pub control_services: Vec<usize>,
+    /// How many times one endpoint change is timed (median reported).
+    pub change_repeats: usize,
+    /// Services in the packet benchmark, and BPF_PROG_TEST_RUN repeat.
+    pub packet_services: Vec<usize>,
+    pub packet_repeat: u32,
+    /// First packets of new flows timed one by one.
+    pub new_flows: usize,
+    pub maglev_sizes: Vec<u32>,
+    pub maglev_backends: Vec<usize>,
+    /// Connect scales at which agent and map memory are read.
+    pub memory_at: Vec<usize>,
+    /// Largest scale at which kube-proxy's layouts are loaded at all:
+    /// loading them grows faster than linearly (nft -f of 10 000 services ×
+    /// 10 endpoints takes over a minute here), so beyond these the report
+    /// says "not run" instead of stalling the run for hours.
+    pub iptables_max_services: usize,
+    pub nftables_max_services: usize,
+    /// The same for the control-plane benchmark (N × 10 endpoints).
+    pub kube_proxy_control_max: usize,
+}
+
+impl Profile {
+    pub fn new(name: Name) -> Self {
+        match name {
+            Name::Full => Self {
+                name,
+                connect_services: vec![10, 1_000, 10_000, 100_000],
+                connect_rounds: 9,
+                connect_per_round: 200_000,
+                round_ms: 1_000,
+                control_services: vec![1_000, 10_000, 100_000],
+                change_repeats: 9,
+                packet_services: vec![10, 100_000],
+                packet_repeat: 1_000_000,
+                new_flows: 20_000,
+                maglev_sizes: vec![16_381, 65_537],
+                maglev_backends: vec![10, 100, 1_000],
+                memory_at: vec![10_000, 100_000],
+                iptables_max_services: 100_000,
+                nftables_max_services: 10_000,
+                kube_proxy_control_max: 10_000,
+            },
+            Name::Quick => Self {
+                name,
+                connect_services: vec![10, 10_000],
+                connect_rounds: 5,
+                connect_per_round: 100_000,
+                round_ms: 400,
+                control_services: vec![1_000, 10_000],
+                change_repeats: 5,
+                packet_services: vec![10, 100_000],
+                packet_repeat: 1_000_000,
+                new_flows: 5_000,
+                maglev_sizes: vec![16_381, 65_537],
+                maglev_backends: vec![10, 100, 1_000],
+                memory_at: vec![10_000],
+                iptables_max_services: 10_000,
+                nftables_max_services: 10_000,
+                kube_proxy_control_max: 1_000,
+            },
+            Name::Smoke => Self {
+                name,
+                connect_services: vec![10],
+                connect_rounds: 1,
+                connect_per_round: 50,
+                round_ms: 500,
+                control_services: vec![100],
+                change_repeats: 3,
+                packet_services: vec![10],
+                packet_repeat: 1_000,
+                new_flows: 100,
+                maglev_sizes: vec![251],
+                maglev_backends: vec![10],
+                memory_at: vec![10],
+                iptables_max_services: 100,
+                nftables_max_services: 100,
+                kube_proxy_control_max: 100,
+            },
+        }
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self.name {
+            Name::Full => "full",
+            Name::Quick => "quick",
+            Name::Smoke => "smoke",
+        }
+    }
+
+    pub fn default_out(&self) -> PathBuf {
+        match self.name {
+            Name::Full => PathBuf::from("docs/benchmarks.md"),
+            _ => PathBuf::from(format!("target/benchmarks-{}.md", self.label())),
+        }
+    }
+}

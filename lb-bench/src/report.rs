@@ -1,0 +1,459 @@
+//! The Markdown report: what was run, where, the results side by side with
+//! ratios, and each target of the benchmark issue, met or missed by how much.
+use std::{fmt::Write as _, time::Duration};
+
+use crate::{
+    connect::{Scale, Variant},
+    control::{ControlResult, ENDPOINTS},
+    maglev::MaglevResult,
+    packet::PacketResult,
+    profile::Profile,
+};
+
+pub struct Report {
+    pub profile: &'static str,
+    pub command: String,
+    pub connect: Vec<Scale>,
+    pub control: Vec<ControlResult>,
+    pub packet: Vec<PacketResult>,
+    pub maglev: Vec<MaglevResult>,
+    pub total: Duration,
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e6)
+}
+
+fn ms(d: Duration) -> String {
+    let v = d.as_secs_f64() * 1e3;
+    if v < 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn opt_ms(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{} ms", ms(d)))
+}
+
+/// A kube-proxy measurement, or why there is none.
+fn not_run(d: Option<Duration>) -> String {
+    d.map_or("not run (too slow to load at this scale)".into(), |d| {
+        format!("{} ms", ms(d))
+    })
+}
+
+fn ratio(a: Option<Duration>, b: Duration) -> String {
+    a.map_or("-".into(), |a| {
+        format!("{:.1}×", a.as_secs_f64() / b.as_secs_f64().max(1e-9))
+    })
+}
+
+/// Today in UTC, from the clock (no date crate for one line).
+fn today() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        / 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The first line of `program --version`.
+fn version(program: &str) -> String {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| format!("{program}: not found"))
+}
+
+fn machine() -> String {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string());
+    let cpus = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
+    format!(
+        "kernel {kernel}, {cpus} CPUs ({})",
+        model.unwrap_or_else(|| "unknown model".into())
+    )
+}
+
+impl Report {
+    pub fn new(p: &Profile, command: String) -> Self {
+        Self {
+            profile: p.label(),
+            command,
+            connect: Vec::new(),
+            control: Vec::new(),
+            packet: Vec::new(),
+            maglev: Vec::new(),
+            total: Duration::ZERO,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "# Benchmarks\n");
+        let _ = writeln!(
+            o,
+            "Written by `cargo xtask bench` ({} profile) on {}; {}; {}, {}. Command: `{}`. Whole run: {:.0} s.\n",
+            self.profile,
+            today(),
+            machine(),
+            version("iptables-legacy"),
+            version("nft"),
+            self.command,
+            self.total.as_secs_f64()
+        );
+        o.push_str(
+            "Every number below was measured in this one run, side by side with its peer, in network\n\
+             namespaces of the bench's own (see `lb-bench/src/`). The machines here are shared and noisy:\n\
+             read the ratios, not the absolute values. Targets are what the benchmark issue asks; they are\n\
+             never asserted in tests.\n\n",
+        );
+        self.targets(&mut o);
+        self.connect_section(&mut o);
+        self.control_section(&mut o);
+        self.packet_section(&mut o);
+        self.maglev_section(&mut o);
+        self.memory_section(&mut o);
+        o
+    }
+
+    fn targets(&self, o: &mut String) {
+        let mut rows: Vec<[String; 4]> = Vec::new();
+        let verdict = |ok: bool, by: String| {
+            if ok {
+                format!("met ({by})")
+            } else {
+                format!("**missed** ({by})")
+            }
+        };
+        for s in &self.connect {
+            if let (Some(lb), Some(d)) = (s.get(Variant::Lb), s.get(Variant::Direct)) {
+                let r = lb.rate / d.rate;
+                rows.push([
+                    format!("connect via VIP ≥ 0.95× direct, {} services", s.services),
+                    format!("{r:.2}×"),
+                    "≥ 0.95×".into(),
+                    verdict(r >= 0.95, format!("{:+.0}%", (r / 0.95 - 1.0) * 100.0)),
+                ]);
+            }
+        }
+        if let (Some(first), Some(last)) = (self.connect.first(), self.connect.last()) {
+            if let (Some(a), Some(b)) = (first.get(Variant::Lb), last.get(Variant::Lb)) {
+                if first.services != last.services {
+                    let r = b.rate / a.rate;
+                    rows.push([
+                        format!("flat from {} to {} services", first.services, last.services),
+                        format!("{r:.2}× the rate"),
+                        "≈ 1× (within noise, ±5%)".into(),
+                        verdict(r >= 0.95, format!("{:+.0}%", (r - 1.0) * 100.0)),
+                    ]);
+                }
+            }
+        }
+        if let Some(c) = self.control.iter().max_by_key(|c| c.services) {
+            let v = c.lb_change.as_secs_f64() * 1e3;
+            rows.push([
+                format!("one endpoint change applied, {} services", c.services),
+                format!("{} ms", ms(c.lb_change)),
+                "≤ 1 ms".into(),
+                verdict(v <= 1.0, format!("{:.0}% of the budget", v * 100.0)),
+            ]);
+        }
+        if let Some(c) = self.control.iter().find(|c| c.services == 10_000) {
+            let v = c.lb_full.as_secs_f64() * 1e3;
+            rows.push([
+                "full sync of 10 000 × 10".into(),
+                format!("{} ms", ms(c.lb_full)),
+                "≤ 300 ms".into(),
+                verdict(v <= 300.0, format!("{:.0}% of the budget", v / 3.0)),
+            ]);
+        }
+        if let Some(max) = self.packet.iter().map(|p| p.services).max() {
+            for r in self
+                .packet
+                .iter()
+                .filter(|p| p.services == max && p.path.starts_with("established"))
+            {
+                rows.push([
+                    format!(
+                        "{} per packet, {} services, established flow",
+                        r.program, max
+                    ),
+                    format!("{:.0} ns", r.ns_per_packet),
+                    "≤ 100 ns".into(),
+                    verdict(
+                        r.ns_per_packet <= 100.0,
+                        format!("{:.0}% of the budget", r.ns_per_packet),
+                    ),
+                ]);
+            }
+        }
+        if let Some(m) = self
+            .maglev
+            .iter()
+            .find(|m| m.m == 65_537 && m.backends == 100)
+        {
+            let v = m.build.as_secs_f64() * 1e3;
+            rows.push([
+                "Maglev build, M = 65537, N = 100".into(),
+                format!("{} ms", ms(m.build)),
+                "≤ 5 ms".into(),
+                verdict(v <= 5.0, format!("{:.0}% of the budget", v * 20.0)),
+            ]);
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            o,
+            "## Targets\n\n| Target | Measured | Wanted | Verdict |\n|---|---|---|---|"
+        );
+        for r in rows {
+            let _ = writeln!(o, "| {} | {} | {} | {} |", r[0], r[1], r[2], r[3]);
+        }
+        o.push('\n');
+    }
+
+    fn connect_section(&self, o: &mut String) {
+        if self.connect.is_empty() {
+            return;
+        }
+        o.push_str(
+            "## 1. Connect through a service address\n\n\
+             One client process connects and resets in a loop (TCP handshake timed; RST so no TIME_WAIT),\n\
+             to the last of N services with 2 backends each. `direct` dials the backend itself; `lb` the\n\
+             service address, translated by our connect4 program; the kube-proxy rows dial it through\n\
+             kube-proxy's iptables layout (KUBE-SERVICES → KUBE-SVC-* statistic → KUBE-SEP-* DNAT,\n\
+             iptables-legacy) or nftables layout (service-ips verdict map → numgen → endpoint DNAT),\n\
+             generated by the bench in the client's namespace. Rate: median over rounds, the variants\n\
+             taking turns. Ratio: rate ÷ the direct rate of the same scale.\n\n\
+             | Services | Variant | Connects/s | vs direct | p50 µs | p99 µs | Attempts | Failed |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for s in &self.connect {
+            let direct = s.get(Variant::Direct).map_or(1.0, |d| d.rate);
+            for r in &s.results {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {:.0} | {:.2}× | {} | {} | {} | {} |",
+                    s.services,
+                    r.variant.name(),
+                    r.rate,
+                    r.rate / direct,
+                    us(r.p50),
+                    us(r.p99),
+                    r.attempts,
+                    r.failed
+                );
+            }
+            for v in Variant::ALL.iter().filter(|v| s.get(**v).is_none()) {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | not run (too slow to load at this scale) | | | | | |",
+                    s.services,
+                    v.name()
+                );
+            }
+        }
+        o.push_str(
+            "\nInstalling the services for this test (wall time): our agent from start to its first\n\
+             reconcile (services file parsed, programs loaded and attached, maps written), against\n\
+             iptables-restore and nft -f of the same services.\n\n\
+             | Services | lb agent start | iptables-restore | nft -f |\n|---:|---:|---:|---:|\n",
+        );
+        for s in &self.connect {
+            let _ = writeln!(
+                o,
+                "| {} | {} ms | {} | {} |",
+                s.services,
+                ms(s.setup_lb),
+                not_run(s.setup_iptables),
+                not_run(s.setup_nftables)
+            );
+        }
+        o.push('\n');
+    }
+
+    fn control_section(&self, o: &mut String) {
+        if self.control.is_empty() {
+            return;
+        }
+        let _ = write!(
+            o,
+            "## 2. Control plane\n\n\
+             N services × {ENDPOINTS} endpoints. Full sync: from nothing to every service in the data path.\n\
+             One change: one endpoint of one service replaced (a pod of a rolling update), median of\n\
+             several. Ours: the agent's reconciler on real pinned maps (desired state, diff, writes),\n\
+             in process. kube-proxy: iptables-legacy-restore (partial sync with `--noflush`, as since\n\
+             1.28: KUBE-SERVICES rewritten whole, the service's chains replaced) and one `nft -f`\n\
+             transaction, timed from spawn to exit. Ratio: kube-proxy's time ÷ ours.\n\n\
+             `-`: not run at this scale (loading kube-proxy's layout grows faster than linearly); the\n\
+             in-memory column is the same full sync writing nowhere: our computation without the bpf(2) calls.\n\n\
+             | Services | lb full sync | in memory | writes | iptables | ratio | nftables | ratio | lb one change | writes | iptables | ratio | nftables | ratio |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        );
+        for c in &self.control {
+            let _ = writeln!(
+                o,
+                "| {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} ms | {} | {} | {} | {} | {} |",
+                c.services,
+                ms(c.lb_full),
+                ms(c.lb_full_in_memory),
+                c.lb_full_writes,
+                opt_ms(c.iptables_full),
+                ratio(c.iptables_full, c.lb_full),
+                opt_ms(c.nftables_full),
+                ratio(c.nftables_full, c.lb_full),
+                ms(c.lb_change),
+                c.lb_change_writes,
+                opt_ms(c.iptables_change),
+                ratio(c.iptables_change, c.lb_change),
+                opt_ms(c.nftables_change),
+                ratio(c.nftables_change, c.lb_change),
+            );
+        }
+        o.push('\n');
+    }
+
+    fn packet_section(&self, o: &mut String) {
+        if self.packet.is_empty() {
+            return;
+        }
+        o.push_str(
+            "## 3. Packet path (tc and XDP)\n\n\
+             ns per packet as the kernel measures it (BPF_PROG_TEST_RUN), N LoadBalancer services with\n\
+             node-local backends. Established flow: `repeat` runs on one packet whose rewrite is\n\
+             idempotent (the backend is the service's own address), so every run does the full work.\n\
+             New flow: one SYN per run with a new source port, averaged (includes the timer's overhead).\n\
+             Not a service: a packet to the node's own port 22, passed untouched.\n\n\
+             | Services | Program | Path | ns/packet |\n|---:|---|---|---:|\n",
+        );
+        for r in &self.packet {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {:.0} |",
+                r.services, r.program, r.path, r.ns_per_packet
+            );
+        }
+        // The same path at the smallest and the largest scale, side by side.
+        let (min, max) = (
+            self.packet.iter().map(|p| p.services).min(),
+            self.packet.iter().map(|p| p.services).max(),
+        );
+        if let (Some(min), Some(max)) = (min, max) {
+            if min != max {
+                let _ = writeln!(
+                    o,
+                    "\n| Program | Path | {max} ÷ {min} services |\n|---|---|---:|"
+                );
+                for a in self.packet.iter().filter(|p| p.services == min) {
+                    if let Some(b) = self
+                        .packet
+                        .iter()
+                        .find(|p| p.services == max && p.program == a.program && p.path == a.path)
+                    {
+                        let _ = writeln!(
+                            o,
+                            "| {} | {} | {:.2}× |",
+                            a.program,
+                            a.path,
+                            b.ns_per_packet / a.ns_per_packet
+                        );
+                    }
+                }
+            }
+        }
+        o.push('\n');
+    }
+
+    fn maglev_section(&self, o: &mut String) {
+        if self.maglev.is_empty() {
+            return;
+        }
+        o.push_str(
+            "## 4. Maglev\n\n\
+             Table build (median of 5), balance (the most and the fewest slots a backend owns, ÷ M/N) and\n\
+             disruption (share of slots that change owner when one of N backends is removed; ideal 1/N).\n\n\
+             | M | Backends | Build ms | Max ÷ ideal | Min ÷ ideal | Disruption | Ideal |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for m in &self.maglev {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {:.3} | {:.3} | {:.2}% | {:.2}% |",
+                m.m,
+                m.backends,
+                ms(m.build),
+                m.max_over_ideal,
+                m.min_over_ideal,
+                m.disruption * 100.0,
+                100.0 / m.backends as f64
+            );
+        }
+        o.push('\n');
+    }
+
+    fn memory_section(&self, o: &mut String) {
+        let mem: Vec<_> = self
+            .connect
+            .iter()
+            .filter_map(|s| s.memory.as_ref())
+            .collect();
+        if mem.is_empty() {
+            return;
+        }
+        o.push_str(
+            "## 5. Memory\n\n\
+             The agent's resident memory after its first reconcile, and the kernel's accounting of every\n\
+             pinned map (`memlock` in fdinfo). The LRU maps (socket reverse NAT, conntrack, affinity)\n\
+             are preallocated, so they cost their configured capacity whatever the fill; the service,\n\
+             backend and reverse-NAT maps are not (BPF_F_NO_PREALLOC) and grow with the services.\n\n\
+             | Services | Agent RSS MiB | Maps MiB | Largest maps |\n|---:|---:|---:|---|\n",
+        );
+        for m in mem {
+            let biggest: Vec<String> = m
+                .biggest
+                .iter()
+                .map(|(n, b, e)| format!("{n} {:.1} MiB ({e} entries)", *b as f64 / 1_048_576.0))
+                .collect();
+            let _ = writeln!(
+                o,
+                "| {} | {:.1} | {:.1} | {} |",
+                m.services,
+                m.agent_rss_kib as f64 / 1024.0,
+                m.maps_bytes as f64 / 1_048_576.0,
+                biggest.join(", ")
+            );
+        }
+        o.push('\n');
+    }
+}
