@@ -80,6 +80,8 @@ pub struct Reconciler<M: LbMaps> {
     pending: BTreeSet<ServiceName>,
     needs_full_sync: bool,
     cfg: BuildConfig,
+    /// UDP backends deleted from the maps since the last `take_removed_udp`.
+    removed_udp: Vec<(std::net::IpAddr, u16)>,
 }
 
 impl<M: LbMaps> Reconciler<M> {
@@ -98,6 +100,7 @@ impl<M: LbMaps> Reconciler<M> {
             pending: BTreeSet::new(),
             needs_full_sync: true,
             cfg: BuildConfig::default(),
+            removed_udp: Vec::new(),
         })
     }
 
@@ -129,6 +132,12 @@ impl<M: LbMaps> Reconciler<M> {
     /// Services refused by the last reconcile, waiting for a retry.
     pub fn pending(&self) -> &BTreeSet<ServiceName> {
         &self.pending
+    }
+
+    /// UDP backends deleted since the last call: connected sockets may still
+    /// point at them (see `crate::sockets`).
+    pub fn take_removed_udp(&mut self) -> Vec<(std::net::IpAddr, u16)> {
+        std::mem::take(&mut self.removed_udp)
     }
 
     /// The next reconcile compares every service and sweeps (after a relist).
@@ -268,6 +277,16 @@ impl<M: LbMaps> Reconciler<M> {
         };
         // The mirror follows exactly what reached the maps.
         for op in &ops[..applied] {
+            if let MapOp::DeleteBackend(id, _) = op {
+                if let Some(b) = self
+                    .state
+                    .backends
+                    .get(id)
+                    .filter(|b| b.proto == lb_common::proto::UDP)
+                {
+                    self.removed_udp.push((b.address, b.port));
+                }
+            }
             self.state.apply(op);
             match op {
                 MapOp::DeleteRevNat(id, _) => self.ids.release_service(*id),

@@ -21,6 +21,8 @@ const APT_PACKAGES: &[&str] = &[
     // kube-proxy's rule layouts, loaded side by side with ours by `cargo xtask bench`.
     "iptables",
     "nftables",
+    // `lb-agent cleanup-kube-proxy` deletes stale conntrack entries with it (tested).
+    "conntrack",
     // For kubernetes-validate (the manifest tests), in a venv of its own.
     "python3",
     "python3-venv",

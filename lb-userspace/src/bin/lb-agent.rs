@@ -55,6 +55,18 @@ enum Command {
         #[arg(long, default_value_os_t = datapath::pins::default_pin_dir())]
         pin_dir: PathBuf,
     },
+    /// Remove kube-proxy's leftovers from this node once kube-proxy is
+    /// stopped: KUBE-* iptables chains (legacy and nft), its nftables
+    /// tables, the kube-ipvs0 device, and conntrack entries of service addresses.
+    CleanupKubeProxy {
+        /// The cluster's service CIDRs (kube-apiserver --service-cluster-ip-range):
+        /// conntrack entries DNATed to them are deleted.
+        #[arg(long, value_delimiter = ',', value_name = "CIDR,...")]
+        service_cidr: Vec<Cidr>,
+        /// Only report what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -164,6 +176,32 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::CleanupKubeProxy {
+            service_cidr,
+            dry_run,
+        }) => {
+            let r = lb::migrate::cleanup(&service_cidr, dry_run)?;
+            let verb = if dry_run { "would remove" } else { "removed" };
+            for line in &r.iptables {
+                println!("{verb} iptables: {line}");
+            }
+            for t in &r.nftables_tables {
+                println!("{verb} nftables table {t}");
+            }
+            if r.ipvs_device {
+                println!("{verb} the kube-ipvs0 device");
+            }
+            for c in &r.conntrack {
+                println!("{verb} conntrack entries to {c}");
+            }
+            for s in &r.skipped {
+                println!("skipped {s}");
+            }
+            if r.iptables.is_empty() && r.nftables_tables.is_empty() && !r.ipvs_device {
+                println!("no kube-proxy rules or devices found");
+            }
+            Ok(())
+        }
         Some(Command::Uninstall { pin_dir }) => {
             let report = datapath::uninstall(&pin_dir)?;
             println!(
@@ -398,7 +436,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let mut retry = tokio::time::interval(Duration::from_secs(10));
         loop {
             tokio::select! {
-                Some(ev) = events.recv() => handle(ev, &mut reconciler, &metrics),
+                Some(ev) = events.recv() => {
+                    handle(ev, &mut reconciler, &metrics);
+                    terminate_stale_udp(&mut reconciler, &args.pin_dir, &metrics);
+                }
                 _ = hup.recv() => {
                     info!("SIGHUP: re-reading the source");
                     let _ = reload_tx.try_send(());
@@ -407,6 +448,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                     if !reconciler.pending().is_empty() {
                         info!(services = reconciler.pending().len(), "retrying refused services");
                         finish(reconciler.retry(), &reconciler, &metrics, None);
+                        terminate_stale_udp(&mut reconciler, &args.pin_dir, &metrics);
                     }
                 }
                 _ = term.recv() => break,
@@ -482,6 +524,40 @@ fn finish(
             metrics.reconcile_failed(e.to_string());
         }
     }
+}
+
+/// Connected UDP sockets that socket LB pinned to a backend that was just
+/// removed fail over: they are destroyed in the background (scanning every
+/// namespace takes a moment; the maps are already up to date).
+fn terminate_stale_udp(
+    reconciler: &mut Reconciler<BpfMaps>,
+    pin_dir: &std::path::Path,
+    metrics: &Metrics,
+) {
+    let gone = reconciler.take_removed_udp();
+    if gone.is_empty() {
+        return;
+    }
+    let (pin_dir, metrics) = (pin_dir.to_path_buf(), metrics.clone());
+    tokio::task::spawn_blocking(move || match lb::sockets::terminate_udp(&pin_dir, &gone) {
+        Ok(r) => {
+            metrics.sockets_destroyed.inc_by(r.destroyed as u64);
+            metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
+            for e in &r.errors {
+                warn!("connected UDP sockets to removed backends: {e}");
+            }
+            info!(
+                backends = gone.len(),
+                namespaces = r.namespaces,
+                destroyed = r.destroyed,
+                "destroyed connected UDP sockets to removed backends"
+            );
+        }
+        Err(e) => {
+            metrics.socket_scan_errors.inc();
+            warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
+        }
+    });
 }
 
 /// Forwards the programs' aya-log records to tracing (through the `log` crate).

@@ -55,6 +55,8 @@ pub struct Metrics {
     pub map_entries: Family<MapLabels, Gauge>,
     pub map_capacity: Family<MapLabels, Gauge>,
     pub source_errors: Family<SourceErrorLabels, Counter>,
+    pub sockets_destroyed: Counter,
+    pub socket_scan_errors: Counter,
     pub health: Arc<Mutex<Health>>,
 }
 
@@ -93,6 +95,8 @@ impl Metrics {
             map_entries: Family::default(),
             map_capacity: Family::default(),
             source_errors: Family::default(),
+            sockets_destroyed: Counter::default(),
+            socket_scan_errors: Counter::default(),
             health: Arc::new(Mutex::new(Health::default())),
         };
         registry.register(
@@ -144,6 +148,16 @@ impl Metrics {
             "source_errors",
             "Inputs refused by a source (invalid or unreadable), the maps kept their state",
             m.source_errors.clone(),
+        );
+        registry.register(
+            "sockets_destroyed",
+            "Connected UDP sockets destroyed because the backend socket LB gave them was removed",
+            m.sockets_destroyed.clone(),
+        );
+        registry.register(
+            "socket_scan_errors",
+            "Network namespaces whose sockets could not be scanned or destroyed",
+            m.socket_scan_errors.clone(),
         );
         registry.register_collector(Box::new(collector::BpfCollector { pin_dir }));
         (m, registry)

@@ -2,3 +2,4 @@
 pub mod bpf;
 pub mod fs;
 pub mod netdev;
+pub mod sock_diag;
