@@ -66,3 +66,45 @@ pub fn run(cgroup: &Path, netns: &str, mode: &str, target: &str, count: usize) -
     );
     attempts
 }
+
+/// A client process holding one connected UDP socket, asking through it
+/// whenever told to (`lb-probe udp-held`).
+pub struct Held {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Held {
+    pub fn start(cgroup: &Path, netns: &str, target: &str) -> Self {
+        use std::{io::BufRead as _, process::Stdio};
+        let mut child = Command::new(crate::sibling_bin("lb-probe"))
+            .arg("--cgroup")
+            .arg(cgroup)
+            .args(["--netns", netns, "udp-held", target])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("running lb-probe udp-held");
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, lines }
+    }
+
+    /// One datagram out through the held socket, and its answer (or error).
+    pub fn ask(&mut self) -> Attempt {
+        use std::io::Write as _;
+        writeln!(self.child.stdin.as_mut().unwrap()).expect("lb-probe stdin");
+        let line = self
+            .lines
+            .next()
+            .expect("lb-probe answered")
+            .expect("reading lb-probe");
+        serde_json::from_str(&line).expect("probe json")
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -138,6 +138,10 @@ fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_nam
     let ds = find("DaemonSet");
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(
+        pod["hostPID"], true,
+        "pods' sockets are reached through /proc/<pid>/ns/net"
+    );
     assert_eq!(pod["serviceAccountName"], "lb-agent");
     let agent = &pod["containers"][0];
     assert_eq!(agent["securityContext"]["privileged"], true);

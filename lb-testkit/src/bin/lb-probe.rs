@@ -2,6 +2,10 @@
 //! dials an address some number of times and prints one JSON line per attempt.
 //!
 //!   lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]
+//!   lb-probe --cgroup DIR --netns NAME udp-held ADDR:PORT
+//!
+//! `udp-held` keeps one connected UDP socket and asks through it once per
+//! line read from stdin (a resolver that connected its socket once).
 //!
 //! It joins the cgroup first (so the socket hooks apply to it), then the
 //! network namespace, both before creating any socket.
@@ -29,6 +33,10 @@ fn main() {
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    if mode == "udp-held" {
+        held(target, &mut out);
+        return;
+    }
     for _ in 0..count {
         let attempt = match mode {
             "tcp" => tcp(target),
@@ -40,6 +48,44 @@ fn main() {
             }
         };
         writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
+    }
+}
+
+fn held(target: SocketAddr, out: &mut impl std::io::Write) {
+    let s = UdpSocket::bind(if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let connected = s.connect(target);
+    for line in std::io::stdin().lines() {
+        if line.is_err() {
+            break;
+        }
+        let attempt = match connected
+            .as_ref()
+            .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
+            .and_then(|_| s.send(b"ping"))
+        {
+            Err(e) => failed(e),
+            Ok(_) => {
+                let mut buf = [0u8; 256];
+                match s.recv(&mut buf) {
+                    Ok(n) => Attempt {
+                        ok: true,
+                        reply: Some(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
+                        peer: s.peer_addr().ok().map(|a| a.to_string()),
+                        local: s.local_addr().ok().map(|a| a.to_string()),
+                        ..Default::default()
+                    },
+                    Err(e) => failed(e),
+                }
+            }
+        };
+        writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
+        out.flush().unwrap();
     }
 }
 
