@@ -67,24 +67,34 @@ pub fn run(cgroup: &Path, netns: &str, mode: &str, target: &str, count: usize) -
     attempts
 }
 
-/// A client process holding one connected UDP socket, asking through it
-/// whenever told to (`lb-probe udp-held`).
+/// A client process holding one connected socket, asking through it
+/// whenever told to (`lb-probe udp-held` / `tcp-held`).
 pub struct Held {
     child: std::process::Child,
     lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
 }
 
 impl Held {
+    /// A connected UDP socket.
     pub fn start(cgroup: &Path, netns: &str, target: &str) -> Self {
+        Self::start_mode(cgroup, netns, "udp-held", target)
+    }
+
+    /// A long-lived TCP connection to a line-echoing server.
+    pub fn tcp(cgroup: &Path, netns: &str, target: &str) -> Self {
+        Self::start_mode(cgroup, netns, "tcp-held", target)
+    }
+
+    fn start_mode(cgroup: &Path, netns: &str, mode: &str, target: &str) -> Self {
         use std::{io::BufRead as _, process::Stdio};
         let mut child = Command::new(crate::sibling_bin("lb-probe"))
             .arg("--cgroup")
             .arg(cgroup)
-            .args(["--netns", netns, "udp-held", target])
+            .args(["--netns", netns, mode, target])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("running lb-probe udp-held");
+            .expect("running lb-probe");
         let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
         Self { child, lines }
     }

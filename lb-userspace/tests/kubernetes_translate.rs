@@ -263,3 +263,71 @@ fn bad_values_in_objects_are_skipped_with_warnings() {
     assert_eq!((fe[0].address, fe[0].port), (ip("10.96.0.11"), 53));
     assert_eq!(fe[0].backends[0].state, BackendState::Active);
 }
+
+/// A Service with 100 000 endpoints in 100 slices (the EndpointSlice limit
+/// is 1000 endpoints each), plus an endpoint with a bad address. A frontend
+/// holds at most 65 535 backends (the slot count is 16 bits): the most
+/// usable ones are kept and a warning says so; the bad endpoint is skipped
+/// with a warning of its own.
+#[test]
+fn a_service_with_100000_endpoints_keeps_65535_loudly_and_skips_a_bad_address() {
+    let (services, slices) = load("kube-dns.yaml");
+    let template = slices[0].clone();
+    let big: Vec<EndpointSlice> = (0..100u32)
+        .map(|s| {
+            let mut slice = template.clone();
+            slice.metadata.name = Some(format!("big-{s}"));
+            let ep = slice.endpoints[0].clone();
+            slice.endpoints = (0..1000u32)
+                .map(|i| {
+                    let mut e = ep.clone();
+                    let n = s * 1000 + i;
+                    e.addresses =
+                        vec![
+                            std::net::Ipv4Addr::from(u32::from_be_bytes([10, 128, 0, 0]) + n)
+                                .to_string(),
+                        ];
+                    e
+                })
+                .collect();
+            slice
+        })
+        .collect();
+    let mut bad = template.clone();
+    bad.metadata.name = Some("bad".into());
+    bad.endpoints.truncate(1);
+    bad.endpoints[0].addresses = vec!["10.0.0.999".into()];
+    let started = std::time::Instant::now();
+    let t = translate(
+        &services[0],
+        big.iter().chain(std::iter::once(&bad)),
+        &node(),
+    );
+    let took = started.elapsed();
+    let svc = t.service.expect("translated");
+    for fe in &svc.frontends {
+        assert_eq!(fe.backends.len(), 65_535, "{}:{}", fe.address, fe.port);
+    }
+    let too_many = t
+        .warnings
+        .iter()
+        .filter(|w| w.reason == "too-many-endpoints")
+        .count();
+    assert_eq!(
+        too_many,
+        svc.frontends.len(),
+        "one warning per port: {:?}",
+        t.warnings.iter().map(|w| &w.message).collect::<Vec<_>>()
+    );
+    assert!(
+        t.warnings
+            .iter()
+            .any(|w| w.reason == "invalid-address" && w.message.contains("10.0.0.999")),
+        "{:?}",
+        t.warnings
+    );
+    println!(
+        "translated 100000 endpoints x {} ports in {took:?}",
+        svc.frontends.len()
+    );
+}

@@ -2,10 +2,11 @@
 //! dials an address some number of times and prints one JSON line per attempt.
 //!
 //!   lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]
-//!   lb-probe --cgroup DIR --netns NAME udp-held ADDR:PORT
+//!   lb-probe --cgroup DIR --netns NAME udp-held|tcp-held ADDR:PORT
 //!
-//! `udp-held` keeps one connected UDP socket and asks through it once per
-//! line read from stdin (a resolver that connected its socket once).
+//! The `-held` modes keep one connected socket and ask through it once per
+//! line read from stdin: a resolver that connected its UDP socket once, a
+//! long-lived TCP connection (the server must echo lines).
 //!
 //! It joins the cgroup first (so the socket hooks apply to it), then the
 //! network namespace, both before creating any socket.
@@ -35,6 +36,10 @@ fn main() {
     let mut out = stdout.lock();
     if mode == "udp-held" {
         held(target, &mut out);
+        return;
+    }
+    if mode == "tcp-held" {
+        tcp_held(target, &mut out);
         return;
     }
     for _ in 0..count {
@@ -83,6 +88,43 @@ fn held(target: SocketAddr, out: &mut impl std::io::Write) {
                     Err(e) => failed(e),
                 }
             }
+        };
+        writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
+        out.flush().unwrap();
+    }
+}
+
+fn tcp_held(target: SocketAddr, out: &mut impl std::io::Write) {
+    use std::io::BufRead as _;
+    let conn = TcpStream::connect_timeout(&target, Duration::from_secs(2));
+    let mut reader = conn.as_ref().ok().map(|c| {
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        std::io::BufReader::new(c.try_clone().unwrap())
+    });
+    for line in std::io::stdin().lines() {
+        if line.is_err() {
+            break;
+        }
+        let attempt = match (&conn, reader.as_mut()) {
+            (Err(e), _) => failed(std::io::Error::new(e.kind(), e.to_string())),
+            (Ok(c), Some(r)) => {
+                let mut answer = String::new();
+                let mut w = c;
+                match w
+                    .write_all(b"ping\n")
+                    .and_then(|_| r.read_line(&mut answer))
+                {
+                    Ok(0) => failed(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+                    Ok(_) => Attempt {
+                        ok: true,
+                        reply: Some(answer.trim().to_string()),
+                        peer: c.peer_addr().ok().map(|a| a.to_string()),
+                        ..Default::default()
+                    },
+                    Err(e) => failed(e),
+                }
+            }
+            (Ok(_), None) => unreachable!(),
         };
         writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
         out.flush().unwrap();

@@ -76,7 +76,9 @@ pub struct ServiceSpec {
     #[serde(default)]
     pub session_affinity: Option<String>,
     #[serde(default)]
-    pub session_affinity_timeout_seconds: Option<u32>,
+    /// Numbers are read as i64 and range-checked in `to_model`, so a
+    /// negative or huge value gets an error naming the field, not a type error.
+    pub session_affinity_timeout_seconds: Option<i64>,
 }
 
 fn default_namespace() -> String {
@@ -88,13 +90,13 @@ fn default_namespace() -> String {
 pub struct PortSpec {
     #[serde(default)]
     pub name: Option<String>,
-    pub port: u32,
+    pub port: i64,
     #[serde(default = "default_protocol")]
     pub protocol: String,
     #[serde(default)]
-    pub target_port: Option<u32>,
+    pub target_port: Option<i64>,
     #[serde(default)]
-    pub node_port: Option<u32>,
+    pub node_port: Option<i64>,
 }
 
 fn default_protocol() -> String {
@@ -112,7 +114,7 @@ pub struct BackendSpec {
     pub local: bool,
     /// Relative share with Maglev (1-65535, default 1).
     #[serde(default)]
-    pub weight: Option<u32>,
+    pub weight: Option<i64>,
 }
 
 /// What the file itself cannot say: this node's addresses for NodePorts.
@@ -289,7 +291,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
         }
         // Kubernetes' default timeout: 3 hours (10800 s); at most one day.
         Some("ClientIP") => match spec.session_affinity_timeout_seconds.unwrap_or(10_800) {
-            t @ 1..=86_400 => Some(t),
+            t @ 1..=86_400 => Some(t as u32),
             t => {
                 return Err(err(
                     format!("{at}.sessionAffinityTimeoutSeconds"),
@@ -437,7 +439,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                     port: target,
                     state: b.state,
                     local: b.local,
-                    weight: b.weight.unwrap_or(1),
+                    weight: b.weight.unwrap_or(1) as u32,
                 })
                 .collect();
             if fkind == FrontendKind::ClusterIP && internal_local {
@@ -485,7 +487,7 @@ fn check_unicast(field: &str, address: IpAddr) -> Result<(), FileError> {
     Ok(())
 }
 
-fn check_port(field: &str, port: u32) -> Result<u16, FileError> {
+fn check_port(field: &str, port: i64) -> Result<u16, FileError> {
     match port {
         1..=65535 => Ok(port as u16),
         _ => Err(err(

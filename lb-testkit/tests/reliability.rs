@@ -1,0 +1,233 @@
+//! Nothing lost while the agent dies, restarts or reconfigures: load keeps
+//! connecting through several service addresses the whole time, and every
+//! attempt is counted. The figures these tests print are the ones
+//! docs/reliability.md quotes.
+use std::{
+    collections::BTreeSet,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use lb_testkit::{
+    probe::{self, Attempt, Held},
+    servers,
+    topology::Topology,
+    world::World,
+};
+
+const VIPS: [&str; 3] = ["10.96.0.10", "10.96.0.11", "10.96.0.12"];
+
+/// Keeps connecting to each VIP:80 from the client namespace (one process of
+/// 20 connects after another, per VIP) until stopped; returns every attempt.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<Vec<Attempt>>>,
+}
+
+impl Load {
+    fn start(w: &World, targets: &[String]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = targets
+            .iter()
+            .map(|t| {
+                let (cg, ns, t, stop) = (
+                    w.cgroup.path.clone(),
+                    w.topo.client.name.clone(),
+                    t.clone(),
+                    stop.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mut all = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        all.extend(probe::run(&cg, &ns, "tcp", &t, 20));
+                    }
+                    all
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+
+    fn finish(self) -> Vec<Attempt> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    }
+}
+
+fn three_services(backends: &[usize]) -> String {
+    let list: Vec<String> = backends
+        .iter()
+        .map(|i| format!("{{address: {}}}", Topology::backend_ip(*i)))
+        .collect();
+    let mut y = String::from("services:\n");
+    for (i, vip) in VIPS.iter().enumerate() {
+        y.push_str(&format!(
+            "  - name: s{i}\n    clusterIPs: [{vip}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{}]\n",
+            list.join(", ")
+        ));
+    }
+    y
+}
+
+#[test]
+fn twenty_sigkill_and_restart_rounds_under_load_lose_no_connect_and_rewrite_nothing() {
+    let w = World::new("restart_loop", 2);
+    let _servers = w.tcp_servers(8080, false);
+    w.write_services(&three_services(&[0, 1]));
+    let mut agent = w.start_agent();
+    let before = agent.lbctl_json(&["service", "list"]);
+
+    let load = Load::start(
+        &w,
+        &VIPS.iter().map(|v| format!("{v}:80")).collect::<Vec<_>>(),
+    );
+    for round in 0..20 {
+        agent.kill();
+        std::thread::sleep(Duration::from_millis(100)); // traffic with no agent at all
+        agent.restart();
+        // The restart read the pinned state back and found nothing to change.
+        assert!(
+            agent.log_text().contains("writes=0"),
+            "round {round}: {}",
+            agent.log_text()
+        );
+    }
+    let attempts = load.finish();
+    let failed: Vec<_> = attempts.iter().filter(|a| !a.ok).collect();
+    println!(
+        "restart loop: 20 rounds, {} connects, {} failed",
+        attempts.len(),
+        failed.len()
+    );
+    assert!(
+        attempts.len() >= 300,
+        "the load kept running: {} connects",
+        attempts.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} connects failed, first: {:?}",
+        failed.len(),
+        attempts.len(),
+        failed.first()
+    );
+
+    // Same ids and slots; one program per hook (every restart swapped the
+    // program inside the pinned link: the upgrade path, too).
+    assert_eq!(agent.lbctl_json(&["service", "list"]), before);
+    for (hook, progs) in lb::datapath::attached_programs(&w.cgroup.path).unwrap() {
+        assert_eq!(progs.len(), 1, "hook {hook} has programs {progs:?}");
+    }
+}
+
+/// web:80 → 8080 (answers its name and closes: the load) and web:81 → 9090
+/// (echoes lines: the long-lived connection), on the given backends.
+fn web(active: &[usize], terminating: &[usize]) -> String {
+    let mut list: Vec<String> = active
+        .iter()
+        .map(|i| format!("{{address: {}}}", Topology::backend_ip(*i)))
+        .collect();
+    list.extend(terminating.iter().map(|i| {
+        format!(
+            "{{address: {}, state: terminating}}",
+            Topology::backend_ip(*i)
+        )
+    }));
+    format!(
+        "services:\n  - name: web\n    clusterIPs: [{}]\n    ports: [{{name: http, port: 80, targetPort: 8080}}, {{name: stream, port: 81, targetPort: 9090}}]\n    backends: [{}]\n",
+        VIPS[0],
+        list.join(", ")
+    )
+}
+
+#[test]
+fn rolling_replacement_of_every_backend_under_load_fails_no_new_connect_and_keeps_established_ones()
+{
+    let w = World::new("rolling_update", 4);
+    let _web = w.tcp_servers(8080, false);
+    let _echo: Vec<_> = (0..4)
+        .map(|i| {
+            servers::tcp_echo(
+                &w.topo.backends[i].name,
+                (Topology::backend_ip(i), 9090).into(),
+                &format!("b{}", i + 1),
+            )
+        })
+        .collect();
+    w.write_services(&web(&[0, 1], &[]));
+    let mut agent = w.start_agent();
+
+    // Long-lived connections, one to each old backend (the VIP picks; keep
+    // opening until both old backends hold one).
+    let mut streams: Vec<(String, Held)> = Vec::new();
+    for _ in 0..40 {
+        let mut h = Held::tcp(
+            &w.cgroup.path,
+            &w.topo.client.name,
+            &format!("{}:81", VIPS[0]),
+        );
+        let a = h.ask();
+        assert!(a.ok, "{a:?}");
+        let b = a.backend().unwrap().to_string();
+        if !streams.iter().any(|(n, _)| *n == b) {
+            streams.push((b, h));
+        }
+        if streams.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(streams.len(), 2, "a stream to each of b1 and b2");
+
+    let load = Load::start(&w, &[format!("{}:80", VIPS[0])]);
+    // The rollout: a new pod comes up, an old one terminates, then goes.
+    let steps: [(&[usize], &[usize]); 4] = [
+        (&[1, 2], &[0]),
+        (&[1, 2], &[]),
+        (&[2, 3], &[1]),
+        (&[2, 3], &[]),
+    ];
+    for (n, (active, terminating)) in steps.iter().enumerate() {
+        w.write_services(&web(active, terminating));
+        assert!(
+            agent.wait_for_log("reconciled", n + 2, Duration::from_secs(10)),
+            "{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(300)); // load on this state
+        for (name, s) in streams.iter_mut() {
+            let a = s.ask();
+            assert!(
+                a.ok && a.backend() == Some(name.as_str()),
+                "step {n}: stream to {name} broke: {a:?}"
+            );
+        }
+    }
+    let attempts = load.finish();
+    let failed: Vec<_> = attempts.iter().filter(|a| !a.ok).collect();
+    println!(
+        "rolling update: 4 steps, {} connects, {} failed",
+        attempts.len(),
+        failed.len()
+    );
+    assert!(attempts.len() >= 100, "{}", attempts.len());
+    assert!(
+        failed.is_empty(),
+        "{} failed, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    // After the rollout only the new backends take new connections.
+    let after = w.probe("tcp", &format!("{}:80", VIPS[0]), 30);
+    let names: BTreeSet<String> = after
+        .iter()
+        .map(|a| a.backend().unwrap_or("failed").to_string())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["b3".to_string(), "b4".to_string()]));
+}
