@@ -231,3 +231,77 @@ fn rolling_replacement_of_every_backend_under_load_fails_no_new_connect_and_keep
         .collect();
     assert_eq!(names, BTreeSet::from(["b3".to_string(), "b4".to_string()]));
 }
+
+#[test]
+fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_working() {
+    let w = World::new("capacity", 3);
+    let _servers = w.tcp_servers(8080, false);
+    let one = |name: &str, vip: &str, backends: &[usize]| {
+        let list: Vec<String> = backends
+            .iter()
+            .map(|i| format!("{{address: {}}}", Topology::backend_ip(*i)))
+            .collect();
+        format!("  - name: {name}\n    clusterIPs: [{vip}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{}]\n", list.join(", "))
+    };
+    // Room for 6 service entries: "a" takes 3 (marker, master, one slot).
+    w.write_services(&format!("services:\n{}", one("a", VIPS[0], &[0])));
+    let mut agent = lb_testkit::agent::Agent::start_with(
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--map-size-services", "6"],
+    );
+    // "b" would need 5 more (marker, master, three slots): refused, whole.
+    w.write_services(&format!(
+        "services:\n{}{}",
+        one("a", VIPS[0], &[0]),
+        one("b", VIPS[1], &[0, 1, 2])
+    ));
+    assert!(
+        agent.wait_for_log("not applied", 1, Duration::from_secs(10)),
+        "{}",
+        agent.log_text()
+    );
+    let log = agent.log_text();
+    assert!(log.contains("default/b: LB4_SERVICES would need 8 entries but holds at most 6: raise --map-size-services"), "{log}");
+    // Nothing of b was written; a works as before.
+    let list = agent.lbctl(&["service", "list"]);
+    assert!(!list.contains(VIPS[1]), "{list}");
+    assert!(w
+        .probe("tcp", &format!("{}:80", VIPS[0]), 20)
+        .iter()
+        .all(|a| a.ok));
+    let (_, metrics) = agent.http_get("/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lb_reconciles_total{result=\"error\"}") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn pins_are_root_only_and_metrics_listen_on_loopback_by_default() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let w = World::new("security_defaults", 1);
+    w.write_services(&three_services(&[0]));
+    let _agent = w.start_agent();
+    for dir in [w.pins.path.clone(), w.pins.path.join("links")] {
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
+    }
+    for e in std::fs::read_dir(&w.pins.path)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+    {
+        let mode = e.metadata().unwrap().permissions().mode() & 0o077;
+        assert_eq!(mode, 0, "{} is readable by others", e.path().display());
+    }
+    let help = std::process::Command::new(lb_testkit::sibling_bin("lb-agent"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: 127.0.0.1:9967]"), "{help}");
+}
