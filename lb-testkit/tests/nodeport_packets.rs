@@ -437,3 +437,69 @@ fn fix_ip_checksum(frame: &mut [u8]) {
     }
     frame[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
 }
+
+/// The north-south drop reasons that real packets can produce, each counted:
+/// the SNAT port range used up, no route to a backend, a Maglev service
+/// without its table, a slot naming a backend that does not exist. (ct-full
+/// cannot be produced: LB4_CT is an LRU and evicts instead of refusing.)
+#[test]
+fn snat_exhaustion_no_route_missing_maglev_table_and_missing_backend_are_dropped_and_counted() {
+    use lb::maps::{LbMaps as _, MapOp, ServiceValue, SvcKey};
+    let mut dp = dataplane("np_drop_reasons");
+    let extra = r#"
+services:
+  - name: unrouted
+    type: NodePort
+    clusterIPs: [10.96.0.9]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30009}]
+    backends: [{address: 10.99.0.10}]
+"#;
+    let ctx = FileContext {
+        nodeport_addresses: vec![NODE_IP.into()],
+    };
+    let mut model = parse_with(SERVICES, &ctx).unwrap();
+    model
+        .services
+        .extend(parse_with(extra, &ctx).unwrap().services);
+    dp.apply(&model);
+
+    // One SNAT port: the first flow takes it, the second finds none.
+    dp.config(lb_common::config::CFG_SNAT_PORT_MIN, 61000);
+    dp.config(lb_common::config::CFG_SNAT_PORT_MAX, 61000);
+    assert_eq!(dp.tc_ingress(&syn_to(30002, 41000)).0, TC_ACT_REDIRECT);
+    assert_eq!(dp.tc_ingress(&syn_to(30002, 41001)).0, TC_ACT_SHOT);
+    assert_eq!(dp.drops("snat-ports-exhausted"), 1);
+
+    // A backend the node has no route to.
+    assert_eq!(dp.tc_ingress(&syn_to(30009, 41002)).0, TC_ACT_SHOT);
+    assert_eq!(dp.drops("fib-lookup-failed"), 1);
+
+    // A Maglev service while the table size is unset (an agent bug or race).
+    dp.config(lb_common::config::CFG_MAGLEV_M, 0);
+    let to_web = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("203.0.113.20"),
+        41003,
+        80,
+        SYN,
+        b"",
+    );
+    assert_eq!(dp.tc_ingress(&to_web).0, TC_ACT_SHOT);
+    assert_eq!(dp.drops("maglev-missing"), 1);
+
+    // A slot that names a backend id nobody wrote.
+    let master = SvcKey::new(NODE_IP.into(), 30001, 6, 0);
+    let slot = dp.reconciler.state().services[&master.with_slot(1)];
+    let broken = ServiceValue {
+        backend_id: 999_999,
+        ..slot
+    };
+    dp.reconciler
+        .maps_mut()
+        .apply(&MapOp::UpsertService(master.with_slot(1), broken))
+        .unwrap();
+    assert_eq!(dp.tc_ingress(&syn_to(30001, 41004)).0, TC_ACT_SHOT);
+    assert_eq!(dp.drops("backend-missing"), 1);
+}
