@@ -18,10 +18,9 @@ pub const DSR_OPT_LEN: u8 = 8;
 /// `LB4_CT` entry kinds (part of the key).
 /// A flow from a client to a service frontend, as it arrives.
 pub const CT_SERVICE: u8 = 1;
-/// A reply that must be translated back (from a backend, or to a SNAT port).
+/// A reply that must be translated back: from a local backend, to a SNAT
+/// port, or (on a backend's node, with `CT_F_DSR`) a pod's reply to a DSR client.
 pub const CT_REVERSE: u8 = 2;
-/// On a backend's node in DSR mode: the reply of a pod to a DSR client.
-pub const CT_DSR: u8 = 3;
 
 /// `Ct4Value::flags`
 pub const CT_F_SNAT: u16 = 1 << 0;
@@ -50,9 +49,25 @@ pub struct Ct4Key {
     pub pad: [u8; 2],
 }
 
+impl Ct4Key {
+    /// Addresses and ports in network byte order, as on the wire.
+    #[inline(always)]
+    pub const fn new(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, kind: u8) -> Self {
+        Self {
+            saddr,
+            daddr,
+            sport,
+            dport,
+            proto,
+            kind,
+            pad: [0; 2],
+        }
+    }
+}
+
 /// Conntrack value. For `CT_SERVICE`: where the flow goes (`addr`/`port`:
 /// the backend; `nat_addr`/`nat_port`: the SNAT source, when `CT_F_SNAT`).
-/// For `CT_REVERSE` and `CT_DSR`: what a reply's source (`addr`/`port`) and,
+/// For `CT_REVERSE`: what a reply's source (`addr`/`port`) and,
 /// for SNAT, destination (`nat_addr`/`nat_port`: the client) become.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

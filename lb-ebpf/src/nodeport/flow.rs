@@ -1,4 +1,6 @@
 //! Parsing a packet into the flow the north-south programs act on.
+use lb_common::nodeport::Ct4Key;
+
 use super::packet::*;
 
 /// What the programs need of an IPv4 TCP/UDP packet. Lives in the per-CPU
@@ -25,6 +27,22 @@ impl Flow {
     #[inline(always)]
     pub fn l4(&self) -> usize {
         ETH_HLEN + (self.ip_len & 0x3c)
+    }
+
+    /// The conntrack key of this packet's tuple, as it was seen.
+    #[inline(always)]
+    pub fn ct_key(&self, kind: u8) -> Ct4Key {
+        Ct4Key::new(
+            self.saddr, self.daddr, self.sport, self.dport, self.proto, kind,
+        )
+    }
+
+    /// The conntrack key of the tuple going the other way (its reply).
+    #[inline(always)]
+    pub fn reply_ct_key(&self, kind: u8) -> Ct4Key {
+        Ct4Key::new(
+            self.daddr, self.saddr, self.dport, self.sport, self.proto, kind,
+        )
     }
 }
 

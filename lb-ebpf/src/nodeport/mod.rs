@@ -253,15 +253,7 @@ fn reject_unless_passable<C: NpContext>(
 /// A known flow to a frontend stays on its backend.
 #[inline(never)]
 fn known_flow<C: NpContext>(ctx: &C, f: &Flow) -> Option<Action> {
-    let key = Ct4Key {
-        saddr: f.saddr,
-        daddr: f.daddr,
-        sport: f.sport,
-        dport: f.dport,
-        proto: f.proto,
-        kind: CT_SERVICE,
-        pad: [0; 2],
-    };
+    let key = f.ct_key(CT_SERVICE);
     let ct = ct_get(&key, f.proto, f.tcp_flags)?;
     // Its backend is gone: None, and the flow chooses again.
     let b = V4::backend(ct.backend_id)?;
@@ -271,15 +263,7 @@ fn known_flow<C: NpContext>(ctx: &C, f: &Flow) -> Option<Action> {
 /// A reply to a SNATed flow, addressed to our SNAT port.
 #[inline(never)]
 fn snat_reply<C: NpContext>(ctx: &C, f: &Flow) -> Option<Action> {
-    let key = Ct4Key {
-        saddr: f.saddr,
-        daddr: f.daddr,
-        sport: f.sport,
-        dport: f.dport,
-        proto: f.proto,
-        kind: CT_REVERSE,
-        pad: [0; 2],
-    };
+    let key = f.ct_key(CT_REVERSE);
     let ct = ct_get(&key, f.proto, f.tcp_flags)?;
     if ct.flags & CT_F_SNAT == 0 {
         return None;
@@ -297,8 +281,7 @@ fn external_service(f: &Flow) -> Option<(ServiceValue, Service4Key)> {
         return None;
     }
     if svc.flags & SVC_FLAG_TWO_SCOPES != 0 {
-        let local = key.with_slot(0);
-        let local = Service4Key::new(local.address, local.dport, local.proto, SCOPE_LOCAL, 0);
+        let local = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_LOCAL, 0);
         return V4::service(&local).map(|s| (s, local));
     }
     Some((svc, key))
@@ -359,24 +342,8 @@ fn new_local<C: NpContext>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     *rct = *ct;
     rct.addr = f.daddr;
     rct.port = f.dport;
-    let skey = Ct4Key {
-        saddr: f.saddr,
-        daddr: f.daddr,
-        sport: f.sport,
-        dport: f.dport,
-        proto: f.proto,
-        kind: CT_SERVICE,
-        pad: [0; 2],
-    };
-    let rev = Ct4Key {
-        saddr: b.address,
-        daddr: f.saddr,
-        sport: b.port,
-        dport: f.sport,
-        proto: f.proto,
-        kind: CT_REVERSE,
-        pad: [0; 2],
-    };
+    let skey = f.ct_key(CT_SERVICE);
+    let rev = Ct4Key::new(b.address, f.saddr, b.port, f.sport, f.proto, CT_REVERSE);
     if LB4_CT.insert(&rev, &*rct, 0).is_err() || LB4_CT.insert(&skey, &*ct, 0).is_err() {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
@@ -425,15 +392,7 @@ fn new_remote<C: NpContext>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
             None => return drop_packet(ctx, f, DropReason::SnatPortsExhausted, ct.service_id),
         }
     }
-    let skey = Ct4Key {
-        saddr: f.saddr,
-        daddr: f.daddr,
-        sport: f.sport,
-        dport: f.dport,
-        proto: f.proto,
-        kind: CT_SERVICE,
-        pad: [0; 2],
-    };
+    let skey = f.ct_key(CT_SERVICE);
     if LB4_CT.insert(&skey, &*ct, 0).is_err() {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
@@ -483,15 +442,7 @@ fn alloc_snat_port(f: &Flow, b: &Backend4, node: u32) -> Option<u16> {
     let mut i = 0;
     while i < SNAT_ATTEMPTS {
         let port = ((min + unsafe { bpf_get_prandom_u32() } % span) as u16).to_be();
-        let rkey = Ct4Key {
-            saddr: b.address,
-            daddr: node,
-            sport: b.port,
-            dport: port,
-            proto: f.proto,
-            kind: CT_REVERSE,
-            pad: [0; 2],
-        };
+        let rkey = Ct4Key::new(b.address, node, b.port, port, f.proto, CT_REVERSE);
         if LB4_CT.insert(&rkey, &*rval, BPF_NOEXIST).is_ok() {
             return Some(port);
         }
@@ -501,10 +452,17 @@ fn alloc_snat_port(f: &Flow, b: &Backend4, node: u32) -> Option<u16> {
 }
 
 enum Route {
+    /// Egress ifindex; the MACs are in the scratch FIB parameters.
     Resolved(u32),
+    /// Egress ifindex and next hop, neighbour not resolved yet.
     NoNeigh(u32, u32),
     None,
 }
+
+// The "no route: drop / unresolved neighbour in XDP: punt" match stands
+// three times below on purpose: a shared helper taking `&Route` made LLVM
+// spill the enum with an uninitialised payload register, which the verifier
+// rejects (R1 !read_ok).
 
 /// FIB lookup toward `daddr`, in the scratch map's parameters (which keep
 /// the MACs for `finish_redirect`).
@@ -637,15 +595,7 @@ fn reverse_snat<C: NpContext>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
 /// reply can leave from it; then strip the option and let the stack deliver.
 #[inline(never)]
 fn learn_dsr<C: NpContext>(ctx: &C, f: &Flow, vip: u32, vport: u16) -> Action {
-    let key = Ct4Key {
-        saddr: f.daddr,
-        daddr: f.saddr,
-        sport: f.dport,
-        dport: f.sport,
-        proto: f.proto,
-        kind: CT_REVERSE,
-        pad: [0; 2],
-    };
+    let key = f.reply_ct_key(CT_REVERSE);
     let val = Ct4Value {
         backend_id: 0,
         service_id: 0,
@@ -661,10 +611,11 @@ fn learn_dsr<C: NpContext>(ctx: &C, f: &Flow, vip: u32, vport: u16) -> Action {
         return drop_packet(ctx, f, DropReason::CtFull, 0);
     }
     events::bump(CNT_DSR_LEARNED);
-    if f.ip_len == 28 && remove_dsr_option(ctx, f) {
-        return Action::Pass;
+    // Ours is the only option: take it out. With other options too, or if
+    // that fails, it stays: the stack ignores an unknown option.
+    if f.ip_len == 28 {
+        remove_dsr_option(ctx, f);
     }
-    // Other options too: leave ours in place, the stack ignores unknown options.
     Action::Pass
 }
 
@@ -679,15 +630,7 @@ pub fn egress<C: NpContext>(ctx: &C) -> Action {
         return Action::Pass;
     }
     let f: &Flow = unsafe { &(*s).flow };
-    let key = Ct4Key {
-        saddr: f.saddr,
-        daddr: f.daddr,
-        sport: f.sport,
-        dport: f.dport,
-        proto: f.proto,
-        kind: CT_REVERSE,
-        pad: [0; 2],
-    };
+    let key = f.ct_key(CT_REVERSE);
     let Some(ct) = ct_get(&key, f.proto, f.tcp_flags) else {
         return Action::Pass;
     };

@@ -111,15 +111,14 @@ mod tests {
 
     #[test]
     fn table_matches_golden_output() {
-        let key = Ct4Key {
-            saddr: a("192.168.60.1"),
-            daddr: a("192.168.60.2"),
-            sport: 40001u16.to_be(),
-            dport: 30081u16.to_be(),
-            proto: 6,
-            kind: CT_SERVICE,
-            pad: [0; 2],
-        };
+        let key = Ct4Key::new(
+            a("192.168.60.1"),
+            a("192.168.60.2"),
+            40001u16.to_be(),
+            30081u16.to_be(),
+            6,
+            CT_SERVICE,
+        );
         let val = Ct4Value {
             backend_id: 3,
             service_id: 7,
