@@ -167,23 +167,8 @@ impl Agent {
         let _ = std::fs::remove_file(&self.log);
         let log = std::fs::File::create(&self.log).unwrap();
         let mut cmd = Command::new(crate::sibling_bin("lb-agent"));
-        // setns() in the child only: unlike `ip netns exec`, this keeps the
-        // mount namespace, so /sys/fs/bpf stays visible.
-        let ns_file = self
-            .netns
-            .as_ref()
-            .map(|n| std::fs::File::open(format!("/run/netns/{n}")).expect("netns"));
-        if let Some(f) = &ns_file {
-            use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
-            let fd = f.as_raw_fd();
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+        if let Some(ns) = &self.netns {
+            crate::netns::exec_in(&mut cmd, ns).expect("netns");
         }
         let child = cmd
             .args(&self.source_args)

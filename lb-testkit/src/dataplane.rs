@@ -14,6 +14,8 @@ use lb::{
     reconcile::Reconciler,
 };
 
+use lb::model::file::FileContext;
+
 use crate::{agent::PinDir, netns::Netns, packets::Mac};
 
 /// The test node: `ext0` 192.168.50.2/24, the client 192.168.50.1 and node B
@@ -33,6 +35,47 @@ pub const TC_ACT_REDIRECT: u32 = 7;
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
+
+/// The north-south tests' frontends: a NodePort with a node-local backend,
+/// one with a remote backend, a UDP LoadBalancer, a NodePort without
+/// backends and a Maglev LoadBalancer.
+pub const SERVICES: &str = r#"
+services:
+  - name: local
+    type: NodePort
+    clusterIPs: [10.96.0.1]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30001}]
+    backends: [{address: 10.244.1.10, local: true}]
+  - name: remote
+    type: NodePort
+    clusterIPs: [10.96.0.2]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30002}]
+    backends: [{address: 10.244.2.10}]
+  - name: dns
+    type: LoadBalancer
+    clusterIPs: [10.96.0.3]
+    loadBalancerIPs: [203.0.113.10]
+    ports: [{port: 53, protocol: UDP, targetPort: 5353}]
+    backends: [{address: 10.244.2.20}]
+  - name: empty
+    type: NodePort
+    clusterIPs: [10.96.0.4]
+    ports: [{port: 80, nodePort: 30003}]
+  - name: web
+    type: LoadBalancer
+    algorithm: maglev
+    clusterIPs: [10.96.0.5]
+    loadBalancerIPs: [203.0.113.20]
+    ports: [{port: 80, targetPort: 8080}]
+    backends: [{address: 10.244.2.31}, {address: 10.244.2.32}, {address: 10.244.2.33}]
+"#;
+
+/// What the services file needs to serve NodePorts on this node.
+pub fn node_context() -> FileContext {
+    FileContext {
+        nodeport_addresses: vec![NODE_IP.into()],
+    }
+}
 
 pub struct Dataplane {
     pub ebpf: Ebpf,
@@ -137,6 +180,13 @@ impl Dataplane {
         );
         dp.config(lb_common::config::CFG_SNAT_PORT_MIN, 61000);
         dp.config(lb_common::config::CFG_SNAT_PORT_MAX, 65535);
+        dp
+    }
+
+    /// `new`, with a services file applied (`SERVICES` in most tests).
+    pub fn with_services(tag: &str, services: &str) -> Self {
+        let mut dp = Self::new(tag);
+        dp.apply(&lb::model::file::parse_with(services, &node_context()).expect("services file"));
         dp
     }
 

@@ -44,20 +44,16 @@ fn set_timeout(fd: i32) {
     }
 }
 
-pub fn tcp(netns: &str, addr: SocketAddr, name: &str) -> Server {
+/// Runs `serve` on a thread that entered `netns`. `serve` binds, calls
+/// `ready` once it listens, and returns when `stop` is set. Returns once it
+/// listens.
+fn spawn(netns: &str, serve: impl FnOnce(&dyn Fn(), Arc<AtomicBool>) + Send + 'static) -> Server {
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (ns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
+    let (ns, flag) = (netns.to_string(), stop.clone());
     let thread = std::thread::spawn(move || {
         crate::netns::enter(&ns).expect("enter backend netns");
-        let listener = TcpListener::bind(addr).expect("bind backend");
-        set_timeout(listener.as_raw_fd());
-        ready_tx.send(()).unwrap();
-        while !flag.load(Ordering::Relaxed) {
-            if let Ok((mut conn, peer)) = listener.accept() {
-                let _ = conn.write_all(format!("{name} {peer}\n").as_bytes());
-            }
-        }
+        serve(&|| ready_tx.send(()).unwrap(), flag);
     });
     ready_rx
         .recv_timeout(Duration::from_secs(5))
@@ -68,59 +64,65 @@ pub fn tcp(netns: &str, addr: SocketAddr, name: &str) -> Server {
     }
 }
 
+fn listen(addr: SocketAddr) -> TcpListener {
+    let listener = TcpListener::bind(addr).expect("bind backend");
+    set_timeout(listener.as_raw_fd());
+    listener
+}
+
+pub fn tcp(netns: &str, addr: SocketAddr, name: &str) -> Server {
+    let name = name.to_string();
+    spawn(netns, move |ready, stop| {
+        let listener = listen(addr);
+        ready();
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok((mut conn, peer)) = listener.accept() {
+                let _ = conn.write_all(format!("{name} {peer}\n").as_bytes());
+            }
+        }
+    })
+}
+
 pub fn udp(netns: &str, addr: SocketAddr, name: &str) -> Server {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (ns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
-    let thread = std::thread::spawn(move || {
-        crate::netns::enter(&ns).expect("enter backend netns");
+    let name = name.to_string();
+    spawn(netns, move |ready, stop| {
         let sock = UdpSocket::bind(addr).expect("bind backend");
         sock.set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
-        ready_tx.send(()).unwrap();
+        ready();
         let mut buf = [0u8; 512];
-        while !flag.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) {
             if let Ok((_, peer)) = sock.recv_from(&mut buf) {
                 let _ = sock.send_to(format!("{name} {peer}").as_bytes(), peer);
             }
         }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("server ready");
-    Server {
-        stop,
-        thread: Some(thread),
-    }
+    })
 }
 
 /// A TCP server that keeps each connection open and answers every line with
 /// "<name> <line>": for flows that must live across a configuration change.
 pub fn tcp_echo(netns: &str, addr: SocketAddr, name: &str) -> Server {
     use std::io::{BufRead as _, BufReader};
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (ns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
-    let thread = std::thread::spawn(move || {
-        crate::netns::enter(&ns).expect("enter backend netns");
-        let listener = TcpListener::bind(addr).expect("bind backend");
-        set_timeout(listener.as_raw_fd());
-        ready_tx.send(()).unwrap();
-        while !flag.load(Ordering::Relaxed) {
+    let name = name.to_string();
+    spawn(netns, move |ready, stop| {
+        let listener = listen(addr);
+        ready();
+        while !stop.load(Ordering::Relaxed) {
             if let Ok((conn, _)) = listener.accept() {
-                let (name, flag) = (name.clone(), flag.clone());
+                let (name, stop) = (name.clone(), stop.clone());
                 std::thread::spawn(move || {
+                    // Wake up now and then to see whether the server stopped.
                     conn.set_read_timeout(Some(Duration::from_millis(200)))
                         .unwrap();
                     let mut w = conn.try_clone().unwrap();
                     let mut r = BufReader::new(conn);
                     let mut line = String::new();
-                    while !flag.load(Ordering::Relaxed) {
+                    while !stop.load(Ordering::Relaxed) {
                         line.clear();
                         match r.read_line(&mut line) {
                             Ok(0) => return,
                             Ok(_) => {
-                                let _ = w.write_all(format!("{name} {}", line).as_bytes());
+                                let _ = w.write_all(format!("{name} {line}").as_bytes());
                             }
                             Err(_) => continue,
                         }
@@ -128,12 +130,5 @@ pub fn tcp_echo(netns: &str, addr: SocketAddr, name: &str) -> Server {
                 });
             }
         }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("server ready");
-    Server {
-        stop,
-        thread: Some(thread),
-    }
+    })
 }

@@ -3,31 +3,19 @@
 //! iptables-nft, kube-proxy's nftables table, the kube-ipvs0 device, and
 //! conntrack entries of service addresses. What is not kube-proxy's (a user
 //! chain, another nftables table, a flow to another address) stays.
-use std::{
-    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
-    process::{Command, Stdio},
-};
+use std::process::{Command, Stdio};
 
 use lb_testkit::{netns::Netns, unique};
 
 /// Runs a command inside `ns` (setns before exec), feeding `input`; returns stdout.
 fn in_ns(ns: &Netns, program: &str, args: &[&str], input: Option<&str>) -> (bool, String) {
     use std::io::Write as _;
-    let f = std::fs::File::open(format!("/run/netns/{}", ns.name)).unwrap();
-    let fd = f.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    lb_testkit::netns::exec_in(&mut cmd, &ns.name).unwrap();
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{program}: {e}"));
     if let Some(i) = input {
         child.stdin.take().unwrap().write_all(i.as_bytes()).unwrap();

@@ -3,7 +3,7 @@
 //! checksums verified independently (etherparse computes them from scratch).
 use std::net::Ipv4Addr;
 
-use lb::model::file::{parse_with, FileContext};
+use lb::model::file::parse_with;
 use lb_common::{config::CFG_LB_MODE, nodeport::*};
 use lb_testkit::{
     dataplane::*,
@@ -11,44 +11,8 @@ use lb_testkit::{
     unique,
 };
 
-const SERVICES: &str = r#"
-services:
-  - name: local
-    type: NodePort
-    clusterIPs: [10.96.0.1]
-    ports: [{port: 80, targetPort: 8080, nodePort: 30001}]
-    backends: [{address: 10.244.1.10, local: true}]
-  - name: remote
-    type: NodePort
-    clusterIPs: [10.96.0.2]
-    ports: [{port: 80, targetPort: 8080, nodePort: 30002}]
-    backends: [{address: 10.244.2.10}]
-  - name: dns
-    type: LoadBalancer
-    clusterIPs: [10.96.0.3]
-    loadBalancerIPs: [203.0.113.10]
-    ports: [{port: 53, protocol: UDP, targetPort: 5353}]
-    backends: [{address: 10.244.2.20}]
-  - name: empty
-    type: NodePort
-    clusterIPs: [10.96.0.4]
-    ports: [{port: 80, nodePort: 30003}]
-  - name: web
-    type: LoadBalancer
-    algorithm: maglev
-    clusterIPs: [10.96.0.5]
-    loadBalancerIPs: [203.0.113.20]
-    ports: [{port: 80, targetPort: 8080}]
-    backends: [{address: 10.244.2.31}, {address: 10.244.2.32}, {address: 10.244.2.33}]
-"#;
-
 fn dataplane(test: &str) -> Dataplane {
-    let mut dp = Dataplane::new(&unique(test));
-    let ctx = FileContext {
-        nodeport_addresses: vec![NODE_IP.into()],
-    };
-    dp.apply(&parse_with(SERVICES, &ctx).unwrap());
-    dp
+    Dataplane::with_services(&unique(test), SERVICES)
 }
 
 fn ip(s: &str) -> Ipv4Addr {
@@ -399,9 +363,7 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     assert_eq!(std::net::IpAddr::V4(first), expected);
 
     // The table changes (a fourth backend): the established flow stays put.
-    let ctx = FileContext {
-        nodeport_addresses: vec![NODE_IP.into()],
-    };
+    let ctx = node_context();
     let more = SERVICES.replace(
         "{address: 10.244.2.33}]",
         "{address: 10.244.2.33}, {address: 10.244.2.34}]",
@@ -454,9 +416,7 @@ services:
     ports: [{port: 80, targetPort: 8080, nodePort: 30009}]
     backends: [{address: 10.99.0.10}]
 "#;
-    let ctx = FileContext {
-        nodeport_addresses: vec![NODE_IP.into()],
-    };
+    let ctx = node_context();
     let mut model = parse_with(SERVICES, &ctx).unwrap();
     model
         .services

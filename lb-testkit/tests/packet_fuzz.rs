@@ -9,7 +9,6 @@
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use etherparse::{Ipv4Header, TcpHeader, UdpHeader};
-use lb::model::file::{parse_with, FileContext};
 use lb_testkit::{
     dataplane::*,
     packets::{self, ACK, SYN},
@@ -19,26 +18,6 @@ use proptest::{
     prelude::*,
     test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
 };
-
-const SERVICES: &str = r#"
-services:
-  - name: local
-    type: NodePort
-    clusterIPs: [10.96.0.1]
-    ports: [{port: 80, targetPort: 8080, nodePort: 30001}]
-    backends: [{address: 10.244.1.10, local: true}]
-  - name: remote
-    type: NodePort
-    clusterIPs: [10.96.0.2]
-    ports: [{port: 80, targetPort: 8080, nodePort: 30002}]
-    backends: [{address: 10.244.2.10}]
-  - name: dns
-    type: LoadBalancer
-    clusterIPs: [10.96.0.3]
-    loadBalancerIPs: [203.0.113.10]
-    ports: [{port: 53, protocol: UDP, targetPort: 5353}]
-    backends: [{address: 10.244.2.20}]
-"#;
 
 /// (address, port, protocol) of every frontend the programs serve.
 fn frontends() -> BTreeSet<(Ipv4Addr, u16, u8)> {
@@ -185,11 +164,7 @@ fn packet() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn random_and_malformed_packets_are_never_misforwarded_and_never_break_a_run() {
-    let mut dp = Dataplane::new(&unique("packet_fuzz"));
-    let ctx = FileContext {
-        nodeport_addresses: vec![NODE_IP.into()],
-    };
-    dp.apply(&parse_with(SERVICES, &ctx).unwrap());
+    let dp = Dataplane::with_services(&unique("packet_fuzz"), SERVICES);
     let frontends = frontends();
     // Seeded: the same 3000 packets in every run, so a failure reproduces.
     let mut runner = TestRunner::new_with_rng(

@@ -12,7 +12,6 @@ pub mod nftables;
 
 use std::{
     io::Write as _,
-    os::fd::AsRawFd as _,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -29,23 +28,12 @@ pub fn timed_in_netns(
     args: &[&str],
     input: &str,
 ) -> anyhow::Result<Duration> {
-    use std::os::unix::process::CommandExt as _;
-    let ns = std::fs::File::open(format!("/run/netns/{netns}"))
-        .with_context(|| format!("netns {netns}"))?;
-    let fd = ns.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    lb_testkit::netns::exec_in(&mut cmd, netns).with_context(|| format!("netns {netns}"))?;
     let started = Instant::now();
     let mut child = cmd
         .spawn()
