@@ -91,7 +91,9 @@ fn v4_bytes(a: u32) -> [u8; 16] {
 /// `mapped`: the socket is IPv6 and dialed a v4-mapped address.
 #[inline(always)]
 fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
-    if events::outside_host_namespace(netns_cookie(ctx)) {
+    // The client's namespace: the host-only check and session affinity key.
+    let netns = netns_cookie(ctx);
+    if events::outside_host_namespace(netns) {
         return ALLOW;
     }
     let sa = SockAddr::new(ctx.sock_addr);
@@ -115,7 +117,7 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         }
         Lookup::Service(svc) => svc,
     };
-    let (backend_id, backend) = match lb::select_backend_for::<V4>(&key, &svc, netns_cookie(ctx)) {
+    let (backend_id, backend) = match lb::select_backend_for::<V4>(&key, &svc, netns) {
         Ok(found) => found,
         Err(reason) => {
             if reason == DropReason::BackendMissing && log_enabled(LOG_WARN) {
@@ -174,7 +176,9 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
 
 #[inline(always)]
 fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
-    if events::outside_host_namespace(netns_cookie(ctx)) {
+    // The client's namespace: the host-only check and session affinity key.
+    let netns = netns_cookie(ctx);
+    if events::outside_host_namespace(netns) {
         return ALLOW;
     }
     let sa = SockAddr::new(ctx.sock_addr);
@@ -205,7 +209,7 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         }
         Lookup::Service(svc) => svc,
     };
-    let (backend_id, backend) = match lb::select_backend_for::<V6>(&key, &svc, netns_cookie(ctx)) {
+    let (backend_id, backend) = match lb::select_backend_for::<V6>(&key, &svc, netns) {
         Ok(found) => found,
         Err(reason) => {
             let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
