@@ -140,11 +140,6 @@ impl<M: LbMaps> Reconciler<M> {
         std::mem::take(&mut self.removed_udp)
     }
 
-    /// The next reconcile compares every service and sweeps (after a relist).
-    pub fn force_full_sync(&mut self) {
-        self.needs_full_sync = true;
-    }
-
     /// Converges to a complete model (services file, or a relist).
     pub fn reconcile(&mut self, model: &Model) -> Result<ReconcileStats, ReconcileError> {
         let dirty = self.target.changed_services(model);

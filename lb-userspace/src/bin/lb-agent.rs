@@ -464,8 +464,11 @@ fn handle(ev: SourceEvent, reconciler: &mut Reconciler<BpfMaps>, metrics: &Metri
     match ev {
         SourceEvent::Full { model, observed } => {
             metrics.observed_change();
-            // A complete view (restart, relist): compare everything and prune.
-            reconciler.force_full_sync();
+            // A complete view (the file, an initial list or a relist): the
+            // services that differ from the last one are applied, the ones
+            // missing from it removed. A full compare-and-sweep of the maps
+            // is the reconciler's own business (after a start or a failed
+            // write); a big services file edited once must not cost one.
             let result = reconciler.reconcile(&model);
             finish(result, reconciler, metrics, Some(observed));
         }
