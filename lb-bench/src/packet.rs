@@ -103,32 +103,20 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         "non-service traffic passes untouched"
     );
 
-    let per = |d: Duration, runs: u32| d.as_nanos() as f64 / runs as f64;
+    // The kernel reports the mean per run.
+    let row = |program, path, per_run: Duration| PacketResult {
+        services: n,
+        program,
+        path,
+        ns_per_packet: per_run.as_nanos() as f64,
+    };
+    const ESTABLISHED: &str = "established flow (conntrack hit, DNAT)";
+    const MISS: &str = "not a service (passes)";
     let mut out = vec![
-        PacketResult {
-            services: n,
-            program: "tc",
-            path: "established flow (conntrack hit, DNAT)",
-            ns_per_packet: per(dp.tc_ingress_timed(&established, repeat), 1),
-        },
-        PacketResult {
-            services: n,
-            program: "XDP",
-            path: "established flow (conntrack hit, DNAT)",
-            ns_per_packet: per(dp.xdp_timed(&established, repeat), 1),
-        },
-        PacketResult {
-            services: n,
-            program: "tc",
-            path: "not a service (passes)",
-            ns_per_packet: per(dp.tc_ingress_timed(&miss, repeat), 1),
-        },
-        PacketResult {
-            services: n,
-            program: "XDP",
-            path: "not a service (passes)",
-            ns_per_packet: per(dp.xdp_timed(&miss, repeat), 1),
-        },
+        row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
+        row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
+        row("tc", MISS, dp.tc_ingress_timed(&miss, repeat)),
+        row("XDP", MISS, dp.xdp_timed(&miss, repeat)),
     ];
     // New flows to a service with two real (other) backends: service lookup,
     // random choice, conntrack insert, DNAT. One run each.
@@ -147,12 +135,11 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
                 dp.tc_ingress_timed(&pkt, 1)
             };
         }
-        out.push(PacketResult {
-            services: n,
+        out.push(row(
             program,
-            path: "new flow (lookup, choice, conntrack insert, DNAT)",
-            ns_per_packet: per(total, new_flows as u32),
-        });
+            "new flow (lookup, choice, conntrack insert, DNAT)",
+            total / new_flows as u32,
+        ));
     }
     out
 }
