@@ -15,20 +15,24 @@ pub fn count(reason: DropReason, direction: Direction) {
     }
 }
 
-/// Counts the drop and reports it; `event` carries the flow and hook.
+/// Counts the drop and marks the event as one.
 #[inline(always)]
-pub fn drop(reason: DropReason, direction: Direction, event: &mut Event) {
+fn record(reason: DropReason, direction: Direction, event: &mut Event) {
     count(reason, direction);
     event.kind = EVENT_DROP;
     event.reason = reason as u32;
+}
+
+/// Counts the drop and reports it; `event` carries the flow and hook.
+#[inline(always)]
+pub fn drop(reason: DropReason, direction: Direction, event: &mut Event) {
+    record(reason, direction, event);
     events::emit(event);
 }
 
 /// For packet programs (tc, XDP): no task context to report.
 #[inline(always)]
 pub fn drop_packet(reason: DropReason, direction: Direction, event: &mut Event) {
-    count(reason, direction);
-    event.kind = EVENT_DROP;
-    event.reason = reason as u32;
+    record(reason, direction, event);
     events::emit_packet(event);
 }

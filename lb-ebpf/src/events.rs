@@ -84,31 +84,36 @@ fn admit(now: u64) -> bool {
     true
 }
 
-/// Fills in time and process, then sends the event if the rate allows.
+/// Whether the rate allows another event (counted when not); stamps the
+/// time on the event when it does.
 #[inline(always)]
-pub fn emit(event: &mut Event) {
+fn admit_event(event: &mut Event) -> bool {
     let now = unsafe { bpf_ktime_get_ns() };
     if !admit(now) {
         bump(CNT_EVENTS_RATE_LIMITED);
-        return;
+        return false;
     }
     event.ktime_ns = now;
-    event.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    send(event);
+    true
+}
+
+/// Fills in time and process, then sends the event if the rate allows.
+#[inline(always)]
+pub fn emit(event: &mut Event) {
+    if admit_event(event) {
+        event.pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        send(event);
+    }
 }
 
 /// For packet programs: the current task is whoever the softirq
 /// interrupted, so no pid or comm (the helpers are not even allowed there).
 #[inline(always)]
 pub fn emit_packet(event: &mut Event) {
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !admit(now) {
-        bump(CNT_EVENTS_RATE_LIMITED);
-        return;
+    if admit_event(event) {
+        send(event);
     }
-    event.ktime_ns = now;
-    send(event);
 }
 
 #[inline(always)]
