@@ -100,13 +100,8 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     let Some(protocol) = tcp_or_udp(&sa) else {
         return ALLOW;
     };
-    let address = if mapped {
-        match v4_mapped(&sa.user_ip6_words()) {
-            Some(a) => a,
-            None => return ALLOW,
-        }
-    } else {
-        sa.user_ip4()
+    let Some(address) = sa.ipv4(mapped) else {
+        return ALLOW;
     };
     let key = Service4Key::new(address, sa.user_port(), protocol, SCOPE_ALL, 0);
     let svc = match lb::lookup_service::<V4>(&key) {

@@ -46,6 +46,17 @@ impl SockAddr {
         unsafe { core::ptr::read_volatile(&(*self.0).user_ip4) }
     }
 
+    /// The IPv4 address: `user_ip4`, or for an IPv6 socket (`mapped`) the
+    /// v4-mapped address it carries; None when it carries a real IPv6 one.
+    #[inline(always)]
+    pub fn ipv4(&self, mapped: bool) -> Option<u32> {
+        if mapped {
+            v4_mapped(&self.user_ip6_words())
+        } else {
+            Some(self.user_ip4())
+        }
+    }
+
     #[inline(always)]
     pub fn user_ip6_words(&self) -> [u32; 4] {
         unsafe {

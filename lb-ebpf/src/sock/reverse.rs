@@ -38,13 +38,8 @@ pub fn lb_getpeername6(ctx: SockAddrContext) -> i32 {
 #[inline(always)]
 fn reverse4(ctx: &SockAddrContext, mapped: bool) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
-    let address = if mapped {
-        match v4_mapped(&sa.user_ip6_words()) {
-            Some(a) => a,
-            None => return ALLOW,
-        }
-    } else {
-        sa.user_ip4()
+    let Some(address) = sa.ipv4(mapped) else {
+        return ALLOW;
     };
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let key = SockRevNat4Key {
