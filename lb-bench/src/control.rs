@@ -226,6 +226,9 @@ mod tests {
         eprintln!("{:?}", s.duration);
         // The batched writes all landed: the maps read back equal the mirror.
         assert_eq!(s.ops, 230_000);
-        assert_eq!(&BpfMaps::open(&pins.path).unwrap().dump().unwrap(), r.state());
+        assert_eq!(
+            &BpfMaps::open(&pins.path).unwrap().dump().unwrap(),
+            r.state()
+        );
     }
 }
