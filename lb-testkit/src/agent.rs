@@ -55,6 +55,13 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How long a start may take to reach its first reconcile, normally.
+const STARTUP: Duration = Duration::from_secs(20);
+
+fn file_source(services: &Path) -> Vec<String> {
+    vec!["--services".to_string(), services.display().to_string()]
+}
+
 impl Agent {
     /// Starts the agent and waits for its first reconcile.
     pub fn start(services: &Path, cgroup: &Path, pin_dir: &Path) -> Self {
@@ -62,8 +69,14 @@ impl Agent {
     }
 
     pub fn start_with(services: &Path, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
-        let source = vec!["--services".to_string(), services.display().to_string()];
-        Self::start_source(source, cgroup, pin_dir, extra_args)
+        Self::launch(
+            file_source(services),
+            cgroup,
+            pin_dir,
+            extra_args,
+            None,
+            STARTUP,
+        )
     }
 
     /// Kubernetes mode against `api_server` (a URL), as node `node`.
@@ -83,12 +96,8 @@ impl Agent {
             "--min-sync-period",
             "20ms",
         ];
-        Self::start_source(
-            source.iter().map(|s| s.to_string()).collect(),
-            cgroup,
-            pin_dir,
-            extra_args,
-        )
+        let source = source.iter().map(|s| s.to_string()).collect();
+        Self::launch(source, cgroup, pin_dir, extra_args, None, STARTUP)
     }
 
     /// Like `start_with`, with the agent running inside network namespace `netns`.
@@ -99,27 +108,33 @@ impl Agent {
         pin_dir: &Path,
         extra_args: &[&str],
     ) -> Self {
-        let source = vec!["--services".to_string(), services.display().to_string()];
-        Self::start_source_in(source, cgroup, pin_dir, extra_args, Some(netns.to_string()))
+        Self::launch(
+            file_source(services),
+            cgroup,
+            pin_dir,
+            extra_args,
+            Some(netns),
+            STARTUP,
+        )
     }
 
-    fn start_source(
+    /// Builds the agent, spawns it and waits up to `timeout` for its first reconcile.
+    fn launch(
         source_args: Vec<String>,
         cgroup: &Path,
         pin_dir: &Path,
         extra_args: &[&str],
+        netns: Option<&str>,
+        timeout: Duration,
     ) -> Self {
-        Self::start_source_in(source_args, cgroup, pin_dir, extra_args, None)
-    }
-
-    fn start_source_in(
-        source_args: Vec<String>,
-        cgroup: &Path,
-        pin_dir: &Path,
-        extra_args: &[&str],
-        netns: Option<String>,
-    ) -> Self {
-        let mut agent = Self::unspawned(source_args, cgroup, pin_dir, extra_args, netns);
+        let mut agent = Self::unspawned(
+            source_args,
+            cgroup,
+            pin_dir,
+            extra_args,
+            netns.map(str::to_string),
+        );
+        agent.startup_timeout = timeout;
         agent.spawn();
         agent
     }
@@ -144,7 +159,7 @@ impl Agent {
             metrics: ([127, 0, 0, 1], free_port()).into(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             netns,
-            startup_timeout: Duration::from_secs(20),
+            startup_timeout: STARTUP,
         }
     }
 
@@ -215,11 +230,14 @@ impl Agent {
         extra_args: &[&str],
         timeout: Duration,
     ) -> Self {
-        let source = vec!["--services".to_string(), services.display().to_string()];
-        let mut agent = Self::unspawned(source, cgroup, pin_dir, extra_args, None);
-        agent.startup_timeout = timeout;
-        agent.spawn();
-        agent
+        Self::launch(
+            file_source(services),
+            cgroup,
+            pin_dir,
+            extra_args,
+            None,
+            timeout,
+        )
     }
 
     /// The agent's process id while it runs.

@@ -57,38 +57,17 @@ fn main() {
 }
 
 fn held(target: SocketAddr, out: &mut impl std::io::Write) {
-    let s = UdpSocket::bind(if target.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    })
-    .unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let s = udp_socket(target);
     let connected = s.connect(target);
     for line in std::io::stdin().lines() {
         if line.is_err() {
             break;
         }
-        let attempt = match connected
+        let sent = connected
             .as_ref()
             .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
-            .and_then(|_| s.send(b"ping"))
-        {
-            Err(e) => failed(e),
-            Ok(_) => {
-                let mut buf = [0u8; 256];
-                match s.recv(&mut buf) {
-                    Ok(n) => Attempt {
-                        ok: true,
-                        reply: Some(String::from_utf8_lossy(&buf[..n]).trim().to_string()),
-                        peer: s.peer_addr().ok().map(|a| a.to_string()),
-                        local: s.local_addr().ok().map(|a| a.to_string()),
-                        ..Default::default()
-                    },
-                    Err(e) => failed(e),
-                }
-            }
-        };
+            .and_then(|_| s.send(b"ping"));
+        let attempt = udp_answer(&s, sent, true);
         writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
         out.flush().unwrap();
     }
@@ -159,7 +138,7 @@ fn tcp(target: SocketAddr) -> Attempt {
     }
 }
 
-fn udp(target: SocketAddr, connected: bool) -> Attempt {
+fn udp_socket(target: SocketAddr) -> UdpSocket {
     let s = UdpSocket::bind(if target.is_ipv4() {
         "0.0.0.0:0"
     } else {
@@ -167,11 +146,21 @@ fn udp(target: SocketAddr, connected: bool) -> Attempt {
     })
     .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s
+}
+
+fn udp(target: SocketAddr, connected: bool) -> Attempt {
+    let s = udp_socket(target);
     let sent = if connected {
         s.connect(target).and_then(|_| s.send(b"ping"))
     } else {
         s.send_to(b"ping", target)
     };
+    udp_answer(&s, sent, connected)
+}
+
+/// The answer to a datagram just sent (or the send's error).
+fn udp_answer(s: &UdpSocket, sent: std::io::Result<usize>, connected: bool) -> Attempt {
     if let Err(e) = sent {
         return failed(e);
     }
