@@ -60,7 +60,7 @@ pub fn render_table(rows: &[BackendListRow]) -> String {
             r.references.to_string(),
         ]);
     }
-    super::drops::align(&table)
+    super::align(&table)
 }
 
 #[cfg(test)]

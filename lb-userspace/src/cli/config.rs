@@ -6,7 +6,7 @@ pub fn render_table(all: &[(&'static Setting, u32)]) -> String {
     for (s, v) in all {
         t.push([s.name.to_string(), format_value(s, *v), s.help.to_string()]);
     }
-    super::drops::align(&t)
+    super::align(&t)
 }
 
 pub fn to_json(all: &[(&'static Setting, u32)]) -> serde_json::Value {

@@ -98,7 +98,7 @@ pub fn render_table(rows: &[CtRow]) -> String {
             format!("{}s", r.idle_s),
         ]);
     }
-    super::drops::align(&t)
+    super::align(&t)
 }
 
 #[cfg(test)]

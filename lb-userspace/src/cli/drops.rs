@@ -10,31 +10,7 @@ pub fn render_table(counts: &[DropCount]) -> String {
             c.packets.to_string(),
         ]);
     }
-    align(&table)
-}
-
-/// Left-aligned columns separated by three spaces, like cilium-dbg's tables.
-/// (Twenty lines; a table crate would not give cilium's continuation lines.)
-pub fn align<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut widths = [0usize; N];
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            line.push_str(cell);
-            if i + 1 < N {
-                line.push_str(&" ".repeat(widths[i] - cell.chars().count() + 3));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    super::align(&table)
 }
 
 #[cfg(test)]

@@ -83,7 +83,7 @@ pub fn render_table(s: &MaglevSummary) -> String {
             format!("{:.2}%", b.share * 100.0),
         ]);
     }
-    out.push_str(&super::drops::align(&t));
+    out.push_str(&super::align(&t));
     out
 }
 

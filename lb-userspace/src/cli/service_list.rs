@@ -179,7 +179,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             table.push([String::new(), String::new(), String::new(), b.clone()]);
         }
     }
-    super::drops::align(&table)
+    super::align(&table)
 }
 
 #[cfg(test)]

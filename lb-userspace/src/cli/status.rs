@@ -193,7 +193,7 @@ pub fn render_table(s: &Status) -> String {
             c.detail.clone(),
         ]);
     }
-    out.push_str(&super::drops::align(&t));
+    out.push_str(&super::align(&t));
     if s.hooks.iter().any(|h| h.attached) {
         let mut t = vec![[
             "Hook".to_string(),
@@ -211,7 +211,7 @@ pub fn render_table(s: &Status) -> String {
             ]);
         }
         out.push('\n');
-        out.push_str(&super::drops::align(&t));
+        out.push_str(&super::align(&t));
     }
     if !s.maps.is_empty() {
         let mut t = vec![[
@@ -233,7 +233,7 @@ pub fn render_table(s: &Status) -> String {
             ]);
         }
         out.push('\n');
-        out.push_str(&super::drops::align(&t));
+        out.push_str(&super::align(&t));
     }
     out
 }
