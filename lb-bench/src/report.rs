@@ -29,7 +29,7 @@ const NOTES: &str = "\
 * **Full sync of 10 000 × 10.** About a third is our own computation (the
   in-memory column: desired state, diff, mirror), the rest is the kernel
   inserting 230 000 hash-map elements (`htab_map_update_elem` and its
-  allocation, ~1.7 µs each on this VM even with batched
+  allocation, ~1.5 µs each on this VM even with batched
   `BPF_MAP_UPDATE_BATCH` calls). It happens once per agent start with an
   empty data path; a restart with pinned maps writes nothing, and a change
   writes only what changed (the one-change column).
