@@ -24,6 +24,12 @@ pub const CFG_MAGLEV_M: u32 = 7;
 /// SNAT source ports: [min, max].
 pub const CFG_SNAT_PORT_MIN: u32 = 8;
 pub const CFG_SNAT_PORT_MAX: u32 = 9;
+/// Conntrack lifetimes in seconds (0: the default, `nodeport::CT_LIFETIME_*`):
+/// established TCP, TCP before its handshake completed, closing TCP, others.
+pub const CFG_CT_TCP_S: u32 = 10;
+pub const CFG_CT_TCP_SYN_S: u32 = 11;
+pub const CFG_CT_CLOSING_S: u32 = 12;
+pub const CFG_CT_UDP_S: u32 = 13;
 
 pub const CONFIG_SLOTS: u32 = 16;
 
@@ -48,10 +54,24 @@ pub const CNT_NP_REVERSE: u32 = 6;
 pub const CNT_CT_CREATED: u32 = 7;
 /// DSR flows learned on a backend's node.
 pub const CNT_DSR_LEARNED: u32 = 8;
+/// ICMP errors the tc programs sent themselves ("fragmentation needed",
+/// "time exceeded") for packets they could not forward.
+pub const CNT_ICMP_SENT: u32 = 9;
+/// ICMP errors about a translated flow, translated in turn (RFC 5508).
+pub const CNT_ICMP_TRANSLATED: u32 = 10;
+/// A SYN on a closing flow's tuple started a new flow.
+pub const CNT_CT_REOPENED: u32 = 11;
+/// Packets XDP handed to tc (a DSR option to add, a neighbour to resolve,
+/// an ICMP error to send, a frame too big).
+pub const CNT_XDP_PUNTED: u32 = 12;
+/// Non-first IPv4 fragments that followed their first fragment's flow.
+pub const CNT_FRAGMENTS: u32 = 13;
+/// A SNAT port was taken over from a flow that had ended.
+pub const CNT_SNAT_REUSED: u32 = 14;
 
 pub const COUNTER_SLOTS: u32 = 32;
 
-pub const COUNTER_NAMES: [(u32, &str); 9] = [
+pub const COUNTER_NAMES: [(u32, &str); 15] = [
     (CNT_EVENTS_SENT, "events_sent"),
     (CNT_EVENTS_RATE_LIMITED, "events_rate_limited"),
     (CNT_EVENTS_LOST, "events_lost"),
@@ -61,6 +81,12 @@ pub const COUNTER_NAMES: [(u32, &str); 9] = [
     (CNT_NP_REVERSE, "nodeport_reverse"),
     (CNT_CT_CREATED, "ct_created"),
     (CNT_DSR_LEARNED, "dsr_learned"),
+    (CNT_ICMP_SENT, "icmp_errors_sent"),
+    (CNT_ICMP_TRANSLATED, "icmp_errors_translated"),
+    (CNT_CT_REOPENED, "ct_reopened"),
+    (CNT_XDP_PUNTED, "xdp_punted_to_tc"),
+    (CNT_FRAGMENTS, "fragments_followed"),
+    (CNT_SNAT_REUSED, "snat_ports_reused"),
 ];
 
 /// Per-CPU token bucket of the event rate limiter (`LB_EVENT_RATE`).

@@ -13,22 +13,34 @@ pub enum DropReason {
     BackendMissing = 3,
     /// Recording the reverse translation for a socket failed.
     RevNatUpdateFailed = 4,
-    /// A fragment addressed to a service frontend (ports are not in every fragment).
+    /// A non-first fragment to a service frontend whose first fragment (the
+    /// one with the ports) was not seen.
     Fragment = 5,
     /// Truncated or inconsistent headers on a packet to a service frontend.
     InvalidPacket = 6,
-    /// No free source port for SNAT (collisions in LB4_CT).
+    /// No free source port for SNAT: every port tried belongs to a live flow
+    /// to the same backend.
     SnatPortsExhausted = 7,
-    /// The conntrack table refused a new entry.
+    /// The conntrack table refused a new entry (LB4_CT is an LRU hash: it
+    /// evicts instead, so this only counts kernel allocation failures).
     CtFull = 8,
     /// No route to the backend (FIB lookup failed).
     FibLookupFailed = 9,
     /// No Maglev table for a service that asks for Maglev.
     MaglevMissing = 10,
+    /// Too big for the path to the backend (or back to the client). With DF
+    /// set, an ICMP "fragmentation needed" went back to the sender.
+    FragNeeded = 11,
+    /// TTL ran out on a packet this node would forward; an ICMP "time
+    /// exceeded" went back to the sender.
+    TtlExceeded = 12,
+    /// A DSR option naming a frontend this node does not serve, or one that
+    /// would take over a live flow: not learned.
+    DsrRejected = 13,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::NoBackend,
         DropReason::NoServicePort,
         DropReason::BackendMissing,
@@ -39,6 +51,9 @@ impl DropReason {
         DropReason::CtFull,
         DropReason::FibLookupFailed,
         DropReason::MaglevMissing,
+        DropReason::FragNeeded,
+        DropReason::TtlExceeded,
+        DropReason::DsrRejected,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -53,6 +68,9 @@ impl DropReason {
             DropReason::CtFull => "ct-full",
             DropReason::FibLookupFailed => "fib-lookup-failed",
             DropReason::MaglevMissing => "maglev-missing",
+            DropReason::FragNeeded => "frag-needed",
+            DropReason::TtlExceeded => "ttl-exceeded",
+            DropReason::DsrRejected => "dsr-rejected",
         }
     }
 

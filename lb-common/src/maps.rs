@@ -21,9 +21,10 @@ pub const LB_AFFINITY_MATCH: &str = "LB_AFFINITY_MATCH";
 pub const LB4_CT: &str = "LB4_CT";
 pub const LB_DEVICES: &str = "LB_DEVICES";
 pub const LB_MAGLEV: &str = "LB_MAGLEV";
+pub const LB4_FRAGS: &str = "LB4_FRAGS";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 19] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -35,6 +36,7 @@ pub const ALL: [&str; 18] = [
     LB_AFFINITY,
     LB_AFFINITY_MATCH,
     LB4_CT,
+    LB4_FRAGS,
     LB_DEVICES,
     LB_MAGLEV,
     LB_DROPS,
@@ -53,6 +55,8 @@ pub const DEFAULT_SOCK_REVNAT_MAX: u32 = 262_144;
 pub const DEFAULT_AFFINITY_MAX: u32 = 65_536;
 pub const DEFAULT_CT_MAX: u32 = 262_144;
 pub const DEFAULT_DEVICES_MAX: u32 = 64;
+/// IPv4 datagrams in fragments being followed at once (LRU).
+pub const DEFAULT_FRAGS_MAX: u32 = 8_192;
 /// Services that can use Maglev at once (the outer map of LB_MAGLEV).
 pub const DEFAULT_MAGLEV_MAX: u32 = 16_384;
 /// Default Maglev table size: a prime, about 100 × a typical backend count
@@ -65,4 +69,4 @@ pub const MAGLEV_PRIMES: [u32; 11] = [
 
 /// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
 /// Bump it on any change to a key or value type in this crate.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;

@@ -26,13 +26,57 @@ pub const CT_REVERSE: u8 = 2;
 pub const CT_F_SNAT: u16 = 1 << 0;
 pub const CT_F_DSR: u16 = 1 << 1;
 pub const CT_F_LOCAL: u16 = 1 << 2;
-/// FIN or RST seen: the entry lives only a short while longer.
+/// FIN or RST seen: the entry lives only a short while longer, and a SYN
+/// on the same tuple starts a new flow (Cilium's `ct_reset_closing`).
 pub const CT_F_CLOSING: u16 = 1 << 3;
+/// A TCP packet other than a SYN was seen: the flow got past its handshake
+/// and lives `CT_LIFETIME_TCP`, not `CT_LIFETIME_TCP_SYN`.
+pub const CT_F_ESTABLISHED: u16 = 1 << 4;
 
-/// Lifetimes of conntrack entries without traffic, in seconds.
-pub const CT_LIFETIME_TCP: u64 = 21_600;
-pub const CT_LIFETIME_UDP: u64 = 120;
-pub const CT_LIFETIME_CLOSING: u64 = 10;
+/// Default lifetimes of conntrack entries without traffic, in seconds (the
+/// agent can change them: `LB_CONFIG[CFG_CT_*]`). The values are Cilium's
+/// (bpf/lib/conntrack.h): an established TCP flow 6 h, a handshake that
+/// never completed 60 s, a closing flow 10 s, anything else 60 s.
+pub const CT_LIFETIME_TCP: u32 = 21_600;
+pub const CT_LIFETIME_TCP_SYN: u32 = 60;
+pub const CT_LIFETIME_CLOSING: u32 = 10;
+pub const CT_LIFETIME_UDP: u32 = 60;
+/// A SNAT port whose flow is closing may go to a new flow once the old one
+/// has been quiet this long: long enough for its last ACK to pass, much
+/// shorter than the closing lifetime, so short connections do not run the
+/// port range dry.
+pub const SNAT_REUSE_CLOSING_NS: u64 = 1_000_000_000;
+
+/// The lifetime, in seconds, of an entry with these flags, given the
+/// configured values (0 = the default).
+#[inline(always)]
+pub const fn ct_lifetime_s(proto: u8, flags: u16, cfg: &CtTimeouts) -> u32 {
+    let (v, default) = if flags & CT_F_CLOSING != 0 {
+        (cfg.closing, CT_LIFETIME_CLOSING)
+    } else if proto == crate::proto::TCP {
+        if flags & CT_F_ESTABLISHED != 0 {
+            (cfg.tcp, CT_LIFETIME_TCP)
+        } else {
+            (cfg.tcp_syn, CT_LIFETIME_TCP_SYN)
+        }
+    } else {
+        (cfg.udp, CT_LIFETIME_UDP)
+    };
+    if v == 0 {
+        default
+    } else {
+        v
+    }
+}
+
+/// Conntrack lifetimes as configured (seconds; 0 = the default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtTimeouts {
+    pub tcp: u32,
+    pub tcp_syn: u32,
+    pub closing: u32,
+    pub udp: u32,
+}
 
 /// Conntrack key: the tuple as seen on the wire in one direction.
 #[repr(C)]
@@ -119,4 +163,27 @@ const fn mix(mut h: u32) -> u32 {
     h
 }
 
-crate::user_pod!(Ct4Key, Ct4Value, Device);
+/// `LB4_FRAGS`: an IPv4 datagram split into fragments. Only the first
+/// fragment carries the ports; it records them here under the datagram's
+/// identity (RFC 791: source, destination, protocol, identification), and
+/// the later fragments find them, so all take the same flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Frag4Key {
+    pub saddr: u32,
+    pub daddr: u32,
+    /// Identification field, network byte order.
+    pub id: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Frag4Value {
+    /// Network byte order.
+    pub sport: u16,
+    pub dport: u16,
+}
+
+crate::user_pod!(Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value);

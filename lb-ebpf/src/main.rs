@@ -3,7 +3,9 @@
 //! * `sock::forward`: cgroup/connect4/6 and cgroup/sendmsg4/6 pick a backend and
 //!   rewrite the socket's destination;
 //! * `sock::reverse`: cgroup/recvmsg4/6 and cgroup/getpeername4/6 give the
-//!   application back the service address.
+//!   application back the service address;
+//! * `packet`: tc and XDP programs for packets entering the node
+//!   (NodePort, LoadBalancer, external IPs) and their replies.
 //!
 //! The map layout is documented in docs/datapath.md.
 //!
@@ -21,7 +23,7 @@ mod lb;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
-mod nodeport;
+mod packet;
 #[cfg(target_arch = "bpf")]
 mod sock;
 

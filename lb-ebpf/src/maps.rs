@@ -13,9 +13,9 @@ use lb_common::{
     event::EVENTS_RING_BYTES,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
-        DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX,
+        DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX, DEFAULT_SOCK_REVNAT_MAX,
     },
-    nodeport::{Ct4Key, Ct4Value, Device},
+    nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
@@ -75,9 +75,10 @@ pub static LB_CONFIG: Array<u32> = Array::pinned(CONFIG_SLOTS, 0);
 #[map]
 pub static LB_COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
 
-/// Per-CPU token bucket of the event rate limiter.
+/// Per-CPU token buckets: slot 0 limits events, slot 1 the ICMP errors the
+/// packet path sends.
 #[map]
-pub static LB_EVENT_RATE: PerCpuArray<RateState> = PerCpuArray::pinned(1, 0);
+pub static LB_EVENT_RATE: PerCpuArray<RateState> = PerCpuArray::pinned(2, 0);
 
 /// sessionAffinity: ClientIP memory, written by the programs.
 #[map]
@@ -92,6 +93,10 @@ pub static LB_AFFINITY_MATCH: HashMap<AffinityMatchKey, u8> =
 /// North-south conntrack (tc / XDP), written by the programs.
 #[map]
 pub static LB4_CT: LruHashMap<Ct4Key, Ct4Value> = LruHashMap::pinned(DEFAULT_CT_MAX, 0);
+
+/// First fragments' ports, for the later fragments of the same datagram.
+#[map]
+pub static LB4_FRAGS: LruHashMap<Frag4Key, Frag4Value> = LruHashMap::pinned(DEFAULT_FRAGS_MAX, 0);
 
 /// The node's external devices: ifindex → address used for SNAT.
 #[map]
@@ -113,4 +118,4 @@ pub static LB_MAGLEV: btf_maps::HashOfMaps<
 /// Per-CPU scratch space of the tc and XDP programs (not pinned: nothing in
 /// it outlives one packet).
 #[map]
-pub static LB_SCRATCH: PerCpuArray<crate::nodeport::Scratch> = PerCpuArray::with_max_entries(1, 0);
+pub static LB_SCRATCH: PerCpuArray<crate::packet::Scratch> = PerCpuArray::with_max_entries(1, 0);

@@ -32,6 +32,32 @@ pub const POD_B: [Ipv4Addr; 3] = [
 ];
 /// LoadBalancer addresses, routed by the client to node A (or B).
 pub const LB_RANGE: &str = "203.0.113.0/24";
+/// The router of `Options::router_mtu`, on the external segment.
+pub const ROUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 4);
+
+/// How the cluster's links behave.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// GRO on the nodes' external devices, as a real NIC has it: bulk
+    /// traffic then reaches the programs as merged (GSO) packets.
+    pub gro: bool,
+    /// Node A reaches node B's pods through a router whose link to node B
+    /// has this MTU (the rest of the path is 1500): packets that no longer
+    /// fit meet a router that answers "fragmentation needed".
+    pub router_mtu: Option<u32>,
+    /// Node A's own route to node B's pods has this MTU (node A itself must
+    /// answer "fragmentation needed").
+    pub route_mtu: Option<u32>,
+    /// Senders put full checksums in every packet (tx checksum offload off on
+    /// the client's and the pods' devices), as frames off a real wire have.
+    /// veth otherwise hands on packets whose checksum the receiver never
+    /// computes (CHECKSUM_PARTIAL), which XDP cannot tell apart.
+    pub full_checksums: bool,
+    /// The bridge ports get GRO (NAPI) so that veth delivers frames a node
+    /// sends back out with XDP_TX (drivers/net/veth.c: XDP frames need NAPI
+    /// on the receiving peer).
+    pub xdp_ready: bool,
+}
 
 pub struct Node {
     pub ns: Netns,
@@ -50,6 +76,8 @@ pub struct Cluster {
     pub client: Netns,
     /// An empty cgroup for the client's probes (no program on it).
     pub client_cgroup: ChildCgroup,
+    /// The router of `Options::router_mtu`.
+    pub router: Option<Netns>,
     pub hub: Netns,
 }
 
@@ -57,8 +85,29 @@ fn sysctl(ns: &Netns, kv: &str) {
     run("ip", &["netns", "exec", &ns.name, "sysctl", "-qw", kv]);
 }
 
+/// `ethtool -K DEV FEATURE on|off` inside a namespace.
+pub fn ethtool(ns: &Netns, dev: &str, feature: &str, on: bool) {
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns.name,
+            "ethtool",
+            "-K",
+            dev,
+            feature,
+            if on { "on" } else { "off" },
+        ],
+    );
+}
+
 impl Cluster {
     pub fn new(tag: &str) -> Self {
+        Self::with(tag, &Options::default())
+    }
+
+    pub fn with(tag: &str, opts: &Options) -> Self {
         let hub = Netns::create(&format!("lbt-{tag}-hub"));
         hub.ip(&["link", "add", "br0", "type", "bridge"]);
         hub.ip(&["link", "set", "br0", "up"]);
@@ -67,6 +116,9 @@ impl Cluster {
                 "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
             ]);
             hub.ip(&["link", "set", port, "master", "br0", "up"]);
+            if opts.xdp_ready {
+                ethtool(&hub, port, "gro", true);
+            }
             ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
             ns.ip(&["link", "set", "eth0", "up"]);
         };
@@ -80,7 +132,36 @@ impl Cluster {
             ns
         };
         let (a_ns, b_ns) = (node("na", "na0", NODE_A), node("nb", "nb0", NODE_B));
-        a_ns.ip(&["route", "add", "10.244.2.0/24", "via", &NODE_B.to_string()]);
+        if opts.gro {
+            ethtool(&a_ns, "eth0", "gro", true);
+            ethtool(&b_ns, "eth0", "gro", true);
+        }
+        if opts.full_checksums {
+            ethtool(&client, "eth0", "tx", false);
+        }
+        let router = opts.router_mtu.map(|mtu| {
+            // [node A] ── br0 ── [router] 10.255.0.1 ══ mtu ══ 10.255.0.2 [node B]
+            let r = node("rt", "rt0", ROUTER);
+            r.ip(&[
+                "link", "add", "rb0", "mtu", &mtu.to_string(), "type", "veth", "peer", "name",
+                "rb0", "netns", &b_ns.name,
+            ]);
+            r.ip(&["addr", "add", "10.255.0.1/30", "dev", "rb0"]);
+            r.ip(&["link", "set", "rb0", "up"]);
+            b_ns.ip(&["addr", "add", "10.255.0.2/30", "dev", "rb0"]);
+            b_ns.ip(&["link", "set", "rb0", "up"]);
+            r.ip(&["route", "add", "10.244.2.0/24", "via", "10.255.0.2"]);
+            r
+        });
+        let via_b = if router.is_some() { ROUTER } else { NODE_B };
+        let mut route_b = vec!["route", "add", "10.244.2.0/24", "via"];
+        let via_b = via_b.to_string();
+        route_b.push(&via_b);
+        let mtu = opts.route_mtu.map(|m| m.to_string());
+        if let Some(m) = &mtu {
+            route_b.extend(["mtu", m.as_str()]);
+        }
+        a_ns.ip(&route_b);
         b_ns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE_A.to_string()]);
         let pod = |name: &str, node: &Netns, gw: &str, addrs: &[Ipv4Addr]| {
             let ns = Netns::create(&format!("lbt-{tag}-{name}"));
@@ -94,6 +175,9 @@ impl Cluster {
             }
             ns.ip(&["link", "set", "eth0", "up"]);
             ns.ip(&["route", "add", "default", "via", gw]);
+            if opts.full_checksums {
+                ethtool(&ns, "eth0", "tx", false);
+            }
             ns
         };
         let pod_a = pod("pa", &a_ns, "10.244.1.1", &[POD_A]);
@@ -113,6 +197,7 @@ impl Cluster {
             pod_a,
             pod_b,
             client,
+            router,
             hub,
         }
     }

@@ -38,7 +38,8 @@ pub const XDP_TX: u32 = 3;
 
 /// The north-south tests' frontends: a NodePort with a node-local backend,
 /// one with a remote backend, a UDP LoadBalancer, a NodePort without
-/// backends and a Maglev LoadBalancer.
+/// backends, a Maglev LoadBalancer, and a NodePort whose backend is behind
+/// a path with a 1400-byte MTU.
 pub const SERVICES: &str = r#"
 services:
   - name: local
@@ -68,6 +69,11 @@ services:
     loadBalancerIPs: [203.0.113.20]
     ports: [{port: 80, targetPort: 8080}]
     backends: [{address: 10.244.2.31}, {address: 10.244.2.32}, {address: 10.244.2.33}]
+  - name: narrow
+    type: NodePort
+    clusterIPs: [10.96.0.6]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30006}]
+    backends: [{address: 10.244.3.10}]
 "#;
 
 /// What the services file needs to serve NodePorts on this node.
@@ -141,6 +147,21 @@ impl Dataplane {
             "192.168.50.3",
             "dev",
             "ext0",
+        ]);
+        // Node B's other pods sit behind a narrower path (a tunnel, say).
+        // Locked: forwarding honours a route's MTU only then
+        // (ip_mtu_from_fib_result, with ip_forward_use_pmtu off).
+        netns.ip(&[
+            "route",
+            "add",
+            "10.244.3.0/24",
+            "via",
+            "192.168.50.3",
+            "dev",
+            "ext0",
+            "mtu",
+            "lock",
+            "1400",
         ]);
         // bpf_fib_lookup answers only where forwarding is on (like the stack).
         crate::run(
@@ -274,6 +295,27 @@ impl Dataplane {
             .unwrap_or_else(|e| panic!("test_run xdp: {e:#}"));
         out.truncate(r.data_size_out as usize);
         (r.return_value, out, r.duration)
+    }
+
+    /// A counter of the data path (`lb_common::config::CNT_*`), summed over CPUs.
+    pub fn counter(&self, index: u32) -> u64 {
+        use aya::maps::{MapData, PerCpuArray};
+        let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(
+            lb::maps::bpf::open_pinned(&self.pins.path, lb_common::maps::LB_COUNTERS).unwrap(),
+        )
+        .unwrap();
+        map.get(&index, 0).unwrap().iter().sum()
+    }
+
+    /// A conntrack entry, as the programs left it.
+    pub fn ct(&self, key: &lb_common::nodeport::Ct4Key) -> Option<lb_common::nodeport::Ct4Value> {
+        use aya::maps::{HashMap, MapData};
+        let map: HashMap<MapData, lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value> =
+            HashMap::try_from(
+                lb::maps::bpf::open_pinned(&self.pins.path, lb_common::maps::LB4_CT).unwrap(),
+            )
+            .unwrap();
+        map.get(key, 0).ok()
     }
 
     /// Packets counted for a drop reason (ingress).

@@ -10,6 +10,8 @@
 //! * `servers`: TCP/UDP servers in backend namespaces that answer with their name
 //!   and the peer address they saw.
 //! * `probe`: runs `lb-probe` (client inside the cgroup and client namespace).
+//! * `traffic`: bulk streams with every byte checked, downloads, connection
+//!   churn, many datagrams from one socket.
 pub mod agent;
 pub mod apiserver;
 pub mod cgroup;
@@ -20,6 +22,7 @@ pub mod packets;
 pub mod probe;
 pub mod servers;
 pub mod topology;
+pub mod traffic;
 pub mod world;
 
 use std::time::{Duration, Instant};

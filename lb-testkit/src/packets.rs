@@ -113,3 +113,109 @@ pub fn inspect(frame: &[u8]) -> View {
         payload,
     }
 }
+
+/// RFC 1071 Internet checksum of `data` (an odd last byte padded with zero).
+pub fn internet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for chunk in data.chunks(2) {
+        let word = if chunk.len() == 2 {
+            u16::from_be_bytes([chunk[0], chunk[1]])
+        } else {
+            u16::from_be_bytes([chunk[0], 0])
+        };
+        sum += word as u32;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An ICMPv4 error (`ty`, `code`, the 4-byte rest-of-header word) from
+/// `saddr` to `daddr`, quoting `quote` (an IP header and what follows).
+#[allow(clippy::too_many_arguments)]
+pub fn icmp_error(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    ty: u8,
+    code: u8,
+    rest: [u8; 4],
+    quote: &[u8],
+) -> Vec<u8> {
+    let mut icmp = vec![ty, code, 0, 0];
+    icmp.extend_from_slice(&rest);
+    icmp.extend_from_slice(quote);
+    let c = internet_checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut ip = Ipv4Header::new(
+        icmp.len() as u16,
+        64,
+        etherparse::IpNumber::ICMP,
+        saddr.octets(),
+        daddr.octets(),
+    )
+    .unwrap();
+    ip.header_checksum = ip.calc_header_checksum();
+    let mut out = Vec::new();
+    out.extend_from_slice(&dst);
+    out.extend_from_slice(&src);
+    out.extend_from_slice(&[0x08, 0x00]);
+    ip.write(&mut out).unwrap();
+    out.extend_from_slice(&icmp);
+    out
+}
+
+/// An ICMPv4 error as it came out of a program, checked: the IPv4 header
+/// checksum (options included) and the ICMP checksum, computed here.
+#[derive(Debug, Clone)]
+pub struct IcmpView {
+    pub eth_dst: Mac,
+    pub eth_src: Mac,
+    pub saddr: Ipv4Addr,
+    pub daddr: Ipv4Addr,
+    pub ty: u8,
+    pub code: u8,
+    /// The rest-of-header word (the next-hop MTU of "fragmentation needed"
+    /// in its low 16 bits).
+    pub rest: [u8; 4],
+    /// The quoted IP header, parsed (its checksum checked too).
+    pub quoted: Ipv4Header,
+    /// The quoted packet's first 8 L4 bytes (the ports first).
+    pub quoted_l4: [u8; 8],
+    /// Where the ICMP message starts in the frame.
+    pub icmp_offset: usize,
+}
+
+pub fn inspect_icmp(frame: &[u8]) -> IcmpView {
+    assert_eq!(&frame[12..14], &[0x08, 0x00], "not IPv4");
+    let (ip, _) = Ipv4Header::from_slice(&frame[14..]).expect("IPv4 header");
+    assert_eq!(ip.protocol, etherparse::IpNumber::ICMP, "not ICMP");
+    assert_eq!(
+        ip.header_checksum,
+        ip.calc_header_checksum(),
+        "IPv4 header checksum"
+    );
+    let off = 14 + ip.header_len();
+    let icmp = &frame[off..14 + ip.total_len as usize];
+    assert_eq!(internet_checksum(icmp), 0, "ICMP checksum");
+    let (quoted, rest) = Ipv4Header::from_slice(&icmp[8..]).expect("quoted IPv4 header");
+    assert_eq!(
+        quoted.header_checksum,
+        quoted.calc_header_checksum(),
+        "quoted IPv4 header checksum"
+    );
+    IcmpView {
+        eth_dst: frame[0..6].try_into().unwrap(),
+        eth_src: frame[6..12].try_into().unwrap(),
+        saddr: Ipv4Addr::from(ip.source),
+        daddr: Ipv4Addr::from(ip.destination),
+        ty: icmp[0],
+        code: icmp[1],
+        rest: icmp[4..8].try_into().unwrap(),
+        quoted,
+        quoted_l4: rest[..8].try_into().unwrap(),
+        icmp_offset: off,
+    }
+}

@@ -99,6 +99,27 @@ pub fn udp(netns: &str, addr: SocketAddr, name: &str) -> Server {
     })
 }
 
+/// A TCP server that hands each connection to `handle` on a thread of its
+/// own (with the stop flag, for long transfers).
+pub fn serve_tcp(
+    netns: &str,
+    addr: SocketAddr,
+    handle: impl Fn(std::net::TcpStream, Arc<AtomicBool>) + Send + Sync + Clone + 'static,
+) -> Server {
+    spawn(netns, move |ready, stop| {
+        let listener = listen(addr);
+        ready();
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok((conn, _)) = listener.accept() {
+                let (handle, stop) = (handle.clone(), stop.clone());
+                // Accepted sockets inherit the listener's receive timeout.
+                conn.set_read_timeout(None).unwrap();
+                std::thread::spawn(move || handle(conn, stop));
+            }
+        }
+    })
+}
+
 /// A TCP server that keeps each connection open and answers every line with
 /// "<name> <line>": for flows that must live across a configuration change.
 pub fn tcp_echo(netns: &str, addr: SocketAddr, name: &str) -> Server {

@@ -211,16 +211,6 @@ fn service_without_backends_drops_and_counts_the_reason() {
 fn traffic_that_is_not_for_a_service_passes_untouched() {
     let dp = dataplane("np_passthrough");
     let ssh = syn_to(22, 40005);
-    let cluster_ip = packets::tcp(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP,
-        ip("10.96.0.2"),
-        40005,
-        80,
-        SYN,
-        b"",
-    );
     let unknown_vip_port = packets::tcp(
         CLIENT_MAC,
         EXT0_MAC,
@@ -238,7 +228,7 @@ fn traffic_that_is_not_for_a_service_passes_untouched() {
     let mut ipv6 = vec![0u8; 14 + 40];
     ipv6[12..14].copy_from_slice(&[0x86, 0xdd]);
     ipv6[14] = 0x60;
-    for p in [ssh, cluster_ip, unknown_vip_port, arp, ipv6] {
+    for p in [ssh, unknown_vip_port, arp, ipv6] {
         let (rc, out) = dp.tc_ingress(&p);
         assert_eq!((rc, &out), (TC_ACT_OK, &p), "tc must not touch it");
         let (rc, out) = dp.xdp(&p);
@@ -248,23 +238,109 @@ fn traffic_that_is_not_for_a_service_passes_untouched() {
     }
 }
 
+/// kube-proxy translates a packet to a ClusterIP that reaches the node by
+/// routing (a router announcing the service range); so do we.
 #[test]
-fn fragments_to_a_service_are_dropped_and_other_fragments_pass() {
+fn a_clusterip_routed_to_the_node_is_translated_like_kube_proxy_does() {
+    let dp = dataplane("np_routed_cip");
+    let to_cluster_ip = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("10.96.0.2"),
+        40015,
+        80,
+        SYN,
+        b"",
+    );
+    let (rc, out) = dp.tc_ingress(&to_cluster_ip);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = inspect(&out);
+    assert_eq!((v.daddr, v.dport), (ip("10.244.2.10"), 8080));
+    assert_eq!(v.saddr, NODE_IP, "SNAT to the node");
+    // A ClusterIP port the service does not expose: refused, counted.
+    let wrong_port = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("10.96.0.2"),
+        40015,
+        81,
+        SYN,
+        b"",
+    );
+    assert_eq!(dp.tc_ingress(&wrong_port).0, TC_ACT_SHOT);
+    assert_eq!(dp.drops("no-service-port"), 1);
+}
+
+/// A UDP datagram to a frontend, split in two IPv4 fragments: only the
+/// first has the ports; the later one follows it to the same backend, with
+/// the same addresses rewritten. A later fragment whose first was never seen
+/// is left to the stack.
+#[test]
+fn fragments_of_a_datagram_to_a_service_follow_its_first_fragment() {
     let dp = dataplane("np_fragments");
-    // First fragment (MF set, offset 0) to the NodePort: ports are there, the rest would not be.
-    let mut first = syn_to(30002, 40006);
-    first[14 + 6] = 0x20; // MF
+    let whole = packets::udp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("203.0.113.10"),
+        40006,
+        53,
+        &[7u8; 64],
+    );
+    // First fragment: IP header + UDP header + 24 bytes, MF set, id 0x1234.
+    let mut first = whole[..14 + 20 + 8 + 24].to_vec();
+    first[14 + 2..14 + 4].copy_from_slice(&((20 + 32) as u16).to_be_bytes());
+    first[14 + 4..14 + 6].copy_from_slice(&0x1234u16.to_be_bytes());
+    first[14 + 6] = 0x20; // MF, offset 0
     fix_ip_checksum(&mut first);
-    let (rc, _) = dp.tc_ingress(&first);
-    assert_eq!(rc, TC_ACT_SHOT);
-    assert_eq!(dp.drops("fragment"), 1);
-    // A later fragment (offset 8) has no ports: the stack decides (reassembly).
-    let mut later = syn_to(30002, 40006);
+    // Later fragment: the remaining 40 bytes at offset 32 (4 units of 8).
+    let mut later = whole[..14 + 20].to_vec();
+    later.extend_from_slice(&whole[14 + 20 + 32..]);
+    later[14 + 2..14 + 4].copy_from_slice(&((20 + 40) as u16).to_be_bytes());
+    later[14 + 4..14 + 6].copy_from_slice(&0x1234u16.to_be_bytes());
     later[14 + 6] = 0x00;
-    later[14 + 7] = 0x01;
+    later[14 + 7] = 0x04;
     fix_ip_checksum(&mut later);
+
+    let (rc, out) = dp.tc_ingress(&first);
+    assert_eq!(rc, TC_ACT_REDIRECT, "the first fragment goes to the backend");
+    let (ip1, _) = etherparse::Ipv4Header::from_slice(&out[14..]).unwrap();
+    assert_eq!(ip1.destination, [10, 244, 2, 20]);
+    assert_eq!(ip1.source, NODE_IP.octets(), "SNAT");
+    assert_eq!(ip1.header_checksum, ip1.calc_header_checksum());
+    let snat_port = u16::from_be_bytes([out[34], out[35]]);
+    assert_eq!(u16::from_be_bytes([out[36], out[37]]), 5353);
+
     let (rc, out) = dp.tc_ingress(&later);
-    assert_eq!((rc, out), (TC_ACT_OK, later));
+    assert_eq!(rc, TC_ACT_REDIRECT, "the later fragment follows");
+    let (ip2, rest) = etherparse::Ipv4Header::from_slice(&out[14..]).unwrap();
+    assert_eq!(ip2.destination, [10, 244, 2, 20]);
+    assert_eq!(ip2.source, NODE_IP.octets());
+    assert_eq!(ip2.header_checksum, ip2.calc_header_checksum());
+    assert_eq!(&rest[..40], &whole[14 + 20 + 32..], "payload untouched");
+    assert_eq!(dp.counter(lb_common::config::CNT_FRAGMENTS), 1);
+
+    // Reassembled at the backend, the datagram's UDP checksum must hold.
+    let mut datagram = out[..14 + 20].to_vec();
+    let (rc1, out1) = dp.tc_ingress(&first); // same flow: same rewrite
+    assert_eq!(rc1, TC_ACT_REDIRECT);
+    datagram.extend_from_slice(&out1[34..34 + 32]);
+    datagram.extend_from_slice(&rest[..40]);
+    datagram[14 + 2..14 + 4].copy_from_slice(&((20 + 72) as u16).to_be_bytes());
+    datagram[14 + 6] = 0;
+    datagram[14 + 7] = 0;
+    fix_ip_checksum(&mut datagram);
+    let v = inspect(&datagram);
+    assert_eq!((v.sport, v.dport), (snat_port, 5353));
+
+    // A later fragment of a datagram nobody saw the start of.
+    let mut stray = later.clone();
+    stray[14 + 4..14 + 6].copy_from_slice(&0x9999u16.to_be_bytes());
+    fix_ip_checksum(&mut stray);
+    let (rc, out) = dp.tc_ingress(&stray);
+    assert_eq!((rc, out), (TC_ACT_OK, stray));
 }
 
 #[test]
@@ -423,7 +499,8 @@ services:
         .extend(parse_with(extra, &ctx).unwrap().services);
     dp.apply(&model);
 
-    // One SNAT port: the first flow takes it, the second finds none.
+    // One SNAT port: the first flow takes it, the second finds none while
+    // the first lives.
     dp.config(lb_common::config::CFG_SNAT_PORT_MIN, 61000);
     dp.config(lb_common::config::CFG_SNAT_PORT_MAX, 61000);
     assert_eq!(dp.tc_ingress(&syn_to(30002, 41000)).0, TC_ACT_REDIRECT);
@@ -462,4 +539,312 @@ services:
         .unwrap();
     assert_eq!(dp.tc_ingress(&syn_to(30001, 41004)).0, TC_ACT_SHOT);
     assert_eq!(dp.drops("backend-missing"), 1);
+}
+
+/// A TCP segment to the "narrow" NodePort (its backend sits behind a
+/// 1400-byte path) carrying `payload` bytes, DF set or not.
+fn big_segment(payload: usize, df: bool) -> Vec<u8> {
+    let mut p = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        NODE_IP,
+        41700,
+        30006,
+        ACK,
+        &vec![0x5a; payload],
+    );
+    p[14 + 6] = if df { 0x40 } else { 0 };
+    fix_ip_checksum(&mut p);
+    p
+}
+
+/// What a checksum offload would write into `frame` (CHECKSUM_PARTIAL with
+/// the original TCP/UDP header's csum_start and csum_offset): the fold of
+/// the sum from `start` to the end, as skb_checksum_help computes it.
+fn offload_word(frame: &[u8], start: usize) -> u16 {
+    packets::internet_checksum(&frame[start..])
+}
+
+/// A packet that does not fit the path to its backend is answered with ICMP
+/// "fragmentation needed" (DF set) from the address it was sent to, quoting
+/// it; without DF it is dropped, counted. XDP leaves both to tc.
+#[test]
+fn a_packet_too_big_for_the_path_gets_frag_needed_back_quoting_it() {
+    let dp = dataplane("np_too_big");
+    // The handshake fits; the flow exists.
+    let syn = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 41700, 30006, SYN, b"",
+    );
+    assert_eq!(dp.tc_ingress(&syn).0, TC_ACT_REDIRECT);
+    let fits = big_segment(1360, true); // 1400 bytes of IP
+    assert_eq!(dp.tc_ingress(&fits).0, TC_ACT_REDIRECT);
+
+    let big = big_segment(1361, true);
+    assert_eq!(dp.xdp(&big).0, XDP_PASS, "XDP hands it to tc");
+    let (rc, out) = dp.tc_ingress(&big);
+    assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back out of ext0");
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.ty, v.code), (3, 4));
+    assert_eq!(u16::from_be_bytes([v.rest[2], v.rest[3]]), 1400, "next-hop MTU");
+    assert_eq!(&v.rest[..2], &[0, 0], "RFC 1191: the unused half stays zero");
+    assert_eq!((v.saddr, v.daddr), (NODE_IP, CLIENT_IP));
+    assert_eq!((v.eth_dst, v.eth_src), (CLIENT_MAC, EXT0_MAC));
+    assert_eq!(
+        (Ipv4Addr::from(v.quoted.source), Ipv4Addr::from(v.quoted.destination)),
+        (CLIENT_IP, NODE_IP),
+        "it quotes the packet as the client sent it"
+    );
+    assert_eq!(&v.quoted_l4[..4], &big[34..38], "the quoted ports");
+    assert_eq!(&v.quoted_l4[4..8], &big[38..42], "the quoted sequence number");
+    // Right even if the skb still asks for a TCP checksum offload: the
+    // offload would rewrite the word at csum_start + 16 with itself.
+    assert_eq!(
+        offload_word(&out, 34),
+        u16::from_be_bytes([out[50], out[51]]),
+        "offload-proof"
+    );
+    assert_eq!(dp.drops("frag-needed"), 1);
+    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_SENT), 1);
+
+    // Without DF there is nobody to tell: dropped, counted.
+    let (rc, _) = dp.tc_ingress(&big_segment(1361, false));
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(dp.drops("frag-needed"), 2);
+    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_SENT), 1);
+}
+
+/// The same for UDP: the offload's word is then the ICMP checksum itself.
+#[test]
+fn a_udp_datagram_too_big_gets_an_offload_proof_frag_needed() {
+    let dp = dataplane("np_too_big_udp");
+    let extra = r#"
+services:
+  - name: narrow-dns
+    type: NodePort
+    clusterIPs: [10.96.0.7]
+    ports: [{port: 53, protocol: UDP, targetPort: 5353, nodePort: 30007}]
+    backends: [{address: 10.244.3.20}]
+"#;
+    let ctx = node_context();
+    let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
+    model
+        .services
+        .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
+    let mut dp = dp;
+    dp.apply(&model);
+    let mut dgram = packets::udp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        NODE_IP,
+        41800,
+        30007,
+        &[1u8; 1450],
+    );
+    dgram[14 + 6] = 0x40;
+    fix_ip_checksum(&mut dgram);
+    let (rc, out) = dp.tc_ingress(&dgram);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.ty, v.code), (3, 4));
+    assert_eq!(&v.quoted_l4[..4], &dgram[34..38]);
+    assert_eq!(
+        offload_word(&out, 34),
+        u16::from_be_bytes([out[40], out[41]]),
+        "offload-proof"
+    );
+}
+
+/// RFC 1812: a router does not forward a packet whose TTL runs out; it
+/// answers "time exceeded". The forwarded ones leave with TTL - 1.
+#[test]
+fn ttl_is_decremented_and_a_packet_whose_ttl_runs_out_gets_time_exceeded() {
+    let dp = dataplane("np_ttl");
+    let (rc, out) = dp.tc_ingress(&syn_to(30002, 41900));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(inspect(&out).ip.time_to_live, 63);
+
+    let mut last_hop = syn_to(30002, 41901);
+    last_hop[14 + 8] = 1;
+    fix_ip_checksum(&mut last_hop);
+    let (rc, out) = dp.tc_ingress(&last_hop);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.ty, v.code), (11, 0));
+    assert_eq!(v.daddr, CLIENT_IP);
+    assert_eq!(dp.drops("ttl-exceeded"), 1);
+}
+
+/// RFC 5508: an ICMP error about a SNATed flow, sent by a router between
+/// the nodes to our SNAT address, reaches the client quoting the packet the
+/// client sent to the frontend.
+#[test]
+fn a_routers_frag_needed_for_a_snat_flow_reaches_the_client_translated() {
+    let dp = dataplane("np_icmp_snat");
+    let (rc, out) = dp.tc_ingress(&syn_to(30002, 42100));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let sent = inspect(&out);
+    let snat_port = sent.sport;
+    // The router (node B's address here) quotes the packet it got.
+    let err = packets::icmp_error(
+        NODE_B_MAC,
+        EXT0_MAC,
+        NODE_B_IP,
+        NODE_IP,
+        3,
+        4,
+        [0, 0, 0x05, 0x14], // MTU 1300
+        &out[14..14 + 28],
+    );
+    let (rc, out) = dp.tc_ingress(&err);
+    assert_eq!(rc, TC_ACT_REDIRECT, "toward the client");
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.saddr, v.daddr), (NODE_B_IP, CLIENT_IP));
+    assert_eq!(v.eth_dst, CLIENT_MAC);
+    assert_eq!(
+        (Ipv4Addr::from(v.quoted.source), Ipv4Addr::from(v.quoted.destination)),
+        (CLIENT_IP, NODE_IP)
+    );
+    assert_eq!(
+        (
+            u16::from_be_bytes([v.quoted_l4[0], v.quoted_l4[1]]),
+            u16::from_be_bytes([v.quoted_l4[2], v.quoted_l4[3]])
+        ),
+        (42100, 30002)
+    );
+    assert_eq!(&v.rest, &[0, 0, 0x05, 0x14], "the MTU passes unchanged");
+    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_TRANSLATED), 1);
+    let _ = snat_port;
+
+    // The same error for a port nobody allocated: not ours, the stack's.
+    let mut stray_quote = err[14 + 20 + 8..].to_vec();
+    stray_quote[20..22].copy_from_slice(&1u16.to_be_bytes());
+    let stray = packets::icmp_error(
+        NODE_B_MAC, EXT0_MAC, NODE_B_IP, NODE_IP, 3, 4, [0, 0, 5, 20], &stray_quote,
+    );
+    let (rc, out) = dp.tc_ingress(&stray);
+    assert_eq!((rc, out), (TC_ACT_OK, stray));
+}
+
+/// A local backend's ICMP error about a flow it got through the NodePort
+/// leaves quoting the NodePort, from the node's address.
+#[test]
+fn a_local_backends_icmp_error_leaves_quoting_the_frontend() {
+    let dp = dataplane("np_icmp_local");
+    let syn = syn_to(30001, 42200);
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_OK);
+    // The backend answers "port unreachable" quoting what it received.
+    let err = packets::icmp_error(
+        [0; 6],
+        CLIENT_MAC,
+        ip("10.244.1.10"),
+        CLIENT_IP,
+        3,
+        3,
+        [0; 4],
+        &out[14..14 + 28],
+    );
+    let (rc, out) = dp.tc_egress(&err);
+    assert_eq!(rc, TC_ACT_OK);
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.saddr, v.daddr), (NODE_IP, CLIENT_IP), "from the frontend");
+    assert_eq!(Ipv4Addr::from(v.quoted.destination), NODE_IP);
+    assert_eq!(u16::from_be_bytes([v.quoted_l4[2], v.quoted_l4[3]]), 30001);
+}
+
+/// Cilium's ct_reset_closing: a SYN on the tuple of a flow that is closing
+/// starts a new flow (a new choice, no closing state inherited).
+#[test]
+fn a_syn_on_a_closing_flows_tuple_starts_a_new_flow() {
+    let dp = dataplane("np_reopen");
+    let key = Ct4Key::new(
+        u32::from_ne_bytes(CLIENT_IP.octets()),
+        u32::from_ne_bytes(NODE_IP.octets()),
+        42300u16.to_be(),
+        30002u16.to_be(),
+        6,
+        CT_SERVICE,
+    );
+    assert_eq!(dp.tc_ingress(&syn_to(30002, 42300)).0, TC_ACT_REDIRECT);
+    let fin = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 42300, 30002, FIN | ACK, b"",
+    );
+    assert_eq!(dp.tc_ingress(&fin).0, TC_ACT_REDIRECT);
+    assert_ne!(dp.ct(&key).unwrap().flags & CT_F_CLOSING, 0, "closing");
+    assert_eq!(dp.tc_ingress(&syn_to(30002, 42300)).0, TC_ACT_REDIRECT);
+    let entry = dp.ct(&key).unwrap();
+    assert_eq!(entry.flags & CT_F_CLOSING, 0, "a new flow, not closing");
+    assert_eq!(dp.counter(lb_common::config::CNT_CT_REOPENED), 1);
+}
+
+/// With one SNAT port, a second flow finds it taken while the first lives;
+/// once the first has closed both ways and gone quiet for a second, the
+/// port goes to the new flow.
+#[test]
+fn a_closed_flows_snat_port_goes_to_a_new_flow_after_a_quiet_second() {
+    let dp = dataplane("np_snat_reuse");
+    dp.config(lb_common::config::CFG_SNAT_PORT_MIN, 61000);
+    dp.config(lb_common::config::CFG_SNAT_PORT_MAX, 61000);
+    let (rc, out) = dp.tc_ingress(&syn_to(30002, 42400));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(inspect(&out).sport, 61000);
+    assert_eq!(dp.tc_ingress(&syn_to(30002, 42401)).0, TC_ACT_SHOT);
+    // Both sides close: the client's FIN, the backend's FIN to our port.
+    let fin = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 42400, 30002, FIN | ACK, b"",
+    );
+    assert_eq!(dp.tc_ingress(&fin).0, TC_ACT_REDIRECT);
+    let back_fin = packets::tcp(
+        NODE_B_MAC,
+        EXT0_MAC,
+        ip("10.244.2.10"),
+        NODE_IP,
+        8080,
+        61000,
+        FIN | ACK,
+        b"",
+    );
+    assert_eq!(dp.tc_ingress(&back_fin).0, TC_ACT_REDIRECT);
+    assert_eq!(
+        dp.tc_ingress(&syn_to(30002, 42401)).0,
+        TC_ACT_SHOT,
+        "closed, but its last packets may still be in flight"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (rc, out) = dp.tc_ingress(&syn_to(30002, 42401));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(inspect(&out).sport, 61000);
+    assert_eq!(dp.counter(lb_common::config::CNT_SNAT_REUSED), 1);
+}
+
+/// A DSR option naming a frontend this node does not serve is not learned.
+#[test]
+fn a_dsr_option_naming_an_unknown_frontend_is_rejected() {
+    let dp = dataplane("np_dsr_reject");
+    let mut p = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        ip("10.244.1.10"),
+        42500,
+        8080,
+        SYN,
+        b"",
+    );
+    // Insert the option (type, len, port 80, address 198.51.100.1).
+    let opt = [DSR_OPT_TYPE, DSR_OPT_LEN, 0, 80, 198, 51, 100, 1];
+    p.splice(34..34, opt);
+    p[14] = 0x47;
+    let tot = u16::from_be_bytes([p[16], p[17]]) + 8;
+    p[16..18].copy_from_slice(&tot.to_be_bytes());
+    let mut hdr = etherparse::Ipv4Header::from_slice(&p[14..]).unwrap().0;
+    hdr.header_checksum = hdr.calc_header_checksum();
+    let mut fixed = p[..14].to_vec();
+    hdr.write(&mut fixed).unwrap();
+    fixed.extend_from_slice(&p[14 + 28..]);
+    let (rc, _) = dp.tc_ingress(&fixed);
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(dp.drops("dsr-rejected"), 1);
 }

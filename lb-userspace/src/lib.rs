@@ -12,6 +12,7 @@
 //! eBPF programs; `sys` holds the few raw syscalls aya does not wrap.
 pub mod cli;
 pub mod collections;
+pub mod conntrack;
 pub mod datapath;
 pub mod desired;
 pub mod diff;

@@ -26,6 +26,8 @@ const APT_PACKAGES: &[&str] = &[
     // For kubernetes-validate (the manifest tests), in a venv of its own.
     "python3",
     "python3-venv",
+    // The north-south tests turn GRO on for node devices, as a real NIC has it.
+    "ethtool",
 ];
 
 /// Validates deploy/ manifests against the Kubernetes schemas, offline.

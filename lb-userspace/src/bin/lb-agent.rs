@@ -22,8 +22,9 @@ use lb::{
     sys,
 };
 use lb_common::config::{
-    CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY,
-    CFG_LB_MODE, CFG_LOG_LEVEL, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
+    CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S, CFG_EVENT_RATE,
+    CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LB_MODE,
+    CFG_LOG_LEVEL, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
 };
 use tokio::{
     io::unix::AsyncFd,
@@ -136,9 +137,28 @@ struct RunArgs {
     /// Size M of Maglev tables, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 65537, 131071).
     #[arg(long, default_value_t = lb_common::maps::DEFAULT_MAGLEV_M, env = "LB_MAGLEV_TABLE_SIZE")]
     maglev_table_size: u32,
-    /// Source ports for SNAT to remote backends (keep them out of ip_local_port_range and the NodePort range).
-    #[arg(long, default_value = "61000-65535", env = "LB_SNAT_PORT_RANGE")]
+    /// Source ports for SNAT to remote backends. A client's own port is kept
+    /// when it lies in the range (as Linux NAT and Cilium do), which keeps
+    /// busy clients clear of their backends' TIME_WAIT; keep the range clear
+    /// of the NodePort range.
+    #[arg(long, default_value = "32768-65535", env = "LB_SNAT_PORT_RANGE")]
     snat_port_range: PortRange,
+    /// Conntrack lifetime of an established TCP flow without traffic.
+    #[arg(long, default_value = "6h", value_parser = humantime::parse_duration, env = "LB_CT_TIMEOUT_TCP")]
+    conntrack_timeout_tcp: Duration,
+    /// Conntrack lifetime of a TCP flow whose handshake did not complete.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, env = "LB_CT_TIMEOUT_TCP_SYN")]
+    conntrack_timeout_tcp_syn: Duration,
+    /// Conntrack lifetime of a TCP flow after a FIN or RST.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "LB_CT_TIMEOUT_TCP_FIN")]
+    conntrack_timeout_tcp_fin: Duration,
+    /// Conntrack lifetime of a UDP flow without traffic.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, env = "LB_CT_TIMEOUT_UDP")]
+    conntrack_timeout_udp: Duration,
+    /// Sweep expired conntrack entries at this interval [default: adaptive,
+    /// 10 s to 10 min by how much each sweep finds].
+    #[arg(long, value_parser = humantime::parse_duration, env = "LB_CT_GC_INTERVAL")]
+    conntrack_gc_interval: Option<Duration>,
     /// Capacity of LB4_CT (north-south conntrack; one or two entries per flow).
     #[arg(long, default_value_t = MapSizes::default().ct, env = "LB_MAP_SIZE_CT")]
     map_size_ct: u32,
@@ -367,6 +387,18 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     config.set(CFG_MAGLEV_M, args.maglev_table_size)?;
     config.set(CFG_SNAT_PORT_MIN, args.snat_port_range.0 as u32)?;
     config.set(CFG_SNAT_PORT_MAX, args.snat_port_range.1 as u32)?;
+    for (index, flag, d) in [
+        (CFG_CT_TCP_S, "--conntrack-timeout-tcp", args.conntrack_timeout_tcp),
+        (CFG_CT_TCP_SYN_S, "--conntrack-timeout-tcp-syn", args.conntrack_timeout_tcp_syn),
+        (CFG_CT_CLOSING_S, "--conntrack-timeout-tcp-fin", args.conntrack_timeout_tcp_fin),
+        (CFG_CT_UDP_S, "--conntrack-timeout-udp", args.conntrack_timeout_udp),
+    ] {
+        let secs = d.as_secs();
+        if secs == 0 || secs > u32::MAX as u64 {
+            bail!("{flag} {}: give at least 1s", humantime::format_duration(d));
+        }
+        config.set(index, secs as u32)?;
+    }
     if args.socket_lb_host_namespace_only {
         info!(
             netns_cookie = cookie,
@@ -386,6 +418,16 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
     metrics.health.lock().unwrap().installed = true;
+    // Conntrack is only written by the tc/XDP programs.
+    let gc_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gc = (!cfg.devices.is_empty()).then(|| {
+        lb::conntrack::gc::spawn(
+            cfg.pin_dir.clone(),
+            args.conntrack_gc_interval,
+            metrics.conntrack_gc.clone(),
+            gc_stop.clone(),
+        )
+    });
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -457,7 +499,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         info!("stopping; the data path stays installed and keeps forwarding");
         anyhow::Ok(())
-    })
+    })?;
+    gc_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(gc) = gc {
+        let _ = gc.join();
+    }
+    Ok(())
 }
 
 fn handle(ev: SourceEvent, reconciler: &mut Reconciler<BpfMaps>, metrics: &Metrics) {

@@ -91,8 +91,12 @@ enum BackendCommand {
 
 #[derive(Subcommand)]
 enum CtCommand {
-    /// List every tracked flow and reverse entry.
-    List,
+    /// List the live flows and reverse entries (expired ones wait for the
+    /// agent's sweep: --all shows them too).
+    List {
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -186,10 +190,16 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Command::Ct {
-            command: CtCommand::List,
+            command: CtCommand::List { all },
         } => {
             let entries = lb::maps::bpf::read_ct(&cli.pin_dir)?;
-            let rows = cli::conntrack::rows(&entries, monitor::reader::monotonic_ns());
+            let config = lb::datapath::config::RuntimeConfig::open(&cli.pin_dir)?;
+            let timeouts = lb::conntrack::timeouts(&config)?;
+            let mut rows =
+                cli::conntrack::rows(&entries, monitor::reader::monotonic_ns(), &timeouts);
+            if !all {
+                rows.retain(|r| r.expires_s >= 0);
+            }
             match out {
                 Output::Table => print!("{}", cli::conntrack::render_table(&rows)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),

@@ -23,6 +23,9 @@ pub struct CtRow {
     pub service_id: u32,
     /// Seconds since the entry last saw a packet (refreshed at most once a second).
     pub idle_s: u64,
+    /// Seconds the entry has left without traffic (negative: expired,
+    /// waiting for the agent's sweep).
+    pub expires_s: i64,
 }
 
 fn ep(addr: u32, port: u16) -> String {
@@ -33,7 +36,7 @@ fn ep(addr: u32, port: u16) -> String {
     )
 }
 
-pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
+pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64, t: &CtTimeouts) -> Vec<CtRow> {
     let mut rows: Vec<CtRow> = entries
         .iter()
         .map(|(k, v)| {
@@ -42,6 +45,7 @@ pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
                 (CT_F_SNAT, "snat"),
                 (CT_F_DSR, "dsr"),
                 (CT_F_LOCAL, "local"),
+                (CT_F_ESTABLISHED, "established"),
                 (CT_F_CLOSING, "closing"),
             ] {
                 if v.flags & bit != 0 {
@@ -64,6 +68,7 @@ pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64) -> Vec<CtRow> {
                 backend_id: v.backend_id,
                 service_id: v.service_id,
                 idle_s: now_ns.saturating_sub(v.last_seen_ns) / 1_000_000_000,
+                expires_s: crate::conntrack::remaining_s(k, v, now_ns, t),
             }
         })
         .collect();
@@ -82,6 +87,7 @@ pub fn render_table(rows: &[CtRow]) -> String {
         "Flags".into(),
         "Service".into(),
         "Idle".into(),
+        "Expires".into(),
     ]];
     for r in rows {
         t.push([
@@ -96,6 +102,11 @@ pub fn render_table(rows: &[CtRow]) -> String {
             },
             r.service_id.to_string(),
             format!("{}s", r.idle_s),
+            if r.expires_s < 0 {
+                "expired".into()
+            } else {
+                format!("{}s", r.expires_s)
+            },
         ]);
     }
     super::align(&t)
@@ -130,10 +141,10 @@ mod tests {
             pad: 0,
             last_seen_ns: 1_000_000_000,
         };
-        let out = render_table(&rows(&[(key, val)], 6_000_000_000));
+        let out = render_table(&rows(&[(key, val)], 6_000_000_000, &Default::default()));
         let golden = "\
-Kind      Flow                                           To                 NAT                  Flags   Service   Idle
-service   192.168.60.1:40001 -> 192.168.60.2:30081/TCP   10.244.2.10:8080   192.168.60.2:61234   snat    7         5s
+Kind      Flow                                           To                 NAT                  Flags   Service   Idle   Expires
+service   192.168.60.1:40001 -> 192.168.60.2:30081/TCP   10.244.2.10:8080   192.168.60.2:61234   snat    7         5s     55s
 ";
         assert_eq!(out, golden, "\n{out}");
     }

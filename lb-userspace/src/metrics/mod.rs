@@ -57,6 +57,7 @@ pub struct Metrics {
     pub source_errors: Family<SourceErrorLabels, Counter>,
     pub sockets_destroyed: Counter,
     pub socket_scan_errors: Counter,
+    pub conntrack_gc: crate::conntrack::gc::GcMetrics,
     pub health: Arc<Mutex<Health>>,
 }
 
@@ -97,6 +98,7 @@ impl Metrics {
             source_errors: Family::default(),
             sockets_destroyed: Counter::default(),
             socket_scan_errors: Counter::default(),
+            conntrack_gc: Default::default(),
             health: Arc::new(Mutex::new(Health::default())),
         };
         registry.register(
@@ -158,6 +160,32 @@ impl Metrics {
             "socket_scan_errors",
             "Network namespaces whose sockets could not be scanned or destroyed",
             m.socket_scan_errors.clone(),
+        );
+        let gc = &m.conntrack_gc;
+        registry.register(
+            "conntrack_gc_runs",
+            "Sweeps of the north-south conntrack table",
+            gc.runs.clone(),
+        );
+        registry.register(
+            "conntrack_gc_deleted",
+            "Expired conntrack entries deleted (their SNAT ports free again)",
+            gc.deleted.clone(),
+        );
+        registry.register(
+            "conntrack_gc_alive_entries",
+            "Live conntrack entries after the last sweep",
+            gc.alive.clone(),
+        );
+        registry.register(
+            "conntrack_gc_interval_seconds",
+            "Time until the next sweep (adapts to how much the last one deleted)",
+            gc.interval_seconds.clone(),
+        );
+        registry.register(
+            "conntrack_gc_last_duration_milliseconds",
+            "How long the last sweep took",
+            gc.last_duration_ms.clone(),
         );
         registry.register_collector(Box::new(collector::BpfCollector { pin_dir }));
         (m, registry)

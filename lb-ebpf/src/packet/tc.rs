@@ -6,7 +6,7 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_fib_lookup as fib, bpf_l3_csum_replace, bpf_l4_csum_replace, bpf_redirect,
-        bpf_redirect_neigh,
+        bpf_redirect_neigh, bpf_skb_change_tail,
     },
     macros::classifier,
     programs::TcContext,
@@ -15,8 +15,9 @@ use aya_ebpf::{
 use lb_common::event::{HOOK_TC_EGRESS, HOOK_TC_INGRESS};
 
 use super::{
-    packet::{Pkt, ETH_HLEN, IP_CHECK},
-    Action, NpContext,
+    access::{Pkt, ETH_HLEN, IP_CHECK},
+    parse::Flow,
+    Action, Hook, Verdict,
 };
 
 const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
@@ -30,15 +31,24 @@ struct Tc<'a> {
 impl Pkt for Tc<'_> {
     #[inline(always)]
     fn data(&self) -> usize {
+        // SAFETY: reading a field of the context the program was given.
         unsafe { core::ptr::read_volatile(&(*self.ctx.skb.skb).data) as usize }
     }
     #[inline(always)]
     fn data_end(&self) -> usize {
+        // SAFETY: reading a field of the context the program was given.
         unsafe { core::ptr::read_volatile(&(*self.ctx.skb.skb).data_end) as usize }
     }
     #[inline(always)]
     fn covers(&self, len: usize) -> bool {
         len as u32 <= self.ctx.len()
+    }
+    #[inline(always)]
+    fn pull(&self, len: usize) {
+        if self.data() + len > self.data_end() {
+            let want = (len as u32).min(self.ctx.len());
+            let _ = self.ctx.pull_data(want);
+        }
     }
 }
 
@@ -47,22 +57,16 @@ impl Pkt for Tc<'_> {
 /// fragments; pull them into the linear area first.
 const HEADERS: usize = 14 + 28 + 20;
 
+/// 802.1Q-tagged frames whose tag the device took off (skb->vlan_present)
+/// belong to the VLAN device, which has its own programs if it serves.
 #[inline(always)]
-fn pull_headers(ctx: &TcContext) {
-    let t = Tc { ctx, hook: 0 };
-    if t.data() + HEADERS > t.data_end() {
-        let want = if ctx.len() < HEADERS as u32 {
-            ctx.len()
-        } else {
-            HEADERS as u32
-        };
-        let _ = ctx.pull_data(want);
-    }
+fn tagged(ctx: &TcContext) -> bool {
+    // SAFETY: reading a field of the context the program was given.
+    unsafe { (*ctx.skb.skb).vlan_present != 0 }
 }
 
-impl NpContext for Tc<'_> {
-    const CAN_INSERT_OPTIONS: bool = true;
-    const CAN_RESOLVE_NEIGH: bool = true;
+impl Hook for Tc<'_> {
+    const IS_XDP: bool = false;
 
     #[inline(always)]
     fn ingress_ifindex(&self) -> u32 {
@@ -71,6 +75,27 @@ impl NpContext for Tc<'_> {
     #[inline(always)]
     fn hook(&self) -> u8 {
         self.hook
+    }
+    /// A GRO/GSO skb goes out as segments of gso_size payload bytes each
+    /// (net/core/gso.c, skb_gso_validate_network_len does the same sum).
+    #[inline(always)]
+    fn wire_len(&self, f: &Flow) -> u16 {
+        // SAFETY: reading a field of the context the program was given.
+        let gso_size = unsafe { (*self.ctx.skb.skb).gso_size };
+        if gso_size == 0 {
+            return f.tot_len;
+        }
+        let seg = (f.ip_len & 0x3c) + f.l4_len + gso_size as usize;
+        if seg < f.tot_len as usize {
+            seg as u16
+        } else {
+            f.tot_len
+        }
+    }
+    #[inline(always)]
+    fn change_tail(&self, len: u32) -> bool {
+        // SAFETY: the helper takes the program's own context.
+        unsafe { bpf_skb_change_tail(self.ctx.as_ptr().cast(), len, 0) == 0 }
     }
     #[inline(always)]
     fn grow_ip_options(&self, len: u32) -> bool {
@@ -83,6 +108,10 @@ impl NpContext for Tc<'_> {
         self.ctx
             .adjust_room(-(len as i32), BPF_ADJ_ROOM_NET, 0)
             .is_ok()
+    }
+    #[inline(always)]
+    fn socket_holds(&self, saddr: u32, daddr: u32, sport: u16, dport: u16, tcp: bool) -> bool {
+        super::access::socket_holds(self.ctx.as_ptr(), saddr, daddr, sport, dport, tcp)
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
@@ -99,14 +128,15 @@ impl NpContext for Tc<'_> {
     /// CHECKSUM_PARTIAL packets (from a local socket, over veth), change only
     /// what the offload will not recompute.
     #[inline(always)]
-    fn csum_l3(&self, old: u32, new: u32) -> bool {
+    fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool {
+        // SAFETY: the helper takes the program's own context.
         unsafe {
             bpf_l3_csum_replace(
                 self.ctx.as_ptr().cast(),
                 (ETH_HLEN + IP_CHECK) as u32,
                 old as u64,
                 new as u64,
-                4,
+                size,
             ) == 0
         }
     }
@@ -141,14 +171,21 @@ impl NpContext for Tc<'_> {
 
 #[inline(always)]
 fn verdict(a: Action) -> i32 {
-    match a {
-        Action::Pass | Action::Punt => TC_ACT_OK,
-        Action::Drop => TC_ACT_SHOT,
-        Action::Redirect(ifindex) => unsafe { bpf_redirect(ifindex, 0) as i32 },
-        Action::RedirectNeigh(ifindex, nexthop) => {
+    match a.verdict() {
+        Verdict::Pass | Verdict::Punt => TC_ACT_OK,
+        Verdict::Drop => TC_ACT_SHOT,
+        // SAFETY: a helper taking plain values.
+        Verdict::Redirect(ifindex) => unsafe { bpf_redirect(ifindex, 0) as i32 },
+        Verdict::RedirectNeigh(ifindex) => {
+            let Some(s) = super::scratch() else {
+                return TC_ACT_SHOT;
+            };
+            // SAFETY: plain data; zero is its "nothing set" value. The FIB
+            // lookup left the next hop in the scratch parameters.
             let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
             nh.nh_family = 2; // AF_INET
-            nh.__bindgen_anon_1.ipv4_nh = nexthop;
+            nh.__bindgen_anon_1.ipv4_nh = unsafe { (*s).fib.__bindgen_anon_4.ipv4_dst };
+            // SAFETY: the helper reads `nh`, which lives across the call.
             unsafe {
                 bpf_redirect_neigh(
                     ifindex,
@@ -163,18 +200,26 @@ fn verdict(a: Action) -> i32 {
 
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
-    pull_headers(&ctx);
-    verdict(super::ingress(&Tc {
+    if tagged(&ctx) {
+        return TC_ACT_OK;
+    }
+    let t = Tc {
         ctx: &ctx,
         hook: HOOK_TC_INGRESS,
-    }))
+    };
+    t.pull(HEADERS);
+    verdict(super::ingress(&t))
 }
 
 #[classifier]
 pub fn lb_tc_egress(ctx: TcContext) -> i32 {
-    pull_headers(&ctx);
-    verdict(super::egress(&Tc {
+    if tagged(&ctx) {
+        return TC_ACT_OK;
+    }
+    let t = Tc {
         ctx: &ctx,
         hook: HOOK_TC_EGRESS,
-    }))
+    };
+    t.pull(HEADERS);
+    verdict(super::egress(&t))
 }

@@ -1,7 +1,15 @@
 //! XDP program on the node's external devices: the same forwarding as tc
 //! ingress before the stack allocates anything. What it cannot do alone
 //! (insert the DSR option, resolve a neighbour, learn DSR on a backend's
-//! node) it passes on untouched, and tc ingress does it.
+//! node, answer or translate an ICMP error, a frame that does not fit the
+//! path) it passes on untouched, and tc ingress does it (counted:
+//! `xdp_punted_to_tc`).
+//!
+//! XDP sees frames as they came off the wire and rewrites their checksums
+//! in place (RFC 1624). A frame from a veth peer whose checksum the sender
+//! left to an offload (CHECKSUM_PARTIAL) carries only a partial sum, which
+//! XDP cannot tell apart; forwarded by XDP_TX or a redirect it arrives with
+//! a bad checksum. Physical NICs never hand XDP such frames.
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, xdp_action},
     helpers::{bpf_fib_lookup as fib, bpf_redirect},
@@ -9,9 +17,15 @@ use aya_ebpf::{
     programs::XdpContext,
     EbpfContext,
 };
-use lb_common::event::HOOK_XDP;
+use lb_common::{config::CNT_XDP_PUNTED, event::HOOK_XDP};
 
-use super::{manual_csum_l3, manual_csum_l4, packet::Pkt, Action, NpContext};
+use super::{
+    access::Pkt,
+    csum::{manual_csum_l3, manual_csum_l4},
+    parse::Flow,
+    Hook, Verdict,
+};
+use crate::events::bump;
 
 struct Xdp<'a> {
     ctx: &'a XdpContext,
@@ -31,11 +45,12 @@ impl Pkt for Xdp<'_> {
     fn covers(&self, len: usize) -> bool {
         self.data() + len <= self.data_end()
     }
+    #[inline(always)]
+    fn pull(&self, _len: usize) {}
 }
 
-impl NpContext for Xdp<'_> {
-    const CAN_INSERT_OPTIONS: bool = false;
-    const CAN_RESOLVE_NEIGH: bool = false;
+impl Hook for Xdp<'_> {
+    const IS_XDP: bool = true;
 
     #[inline(always)]
     fn ingress_ifindex(&self) -> u32 {
@@ -45,6 +60,15 @@ impl NpContext for Xdp<'_> {
     fn hook(&self) -> u8 {
         HOOK_XDP
     }
+    /// A frame is one packet on the wire.
+    #[inline(always)]
+    fn wire_len(&self, f: &Flow) -> u16 {
+        f.tot_len
+    }
+    #[inline(always)]
+    fn change_tail(&self, _len: u32) -> bool {
+        false
+    }
     #[inline(always)]
     fn grow_ip_options(&self, _len: u32) -> bool {
         false
@@ -52,6 +76,10 @@ impl NpContext for Xdp<'_> {
     #[inline(always)]
     fn shrink_ip_options(&self, _len: u32) -> bool {
         false
+    }
+    #[inline(always)]
+    fn socket_holds(&self, saddr: u32, daddr: u32, sport: u16, dport: u16, tcp: bool) -> bool {
+        super::access::socket_holds(self.ctx.as_ptr(), saddr, daddr, sport, dport, tcp)
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
@@ -65,8 +93,8 @@ impl NpContext for Xdp<'_> {
         }
     }
     #[inline(always)]
-    fn csum_l3(&self, old: u32, new: u32) -> bool {
-        manual_csum_l3(self, old, new)
+    fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool {
+        manual_csum_l3(self, old, new, size)
     }
     #[inline(always)]
     fn csum_l4(
@@ -85,12 +113,20 @@ impl NpContext for Xdp<'_> {
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let ingress = ctx.ingress_ifindex() as u32;
-    match super::ingress(&Xdp { ctx: &ctx }) {
-        Action::Pass | Action::Punt => xdp_action::XDP_PASS,
-        Action::Drop => xdp_action::XDP_DROP,
+    match super::ingress(&Xdp { ctx: &ctx }).verdict() {
+        Verdict::Pass => xdp_action::XDP_PASS,
+        Verdict::Punt => {
+            bump(CNT_XDP_PUNTED);
+            xdp_action::XDP_PASS
+        }
+        Verdict::Drop => xdp_action::XDP_DROP,
         // Out of the device it came in on: bounce it.
-        Action::Redirect(ifindex) if ifindex == ingress => xdp_action::XDP_TX,
-        Action::Redirect(ifindex) => unsafe { bpf_redirect(ifindex, 0) as u32 },
-        Action::RedirectNeigh(..) => xdp_action::XDP_PASS,
+        Verdict::Redirect(ifindex) if ifindex == ingress => xdp_action::XDP_TX,
+        // SAFETY: a helper taking plain values.
+        Verdict::Redirect(ifindex) => unsafe { bpf_redirect(ifindex, 0) as u32 },
+        Verdict::RedirectNeigh(..) => {
+            bump(CNT_XDP_PUNTED);
+            xdp_action::XDP_PASS
+        }
     }
 }

@@ -1,0 +1,103 @@
+//! Internet checksums (RFC 1071) and their incremental update (RFC 1624).
+//!
+//! Checksums are updated with RFC 1624 (eqn. 3): HC' = ~(~HC + ~m + m'),
+//! on values exactly as they sit in memory: the one's complement sum does not
+//! depend on byte order (RFC 1071 §2(B)), so no conversion is needed.
+use super::access::{load, store, Pkt, ETH_HLEN, IP_CHECK};
+
+/// ~m + m' for a 32-bit field, as a one's complement partial sum.
+#[inline(always)]
+pub fn diff32(old: u32, new: u32) -> u32 {
+    let o = !old;
+    (o >> 16) + (o & 0xffff) + (new >> 16) + (new & 0xffff)
+}
+
+#[inline(always)]
+pub fn diff16(old: u16, new: u16) -> u32 {
+    (!old) as u32 + new as u32
+}
+
+/// Folds a 32-bit one's complement sum to 16 bits.
+#[inline(always)]
+pub fn fold(mut s: u32) -> u16 {
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s as u16
+}
+
+/// Applies a partial sum to a stored checksum.
+#[inline(always)]
+pub fn csum_apply(check: u16, diff: u32) -> u16 {
+    !fold((!check) as u32 + diff)
+}
+
+/// One's complement sum of `words` 16-bit words at `off` (at most 30, an
+/// IPv4 header with options), skipping the word at `skip` (a checksum
+/// field being computed). None when the bytes are not all there.
+#[inline(always)]
+pub fn sum_words<P: Pkt>(p: &P, off: usize, words: usize, skip: usize) -> Option<u32> {
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < 30 {
+        if i < words && i != skip {
+            sum += load::<u16, P>(p, off + i * 2)? as u32;
+        }
+        i += 1;
+    }
+    Some(sum)
+}
+
+/// Full IPv4 header checksum of the `len`-byte header at `ip` (the caller
+/// checked the length: 20..=60).
+#[inline(always)]
+pub fn ipv4_csum<P: Pkt>(p: &P, ip: usize, len: usize) -> Option<u16> {
+    // word 5 is the checksum itself
+    sum_words(p, ip, len / 2, 5).map(|s| !fold(s))
+}
+
+/// The XDP way: RFC 1624 on the checksum fields themselves (there is no
+/// skb checksum state to keep in step). `size` 2 or 4.
+#[inline(always)]
+pub fn manual_csum_l3<P: Pkt>(p: &P, old: u32, new: u32, size: u64) -> bool {
+    let off = ETH_HLEN + IP_CHECK;
+    let d = if size == 4 {
+        diff32(old, new)
+    } else {
+        diff16(old as u16, new as u16)
+    };
+    match load::<u16, P>(p, off) {
+        Some(c) => store(p, off, csum_apply(c, d)),
+        None => false,
+    }
+}
+
+#[inline(always)]
+pub fn manual_csum_l4<P: Pkt>(p: &P, off: usize, old: u32, new: u32, size: u64, udp: bool) -> bool {
+    let Some(check) = load::<u16, P>(p, off) else {
+        return false;
+    };
+    if udp && check == 0 {
+        return true; // no UDP checksum (allowed for IPv4): keep none
+    }
+    let d = if size == 4 {
+        diff32(old, new)
+    } else {
+        diff16(old as u16, new as u16)
+    };
+    let mut c = csum_apply(check, d);
+    if udp && c == 0 {
+        c = 0xffff; // RFC 768: a computed zero is sent as all ones
+    }
+    store(p, off, c)
+}
+
+/// Updates a checksum field in the packet (no skb state: for fields inside
+/// an ICMP message, whose checksum has no pseudo-header) by the change of
+/// one 16- or 32-bit word.
+#[inline(always)]
+pub fn update_field<P: Pkt>(p: &P, check_off: usize, d: u32) -> bool {
+    match load::<u16, P>(p, check_off) {
+        Some(c) => store(p, check_off, csum_apply(c, d)),
+        None => false,
+    }
+}

@@ -1,0 +1,110 @@
+//! Conntrack (`LB4_CT`): which backend a flow went to, and how to translate
+//! its replies. Entries carry the time they last saw a packet; an entry past
+//! its lifetime counts as absent here, and the agent's garbage collector
+//! deletes it (lb-userspace `conntrack::gc`), which also gives its SNAT port
+//! back.
+//!
+//! TCP state is kept coarse, like Cilium's CT_SERVICE entries
+//! (bpf/lib/conntrack.h): a SYN opens, any other packet marks the flow
+//! established, a FIN or RST in either direction marks it closing, and a SYN
+//! on a closing flow's tuple starts a new flow (`ct_reset_closing`): the
+//! tuple is being reused, it must choose a backend afresh.
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use lb_common::{
+    config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
+    nodeport::{
+        ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_CLOSING, CT_F_ESTABLISHED,
+    },
+};
+
+use super::access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
+use crate::{events::config, maps::LB4_CT};
+
+pub const NS: u64 = 1_000_000_000;
+
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn timeouts() -> CtTimeouts {
+    CtTimeouts {
+        tcp: config(CFG_CT_TCP_S),
+        tcp_syn: config(CFG_CT_TCP_SYN_S),
+        closing: config(CFG_CT_CLOSING_S),
+        udp: config(CFG_CT_UDP_S),
+    }
+}
+
+/// Whether an entry has outlived its lifetime at `t`.
+#[inline(always)]
+pub fn expired(proto: u8, entry: &Ct4Value, t: u64) -> bool {
+    let life = ct_lifetime_s(proto, entry.flags, &timeouts()) as u64 * NS;
+    t.saturating_sub(entry.last_seen_ns) > life
+}
+
+/// What a lookup found.
+pub enum Hit {
+    Miss,
+    /// A live entry, refreshed. The entry itself, not a copy (the stack is
+    /// short): read it right away.
+    Live(&'static Ct4Value),
+    /// A SYN on a closing flow's tuple: the caller starts a new flow and
+    /// overwrites the entry.
+    Reopen,
+}
+
+/// Looks a packet's tuple up, keeping the entry's state in step with the
+/// packet's TCP flags.
+#[inline(always)]
+pub fn lookup(key: &Ct4Key, proto: u8, tcp_flags: u8) -> Hit {
+    let Some(entry) = LB4_CT.get_ptr_mut(key) else {
+        return Hit::Miss;
+    };
+    // SAFETY: a map value stays valid for the program's run (RCU); races
+    // with other CPUs on these plain fields are benign (flags only gain bits).
+    let entry = unsafe { &mut *entry };
+    let t = now();
+    if expired(proto, entry, t) {
+        return Hit::Miss;
+    }
+    if proto == IPPROTO_TCP {
+        let closing = entry.flags & CT_F_CLOSING != 0;
+        if closing && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+            return Hit::Reopen;
+        }
+        if tcp_flags & (TCP_FIN | TCP_RST) != 0 && !closing {
+            entry.flags |= CT_F_CLOSING;
+        }
+        if tcp_flags & TCP_SYN == 0 && entry.flags & CT_F_ESTABLISHED == 0 {
+            entry.flags |= CT_F_ESTABLISHED;
+        }
+    }
+    // Refresh at most once a second (fewer writes to a shared entry), but
+    // on every packet of a closing flow: its last packets are few, and SNAT
+    // port reuse (snat.rs) needs to know exactly when it went quiet.
+    if entry.flags & CT_F_CLOSING != 0 || t.saturating_sub(entry.last_seen_ns) > NS {
+        entry.last_seen_ns = t;
+    }
+    Hit::Live(entry)
+}
+
+/// A read-only look at an entry (no refresh): None when missing or expired.
+#[inline(always)]
+pub fn peek(key: &Ct4Key, proto: u8) -> Option<&'static Ct4Value> {
+    let entry = LB4_CT.get_ptr(key)?;
+    // SAFETY: as in `lookup`.
+    let entry = unsafe { &*entry };
+    if expired(proto, entry, now()) {
+        return None;
+    }
+    Some(entry)
+}
+
+/// Creates or replaces an entry.
+#[inline(always)]
+pub fn put(key: &Ct4Key, value: &Ct4Value) -> bool {
+    LB4_CT.insert(key, value, 0).is_ok()
+}

@@ -1,0 +1,673 @@
+//! The packet path: packets entering the node for NodePort, LoadBalancer,
+//! external-IP (and routed ClusterIP) frontends (tc ingress and XDP), and
+//! the replies that must be translated back (tc ingress for SNAT, tc egress
+//! for local backends and DSR). Written once over `Hook`; `tc.rs` and
+//! `xdp.rs` only adapt the verdicts and the few helpers that differ.
+//!
+//! One module per concern:
+//!
+//! * `parse`: the packet as a `Flow` (ports, TCP flags, fragments, the DSR
+//!   option, the packet an ICMP error quotes);
+//! * `ct`: conntrack, lifetimes and the closing/reopen rules;
+//! * `snat`: source ports for SNAT;
+//! * `fib`: routes, path MTU, TTL;
+//! * `nat`: address and port rewrites with their checksums;
+//! * `dsr`: the DSR option (add, learn, strip);
+//! * `icmp`: errors this node sends, and errors about our flows translated;
+//! * `frag`: IPv4 fragments following their first fragment;
+//! * `access`, `csum`: bounds-checked packet access, checksums.
+//!
+//! Per new flow: frontend lookup (the node-local view for
+//! externalTrafficPolicy: Local), backend by Maglev or at random, then:
+//!
+//! * backend on this node: DNAT; the stack delivers it; tc egress undoes
+//!   the DNAT on the reply (CT_REVERSE);
+//! * remote, SNAT: DNAT + SNAT to this node's address on the egress device,
+//!   TTL decremented, redirected; the reply comes back to that port and tc
+//!   ingress undoes both;
+//! * remote, DSR: DNAT, the frontend in an IPv4 option (on a TCP SYN, on
+//!   every UDP datagram), redirected; the backend's node learns the frontend
+//!   from the option and its tc egress makes the reply leave from it.
+//!
+//! Conntrack keeps every packet of a flow on the backend its first packet
+//! chose, whatever happens to the backend set or the Maglev table, until the
+//! flow ends, idles out, or its backend is gone.
+pub mod access;
+pub mod csum;
+pub mod ct;
+pub mod dsr;
+pub mod fib;
+pub mod frag;
+pub mod icmp;
+pub mod nat;
+pub mod parse;
+pub mod snat;
+pub mod tc;
+pub mod xdp;
+
+use aya_ebpf::bindings::bpf_fib_lookup;
+use lb_common::{
+    backend::{Backend4, BACKEND_FLAG_LOCAL},
+    config::{CFG_LB_MODE, CFG_MAGLEV_M, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD, CNT_NP_REVERSE},
+    drop::{Direction, DropReason},
+    event::Event,
+    nodeport::*,
+    service::{Service4Key, ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_TWO_SCOPES},
+};
+
+use self::{
+    access::*,
+    ct::{now, Hit},
+    fib::Route,
+    parse::{parse, Flow, Parsed},
+};
+use crate::{
+    drop,
+    events::{self, bump},
+    lb::{self, Family, Lookup, V4},
+    maps::{LB4_CT, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
+};
+
+/// Per-CPU room for what does not fit the 512-byte BPF stack along a call
+/// chain. Safe to share: a program runs to completion on its CPU and neither
+/// tc nor XDP nests into another run of itself there.
+#[repr(C)]
+pub struct Scratch {
+    pub flow: Flow,
+    pub fib: bpf_fib_lookup,
+    pub event: Event,
+    /// Conntrack values being built for a new flow (forward and reverse).
+    pub ct: Ct4Value,
+    pub rct: Ct4Value,
+    /// What an ICMP error keeps of the packet it answers.
+    pub macs: [u8; 12],
+    pub quote: [u8; 28],
+}
+
+#[inline(always)]
+pub fn scratch() -> Option<*mut Scratch> {
+    LB_SCRATCH.get_ptr_mut(0)
+}
+
+/// What the program does with the packet, in one 64-bit word: a
+/// subprogram then returns it in R0. A bigger value (an enum with payloads,
+/// an Option of one) comes back through a stack slot, and LLVM may leave a
+/// stack pointer in R0 at exit, which the verifier refuses ("cannot return
+/// stack pointer to the caller").
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Action(u64);
+
+/// `Action` taken apart, for the verdict.
+pub enum Verdict {
+    /// Hand it to the stack (as is, or rewritten for a local backend).
+    Pass,
+    Drop,
+    /// Send it out of this device, already rewritten (MACs included).
+    Redirect(u32),
+    /// Send it out of this device, the kernel resolving the next hop (tc
+    /// only; the next hop is in the scratch FIB parameters).
+    RedirectNeigh(u32),
+    /// XDP could not do it without the stack's help: let tc handle it (the
+    /// packet is untouched).
+    Punt,
+}
+
+impl Action {
+    pub const PASS: Self = Self(0);
+    pub const DROP: Self = Self(1);
+    pub const PUNT: Self = Self(2);
+    /// Not decided here: the caller goes on to its next step.
+    pub const NEXT: Self = Self(3);
+    const REDIRECT: u64 = 4 << 32;
+    const REDIRECT_NEIGH: u64 = 5 << 32;
+
+    #[inline(always)]
+    pub const fn redirect(ifindex: u32) -> Self {
+        Self(Self::REDIRECT | ifindex as u64)
+    }
+
+    #[inline(always)]
+    pub const fn redirect_neigh(ifindex: u32) -> Self {
+        Self(Self::REDIRECT_NEIGH | ifindex as u64)
+    }
+
+    #[inline(always)]
+    pub fn verdict(self) -> Verdict {
+        match self.0 >> 32 {
+            4 => Verdict::Redirect(self.0 as u32),
+            5 => Verdict::RedirectNeigh(self.0 as u32),
+            _ => match self.0 {
+                1 => Verdict::Drop,
+                2 => Verdict::Punt,
+                _ => Verdict::Pass,
+            },
+        }
+    }
+}
+
+/// The hook-specific parts.
+pub trait Hook: Pkt {
+    fn ingress_ifindex(&self) -> u32;
+    fn hook(&self) -> u8;
+    /// The L3 length of what goes on the wire per packet: one segment of a
+    /// GSO packet, the whole packet otherwise.
+    fn wire_len(&self, f: &Flow) -> u16;
+    /// Inserts `len` bytes after the 20-byte IPv4 base header.
+    fn grow_ip_options(&self, len: u32) -> bool;
+    /// Removes `len` bytes after the 20-byte IPv4 base header.
+    fn shrink_ip_options(&self, len: u32) -> bool;
+    /// Trims (or grows) the packet to `len` bytes.
+    fn change_tail(&self, len: u32) -> bool;
+    fn fib_lookup(&self, params: &mut bpf_fib_lookup) -> i64;
+    /// Fixes the IPv4 header checksum for a field that changed (`size` 2 or 4).
+    fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool;
+    /// Fixes the L4 checksum at `check_off` for a field that changed; `size`
+    /// 2 or 4; `pseudo`: the field is part of the pseudo-header (an address).
+    fn csum_l4(
+        &self,
+        check_off: usize,
+        old: u32,
+        new: u32,
+        size: u64,
+        pseudo: bool,
+        udp: bool,
+    ) -> bool;
+    /// Whether a socket of this node holds the tuple a packet from
+    /// `saddr:sport` to `daddr:dport` would belong to (a listener does not
+    /// count: it takes new connections, not this tuple's packets).
+    fn socket_holds(&self, saddr: u32, daddr: u32, sport: u16, dport: u16, tcp: bool) -> bool;
+    /// XDP cannot grow headers, resolve neighbours or build ICMP errors
+    /// here: it punts those packets to tc, before changing anything.
+    const IS_XDP: bool;
+}
+
+#[inline(always)]
+fn fill_event<C: Hook>(e: &mut Event, ctx: &C, f: &Flow) {
+    *e = Event::zeroed();
+    e.hook = ctx.hook();
+    e.proto = f.proto;
+    e.family = 4;
+    e.saddr[..4].copy_from_slice(&f.saddr.to_ne_bytes());
+    e.daddr[..4].copy_from_slice(&f.daddr.to_ne_bytes());
+    e.sport = f.sport;
+    e.dport = f.dport;
+}
+
+/// Counts a drop (with an event) without deciding the verdict: the packet
+/// may still become an ICMP error.
+#[inline(never)]
+pub fn record_drop<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u32) {
+    match scratch() {
+        Some(s) => {
+            // SAFETY: per-CPU scratch; the event field is not the flow.
+            let e = unsafe { &mut (*s).event };
+            fill_event(e, ctx, f);
+            e.service_id = service_id;
+            drop::drop_packet(reason, Direction::Ingress, e);
+        }
+        None => drop::count(reason, Direction::Ingress),
+    }
+}
+
+#[inline(always)]
+pub fn drop_packet<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u32) -> Action {
+    record_drop(ctx, f, reason, service_id);
+    Action::DROP
+}
+
+// Subprograms (#[inline(never)]) split the work into BPF-to-BPF calls: each
+// has its own stack frame, so the drop path's event, the FIB parameters and
+// the conntrack values are never on the stack at the same time (512 bytes in
+// all along a call chain, kernel/bpf/verifier.c MAX_BPF_STACK).
+
+/// tc ingress and XDP: a packet arriving on an external device.
+///
+/// A thin dispatcher over subprograms called one after the other, so their
+/// stack frames are never live at the same time.
+#[inline(always)]
+pub fn ingress<C: Hook>(ctx: &C) -> Action {
+    let Some(s) = scratch() else {
+        return Action::PASS;
+    };
+    let parsed = parse_into(ctx, s);
+    // Raw field projection: the flow is read while the FIB, event and
+    // conntrack parts of the same scratch value are written, never through
+    // one &mut Scratch.
+    // SAFETY: per-CPU scratch, used by this program run only.
+    let f: &Flow = unsafe { &(*s).flow };
+    match parsed {
+        Parsed::Other => return Action::PASS,
+        Parsed::Flow => {}
+        Parsed::LaterFragment => {
+            if !follow_fragment(s) {
+                return Action::PASS;
+            }
+        }
+        Parsed::IcmpError => {
+            if C::IS_XDP {
+                return Action::PUNT;
+            }
+            return icmp::ingress_error(ctx, f);
+        }
+        Parsed::Invalid(ports) => return reject_unless_passable(ctx, f, ports),
+    }
+
+    // On a backend's node: a DSR request carries the frontend.
+    if f.dsr_port != 0 {
+        if C::IS_XDP {
+            return Action::PUNT;
+        }
+        return dsr::learn(ctx, f);
+    }
+    let a = known_flow(ctx, f);
+    if a != Action::NEXT {
+        return a;
+    }
+    let a = snat_reply(ctx, f);
+    if a != Action::NEXT {
+        return a;
+    }
+    new_flow(ctx, f)
+}
+
+#[inline(never)]
+fn parse_into<C: Hook>(ctx: &C, s: *mut Scratch) -> Parsed {
+    // SAFETY: per-CPU scratch, used by this program run only.
+    parse(ctx, unsafe { &mut (*s).flow })
+}
+
+#[inline(never)]
+fn follow_fragment(s: *mut Scratch) -> bool {
+    // SAFETY: per-CPU scratch, used by this program run only.
+    let ok = frag::follow(unsafe { &mut (*s).flow });
+    if ok {
+        bump(CNT_FRAGMENTS);
+    }
+    ok
+}
+
+/// A broken packet: dropped when addressed to a frontend (counted, with its
+/// reason), left to the stack otherwise.
+#[inline(never)]
+fn reject_unless_passable<C: Hook>(ctx: &C, f: &Flow, ports: bool) -> Action {
+    if ports && !matches!(frontend(f), Frontend::None) {
+        drop_packet(ctx, f, DropReason::InvalidPacket, 0)
+    } else {
+        Action::PASS
+    }
+}
+
+/// A known flow to a frontend stays on its backend (NEXT: not a known flow).
+#[inline(never)]
+fn known_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
+    let key = f.ct_key(CT_SERVICE);
+    match ct::lookup(&key, f.proto, f.tcp_flags) {
+        Hit::Miss => Action::NEXT,
+        Hit::Reopen => {
+            // The tuple is reused: new_flow chooses again and overwrites.
+            bump(CNT_CT_REOPENED);
+            Action::NEXT
+        }
+        Hit::Live(ct) => {
+            // Its backend is gone: the flow chooses again.
+            let Some(b) = V4::backend(ct.backend_id) else {
+                return Action::NEXT;
+            };
+            frag::remember(f);
+            forward_known(ctx, f, ct, &b)
+        }
+    }
+}
+
+/// A reply to a SNATed flow, addressed to our SNAT port (NEXT: not one).
+#[inline(never)]
+fn snat_reply<C: Hook>(ctx: &C, f: &Flow) -> Action {
+    let key = f.ct_key(CT_REVERSE);
+    let Hit::Live(ct) = ct::lookup(&key, f.proto, f.tcp_flags) else {
+        return Action::NEXT;
+    };
+    if ct.flags & CT_F_SNAT == 0 {
+        return Action::NEXT;
+    }
+    frag::remember(f);
+    reverse_snat(ctx, f, ct)
+}
+
+enum Frontend {
+    None,
+    /// A known service address on a port it does not expose.
+    UnknownPort,
+    Found(ServiceValue, Service4Key),
+}
+
+/// The frontend a packet is addressed to; the node-local view when the
+/// service has one (externalTrafficPolicy: Local).
+#[inline(always)]
+fn frontend(f: &Flow) -> Frontend {
+    let key = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_ALL, 0);
+    match lb::lookup_service::<V4>(&key) {
+        Lookup::NotService => Frontend::None,
+        Lookup::UnknownPort => Frontend::UnknownPort,
+        Lookup::Service(svc) if svc.flags & SVC_FLAG_TWO_SCOPES != 0 => {
+            let local = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_LOCAL, 0);
+            match V4::service(&local) {
+                Some(s) => Frontend::Found(s, local),
+                None => Frontend::None,
+            }
+        }
+        Lookup::Service(svc) => Frontend::Found(svc, key),
+    }
+}
+
+/// A new flow to a frontend: pick a backend, then hand it to the local or
+/// the remote path.
+#[inline(never)]
+fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
+    let (svc, key) = match frontend(f) {
+        Frontend::None => return Action::PASS,
+        Frontend::UnknownPort => return drop_packet(ctx, f, DropReason::NoServicePort, 0),
+        Frontend::Found(svc, key) => (svc, key),
+    };
+    if !f.has_l4() {
+        return Action::PASS; // a later fragment never starts a flow
+    }
+    let picked = if svc.algorithm == ALG_MAGLEV {
+        maglev(f, &svc)
+    } else {
+        lb::select_backend::<V4>(&key, &svc)
+    };
+    let (backend_id, b) = match picked {
+        Ok(x) => x,
+        Err(reason) => return drop_packet(ctx, f, reason, svc.service_id),
+    };
+    let Some(sp) = scratch() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch; the ct field is not the flow.
+    let ct = unsafe { &mut (*sp).ct };
+    // A flow picked up after its handshake (conntrack lost it) is established.
+    let established = f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0;
+    *ct = Ct4Value {
+        backend_id,
+        service_id: svc.service_id,
+        addr: b.address,
+        nat_addr: 0,
+        port: b.port,
+        nat_port: 0,
+        flags: if established { CT_F_ESTABLISHED } else { 0 },
+        pad: 0,
+        last_seen_ns: now(),
+    };
+    frag::remember(f);
+    if b.flags & BACKEND_FLAG_LOCAL != 0 {
+        new_local(ctx, f, &b)
+    } else {
+        new_remote(ctx, f, &b)
+    }
+}
+
+/// Backend on this node: DNAT here, the stack delivers it, tc egress undoes
+/// the DNAT on the reply.
+#[inline(never)]
+fn new_local<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
+    let Some(sp) = scratch() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch; distinct fields.
+    let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
+    ct.flags |= CT_F_LOCAL;
+    *rct = *ct;
+    rct.addr = f.daddr;
+    rct.port = f.dport;
+    let skey = f.ct_key(CT_SERVICE);
+    let rev = Ct4Key::new(b.address, f.saddr, b.port, f.sport, f.proto, CT_REVERSE);
+    if !ct::put(&rev, rct) || !ct::put(&skey, ct) {
+        return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
+    }
+    bump(CNT_CT_CREATED);
+    match nat::dnat(ctx, f, b.address, b.port) {
+        Some(()) => {
+            bump(CNT_NP_FORWARD);
+            Action::PASS
+        }
+        None => Action::DROP,
+    }
+}
+
+/// Backend on another node: SNAT or DSR by mode, routed by a FIB lookup.
+#[inline(never)]
+fn new_remote<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
+    let mode = events::config(CFG_LB_MODE);
+    let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
+    let needs_option = dsr && dsr::needs_option(f);
+    if needs_option && C::IS_XDP {
+        return Action::PUNT; // before anything changed: tc will redo it
+    }
+    let Some(sp) = scratch() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch; distinct fields.
+    let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
+    let service_id = ct.service_id;
+    let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
+    // The route to the backend decides the egress device and its address.
+    let route = fib::lookup(ctx, f.saddr, b.address, f, extra);
+    let egress = match route {
+        Route::Resolved(ifindex) | Route::NoNeigh(ifindex) => ifindex,
+        Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu.saturating_sub(extra), service_id),
+        Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id),
+    };
+    if matches!(route, Route::NoNeigh(..)) && C::IS_XDP {
+        return Action::PUNT;
+    }
+    if f.ttl <= 1 {
+        return icmp::reply(ctx, f, icmp::Error::TTL_EXCEEDED, service_id);
+    }
+    let skey = f.ct_key(CT_SERVICE);
+    if dsr {
+        ct.flags |= CT_F_DSR;
+    } else {
+        // SAFETY: a map value, copied at once.
+        let Some(dev) = (unsafe { LB_DEVICES.get(&egress) }).copied() else {
+            return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id);
+        };
+        ct.flags |= CT_F_SNAT;
+        ct.nat_addr = dev.address;
+        // The reverse entry: backend → node:port, back to client ← frontend.
+        *rct = *ct;
+        rct.addr = f.daddr;
+        rct.port = f.dport;
+        rct.nat_addr = f.saddr;
+        rct.nat_port = f.sport;
+        ct.nat_port = snat::alloc(ctx, f);
+        if ct.nat_port == 0 {
+            return drop_packet(ctx, f, DropReason::SnatPortsExhausted, service_id);
+        }
+    }
+    if !ct::put(&skey, ct) {
+        if ct.flags & CT_F_SNAT != 0 {
+            // Give the port back at once.
+            let rkey = Ct4Key::new(b.address, ct.nat_addr, b.port, ct.nat_port, f.proto, CT_REVERSE);
+            let _ = LB4_CT.remove(&rkey);
+        }
+        return drop_packet(ctx, f, DropReason::CtFull, service_id);
+    }
+    bump(CNT_CT_CREATED);
+    let a = rewrite_remote(ctx, f, ct);
+    if a != Action::NEXT {
+        return a;
+    }
+    finish_redirect(ctx, route)
+}
+
+/// Maglev: the flow's hash picks a slot of the service's table.
+#[inline(always)]
+fn maglev(f: &Flow, svc: &ServiceValue) -> Result<(u32, Backend4), DropReason> {
+    let m = events::config(CFG_MAGLEV_M);
+    // A NonZero divisor: no panic path for the verifier to reject.
+    let Some(m) = core::num::NonZeroU32::new(m) else {
+        return Err(DropReason::MaglevMissing);
+    };
+    let slot = flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto) % m;
+    // SAFETY: a map value, copied at once.
+    let id = match unsafe { LB_MAGLEV.get_value(&svc.service_id, &slot) } {
+        Some(id) => *id,
+        None => return Err(DropReason::MaglevMissing),
+    };
+    match V4::backend(id) {
+        Some(b) => Ok((id, b)),
+        None => Err(DropReason::BackendMissing),
+    }
+}
+
+/// A packet of a known flow: same rewrite as its first packet.
+#[inline(never)]
+fn forward_known<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -> Action {
+    if ct.flags & CT_F_LOCAL != 0 {
+        return nat::dnat(ctx, f, b.address, b.port).map_or(Action::DROP, |_| {
+            bump(CNT_NP_FORWARD);
+            Action::PASS
+        });
+    }
+    let needs_option = ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
+    if needs_option && C::IS_XDP {
+        return Action::PUNT;
+    }
+    let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
+    let route = fib::lookup(ctx, f.saddr, b.address, f, extra);
+    match route {
+        Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
+        Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu.saturating_sub(extra), ct.service_id),
+        Route::NoNeigh(..) if C::IS_XDP => return Action::PUNT,
+        _ => {}
+    }
+    if f.ttl <= 1 {
+        return icmp::reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
+    }
+    let a = rewrite_remote(ctx, f, ct);
+    if a != Action::NEXT {
+        return a;
+    }
+    finish_redirect(ctx, route)
+}
+
+// The "no route: drop / too big: ICMP / XDP without a resolved neighbour:
+// punt" match stands in each caller on purpose: a shared helper taking
+// `&Route` made LLVM spill the enum with an uninitialised payload register,
+// which the verifier rejects (R1 !read_ok).
+
+/// The rewrite of a packet to a remote backend: TTL, DNAT (and SNAT), the
+/// DSR option where due. NEXT when done; the caller then redirects it.
+/// (The backend is `ct.addr`/`ct.port`; a separate subprogram keeps the
+/// callers' stack frames within the 512-byte budget.)
+///
+/// The callers answered a packet whose TTL runs out here already (before
+/// anything changed, and with one call frame less: the ICMP reply's frames
+/// on top of this one would pass 512 bytes).
+#[inline(never)]
+fn rewrite_remote<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
+    if fib::decrement_ttl(ctx, f).is_err() {
+        return Action::DROP;
+    }
+    let rewritten = if ct.flags & CT_F_SNAT != 0 {
+        nat::dnat_snat(ctx, f, ct.addr, ct.port, ct.nat_addr, ct.nat_port)
+    } else {
+        nat::dnat(ctx, f, ct.addr, ct.port)
+    };
+    if rewritten.is_none() {
+        return Action::DROP;
+    }
+    let needs_option = ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
+    if needs_option && !dsr::insert_option(ctx, f, f.daddr, f.dport) {
+        return drop_packet(ctx, f, DropReason::InvalidPacket, ct.service_id);
+    }
+    bump(CNT_NP_FORWARD);
+    Action::NEXT
+}
+
+#[inline(always)]
+pub fn finish_redirect<C: Hook>(ctx: &C, route: Route) -> Action {
+    match route {
+        Route::Resolved(ifindex) => {
+            let Some(s) = scratch() else {
+                return Action::DROP;
+            };
+            // SAFETY: per-CPU scratch; the FIB parameters hold the MACs.
+            let (dmac, smac) = unsafe { ((*s).fib.dmac, (*s).fib.smac) };
+            if !store(ctx, 0, dmac) || !store(ctx, 6, smac) {
+                return Action::DROP;
+            }
+            Action::redirect(ifindex)
+        }
+        Route::NoNeigh(ifindex) => Action::redirect_neigh(ifindex),
+        Route::TooBig(_) | Route::None => Action::DROP,
+    }
+}
+
+/// A reply from a backend to our SNAT port: back to the client, from the
+/// frontend.
+#[inline(never)]
+fn reverse_snat<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
+    // ct: addr/port = the frontend, nat_addr/nat_port = the client.
+    let route = fib::lookup(ctx, ct.addr, ct.nat_addr, f, 0);
+    match route {
+        Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
+        // Answered to the backend: it sent what does not fit toward the client.
+        Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu, ct.service_id),
+        Route::NoNeigh(..) if C::IS_XDP => return Action::PUNT,
+        _ => {}
+    }
+    if f.ttl <= 1 {
+        return icmp::reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
+    }
+    if fib::decrement_ttl(ctx, f).is_err() {
+        return Action::DROP;
+    }
+    if nat::reverse_snat(ctx, f, ct.addr, ct.port, ct.nat_addr, ct.nat_port).is_none() {
+        return Action::DROP;
+    }
+    bump(CNT_NP_REVERSE);
+    finish_redirect(ctx, route)
+}
+
+/// tc egress: replies leaving the node whose source must become the
+/// frontend again (a local backend's reply, or a DSR reply on the backend's
+/// node), and ICMP errors about such flows.
+#[inline(always)]
+pub fn egress<C: Hook>(ctx: &C) -> Action {
+    let Some(s) = scratch() else {
+        return Action::PASS;
+    };
+    let parsed = parse_into(ctx, s);
+    // SAFETY: per-CPU scratch, used by this program run only.
+    let f: &Flow = unsafe { &(*s).flow };
+    match parsed {
+        Parsed::Flow => {}
+        Parsed::LaterFragment => {
+            if !follow_fragment(s) {
+                return Action::PASS;
+            }
+        }
+        Parsed::IcmpError => return icmp::egress_error(ctx, f),
+        Parsed::Other | Parsed::Invalid(_) => return Action::PASS,
+    }
+    reverse_local(ctx, f)
+}
+
+#[inline(never)]
+fn reverse_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
+    let key = f.ct_key(CT_REVERSE);
+    let Hit::Live(ct) = ct::lookup(&key, f.proto, f.tcp_flags) else {
+        return Action::PASS;
+    };
+    if ct.flags & CT_F_SNAT != 0 {
+        return Action::PASS; // SNAT replies arrive on ingress
+    }
+    if nat::reverse_source(ctx, f, ct.addr, ct.port).is_none() {
+        return Action::DROP;
+    }
+    frag::remember(f);
+    bump(CNT_NP_REVERSE);
+    Action::PASS
+}

@@ -1,0 +1,326 @@
+//! Parsing a packet into the flow the packet programs act on.
+use lb_common::nodeport::{Ct4Key, DSR_OPT_LEN, DSR_OPT_TYPE};
+
+use super::access::*;
+
+/// Where a packet sits in an IPv4 datagram.
+pub const FRAG_NONE: u8 = 0;
+/// The first fragment: it has the L4 header.
+pub const FRAG_FIRST: u8 = 1;
+/// A later fragment: no L4 header; its ports come from `LB4_FRAGS`.
+pub const FRAG_LATER: u8 = 2;
+
+/// The packet an ICMP error quotes (RFC 792: its IP header and at least the
+/// first 8 bytes of its payload, so the ports).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Quoted {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub icmp_type: u8,
+    pub icmp_code: u8,
+    /// The quoted IPv4 header's length in bytes (20..60).
+    pub ip_len: usize,
+}
+
+/// What the programs need of an IPv4 TCP/UDP packet (or an ICMP error
+/// about one). Lives in the per-CPU scratch map, not on the stack.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Flow {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub tcp_flags: u8,
+    pub ttl: u8,
+    /// `FRAG_*`.
+    pub frag: u8,
+    /// Don't Fragment is set.
+    pub df: bool,
+    /// IPv4 header length in bytes (20..60).
+    pub ip_len: usize,
+    /// L4 header length (TCP data offset, 8 for UDP): with the GSO size it
+    /// gives the size of each segment on the wire.
+    pub l4_len: usize,
+    pub tot_len: u16,
+    /// Identification, network byte order.
+    pub ip_id: u16,
+    /// The DSR option (frontend address and port) when the packet carries
+    /// it (`dsr_port` != 0). Plain fields, not an Option: LLVM stores an
+    /// Option's payload even when it is None, from a register the verifier
+    /// knows is unset (R3 !read_ok).
+    pub dsr_addr: u32,
+    pub dsr_port: u16,
+    /// For an ICMP error: the packet it quotes.
+    pub quoted: Quoted,
+}
+
+impl Flow {
+    /// Offset of the L4 header. Masked: the flow lives in a map value, which
+    /// the verifier treats as any number, and a packet offset must be bounded.
+    #[inline(always)]
+    pub fn l4(&self) -> usize {
+        ETH_HLEN + (self.ip_len & 0x3c)
+    }
+
+    /// Offset of the quoted IP header inside an ICMP error.
+    #[inline(always)]
+    pub fn quoted_ip(&self) -> usize {
+        self.l4() + ICMP_HLEN
+    }
+
+    /// Offset of the quoted L4 header inside an ICMP error.
+    #[inline(always)]
+    pub fn quoted_l4(&self) -> usize {
+        self.quoted_ip() + (self.quoted.ip_len & 0x3c)
+    }
+
+    /// The conntrack key of this packet's tuple, as it was seen.
+    #[inline(always)]
+    pub fn ct_key(&self, kind: u8) -> Ct4Key {
+        Ct4Key::new(
+            self.saddr, self.daddr, self.sport, self.dport, self.proto, kind,
+        )
+    }
+
+    /// The conntrack key of the tuple going the other way (its reply).
+    #[inline(always)]
+    pub fn reply_ct_key(&self, kind: u8) -> Ct4Key {
+        Ct4Key::new(
+            self.daddr, self.saddr, self.dport, self.sport, self.proto, kind,
+        )
+    }
+
+    /// The conntrack key of the reply to the quoted packet: the flow an ICMP
+    /// error is about, seen from the other end.
+    #[inline(always)]
+    pub fn quoted_reply_key(&self, kind: u8) -> Ct4Key {
+        let q = &self.quoted;
+        Ct4Key::new(q.daddr, q.saddr, q.dport, q.sport, q.proto, kind)
+    }
+
+    /// Whether the L4 header is in this packet (not a later fragment).
+    #[inline(always)]
+    pub fn has_l4(&self) -> bool {
+        self.frag != FRAG_LATER
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    /// Not IPv4 TCP/UDP, or headers we leave to the stack.
+    Other,
+    /// IPv4 TCP/UDP with readable ports (or a first fragment).
+    Flow,
+    /// A later fragment: addresses and protocol known, ports not yet.
+    LaterFragment,
+    /// An ICMP destination unreachable, time exceeded or parameter problem
+    /// quoting a TCP or UDP packet (`Flow::quoted`).
+    IcmpError,
+    /// The IP header is sound but the L4 header is cut short or the lengths
+    /// disagree; `true` when the ports could be read.
+    Invalid(bool),
+}
+
+/// Written as straight-line code with an early return per field: aggregate
+/// temporaries (an Option of a tuple) let LLVM mix packet pointers into
+/// integer arithmetic, which the verifier rejects.
+#[inline(always)]
+pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
+    let Some(eth_proto) = load::<u16, P>(p, 12) else {
+        return Parsed::Other;
+    };
+    // A VLAN-tagged frame (XDP sees the tag; tc usually gets it stripped and
+    // checks skb->vlan_present) belongs to the VLAN device: left alone.
+    if eth_proto != ETH_P_IP.to_be() {
+        return Parsed::Other;
+    }
+    let ip = ETH_HLEN;
+    let Some(vihl) = load::<u8, P>(p, ip) else {
+        return Parsed::Other;
+    };
+    if vihl >> 4 != 4 {
+        return Parsed::Other;
+    }
+    let ip_len = ((vihl & 0x0f) as usize) * 4;
+    if ip_len < 20 {
+        return Parsed::Other; // the stack drops a broken IP header itself
+    }
+    let Some(l4proto) = load::<u8, P>(p, ip + IP_PROTO) else {
+        return Parsed::Other;
+    };
+    if l4proto != IPPROTO_TCP && l4proto != IPPROTO_UDP && l4proto != IPPROTO_ICMP {
+        return Parsed::Other;
+    }
+    let Some(saddr) = load::<u32, P>(p, ip + IP_SADDR) else {
+        return Parsed::Other;
+    };
+    let Some(daddr) = load::<u32, P>(p, ip + IP_DADDR) else {
+        return Parsed::Other;
+    };
+    let Some(tot_len) = load::<u16, P>(p, ip + IP_TOT_LEN) else {
+        return Parsed::Other;
+    };
+    let Some(frag_off) = load::<u16, P>(p, ip + IP_FRAG_OFF) else {
+        return Parsed::Other;
+    };
+    let Some(ip_id) = load::<u16, P>(p, ip + IP_ID) else {
+        return Parsed::Other;
+    };
+    let Some(ttl) = load::<u8, P>(p, ip + IP_TTL) else {
+        return Parsed::Other;
+    };
+    let tot_len = u16::from_be(tot_len);
+    let fragment = frag_off & IP_MF_OR_OFFSET != 0;
+    let first = frag_off & IP_OFFSET == 0;
+    *f = Flow {
+        saddr,
+        daddr,
+        sport: 0,
+        dport: 0,
+        proto: l4proto,
+        tcp_flags: 0,
+        ttl,
+        frag: if !fragment {
+            FRAG_NONE
+        } else if first {
+            FRAG_FIRST
+        } else {
+            FRAG_LATER
+        },
+        df: frag_off & IP_DF != 0,
+        ip_len,
+        l4_len: 0,
+        tot_len,
+        ip_id,
+        dsr_addr: 0,
+        dsr_port: 0,
+        quoted: Quoted {
+            saddr: 0,
+            daddr: 0,
+            sport: 0,
+            dport: 0,
+            proto: 0,
+            icmp_type: 0,
+            icmp_code: 0,
+            ip_len: 0,
+        },
+    };
+    if ip_len > 20 {
+        dsr_option(p, ip, f);
+    }
+    if l4proto == IPPROTO_ICMP {
+        if fragment {
+            return Parsed::Other;
+        }
+        return parse_icmp_error(p, f);
+    }
+    if fragment && !first {
+        return Parsed::LaterFragment;
+    }
+    let l4 = ip + ip_len;
+    let (Some(sp), Some(dp)) = (
+        load::<u16, P>(p, l4 + L4_SPORT),
+        load::<u16, P>(p, l4 + L4_DPORT),
+    ) else {
+        return Parsed::Invalid(false);
+    };
+    f.sport = sp;
+    f.dport = dp;
+    let l4_min = if l4proto == IPPROTO_TCP { 20 } else { 8 };
+    // Headers must be directly readable; the IP length must fit the whole
+    // packet (linear part and fragments). Only comparisons with the packet
+    // end: the verifier forbids arithmetic on it.
+    if p.data() + l4 + l4_min > p.data_end()
+        || (tot_len as usize) < ip_len + l4_min
+        || !p.covers(ETH_HLEN + tot_len as usize)
+    {
+        return Parsed::Invalid(true);
+    }
+    if l4proto == IPPROTO_TCP {
+        f.tcp_flags = load::<u8, P>(p, l4 + TCP_FLAGS).unwrap_or(0);
+        let doff = load::<u8, P>(p, l4 + TCP_DOFF).unwrap_or(0x50);
+        f.l4_len = ((doff >> 4) as usize) * 4;
+    } else {
+        f.l4_len = 8;
+    }
+    Parsed::Flow
+}
+
+/// An ICMP error quoting a TCP or UDP packet; anything else (echo, errors
+/// about other protocols) is left to the stack.
+#[inline(always)]
+fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
+    let icmp = f.l4();
+    // The quoted headers may sit beyond the linear part of an skb.
+    p.pull(icmp + ICMP_HLEN + 60 + 8);
+    let Some(ty) = load::<u8, P>(p, icmp + ICMP_TYPE) else {
+        return Parsed::Other;
+    };
+    if ty != ICMP_DEST_UNREACH && ty != ICMP_TIME_EXCEEDED && ty != ICMP_PARAMETER_PROB {
+        return Parsed::Other;
+    }
+    let Some(code) = load::<u8, P>(p, icmp + 1) else {
+        return Parsed::Other;
+    };
+    let q = icmp + ICMP_HLEN;
+    let Some(vihl) = load::<u8, P>(p, q) else {
+        return Parsed::Other;
+    };
+    let qlen = ((vihl & 0x0f) as usize) * 4;
+    if vihl >> 4 != 4 || qlen < 20 {
+        return Parsed::Other;
+    }
+    let Some(qproto) = load::<u8, P>(p, q + IP_PROTO) else {
+        return Parsed::Other;
+    };
+    if qproto != IPPROTO_TCP && qproto != IPPROTO_UDP {
+        return Parsed::Other;
+    }
+    let (Some(qs), Some(qd)) = (
+        load::<u32, P>(p, q + IP_SADDR),
+        load::<u32, P>(p, q + IP_DADDR),
+    ) else {
+        return Parsed::Other;
+    };
+    let ql4 = q + (qlen & 0x3c);
+    let (Some(qsp), Some(qdp)) = (
+        load::<u16, P>(p, ql4 + L4_SPORT),
+        load::<u16, P>(p, ql4 + L4_DPORT),
+    ) else {
+        return Parsed::Other;
+    };
+    f.quoted = Quoted {
+        saddr: qs,
+        daddr: qd,
+        sport: qsp,
+        dport: qdp,
+        proto: qproto,
+        icmp_type: ty,
+        icmp_code: code,
+        ip_len: qlen,
+    };
+    Parsed::IcmpError
+}
+
+/// Our DSR option, when it is the first option (where we put it).
+#[inline(always)]
+fn dsr_option<P: Pkt>(p: &P, ip: usize, f: &mut Flow) {
+    let (Some(ty), Some(len)) = (load::<u8, P>(p, ip + 20), load::<u8, P>(p, ip + 21)) else {
+        return;
+    };
+    if ty != DSR_OPT_TYPE || len != DSR_OPT_LEN {
+        return;
+    }
+    if let (Some(port), Some(addr)) = (load::<u16, P>(p, ip + 22), load::<u32, P>(p, ip + 24)) {
+        if port != 0 {
+            f.dsr_port = port;
+            f.dsr_addr = addr;
+        }
+    }
+}

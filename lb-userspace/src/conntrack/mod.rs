@@ -1,0 +1,206 @@
+//! North-south conntrack (`LB4_CT`) seen from user space: which entries are
+//! over, and the garbage collector that deletes them.
+//!
+//! The programs treat an entry past its lifetime as absent, but nothing in
+//! the kernel deletes it: LB4_CT is an LRU, which only evicts under
+//! pressure. The collector (`gc`) deletes expired entries, so SNAT ports and
+//! memory come back and `lbctl ct list` shows what is live, the way
+//! Cilium's agent sweeps its CT maps (pkg/maps/ctmap/gc).
+pub mod gc;
+
+use lb_common::{
+    config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
+    nodeport::{
+        ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE,
+        CT_SERVICE,
+    },
+};
+
+use crate::collections::{HashMap, HashSet};
+
+/// The lifetimes the programs use, from LB_CONFIG.
+pub fn timeouts(config: &crate::datapath::config::RuntimeConfig) -> anyhow::Result<CtTimeouts> {
+    Ok(CtTimeouts {
+        tcp: config.get(CFG_CT_TCP_S)?,
+        tcp_syn: config.get(CFG_CT_TCP_SYN_S)?,
+        closing: config.get(CFG_CT_CLOSING_S)?,
+        udp: config.get(CFG_CT_UDP_S)?,
+    })
+}
+
+/// Seconds an entry has left at `now_ns` (negative: expired), as the
+/// programs judge it (lb-ebpf `packet::ct::expired`).
+pub fn remaining_s(key: &Ct4Key, value: &Ct4Value, now_ns: u64, t: &CtTimeouts) -> i64 {
+    let life = ct_lifetime_s(key.proto, value.flags, t) as i64;
+    let idle = (now_ns.saturating_sub(value.last_seen_ns) / 1_000_000_000) as i64;
+    life - idle
+}
+
+fn expired(key: &Ct4Key, value: &Ct4Value, now_ns: u64, t: &CtTimeouts) -> bool {
+    let life = ct_lifetime_s(key.proto, value.flags, t) as u64 * 1_000_000_000;
+    now_ns.saturating_sub(value.last_seen_ns) > life
+}
+
+/// The forward (client → frontend) entry a reverse entry of a SNAT or
+/// local-backend flow belongs to. DSR entries learned on a backend's node
+/// have none there.
+pub fn forward_of(key: &Ct4Key, value: &Ct4Value) -> Option<Ct4Key> {
+    if key.kind != CT_REVERSE {
+        return None;
+    }
+    if value.flags & CT_F_SNAT != 0 {
+        // backend → node:port; the client is nat_addr:nat_port.
+        return Some(Ct4Key::new(
+            value.nat_addr,
+            value.addr,
+            value.nat_port,
+            value.port,
+            key.proto,
+            CT_SERVICE,
+        ));
+    }
+    if value.flags & CT_F_LOCAL != 0 {
+        // backend → client.
+        return Some(Ct4Key::new(
+            key.daddr, value.addr, key.dport, value.port, key.proto, CT_SERVICE,
+        ));
+    }
+    None
+}
+
+/// The entries to delete: forward entries past their lifetime; reverse
+/// entries of SNAT and local flows with their forward entry (they are only
+/// refreshed by replies, and a one-way flow must keep its translation while
+/// it sends); other reverse entries (DSR) past their own lifetime.
+pub fn expired_keys(entries: &[(Ct4Key, Ct4Value)], now_ns: u64, t: &CtTimeouts) -> Vec<Ct4Key> {
+    let live_forward: HashMap<Ct4Key, &Ct4Value> = entries
+        .iter()
+        .filter(|(k, v)| k.kind == CT_SERVICE && !expired(k, v, now_ns, t))
+        .map(|(k, v)| (*k, v))
+        .collect();
+    let mut out = Vec::new();
+    let mut seen = HashSet::default();
+    for (k, v) in entries {
+        let gone = if k.kind == CT_SERVICE {
+            !live_forward.contains_key(k)
+        } else {
+            match forward_of(k, v) {
+                Some(fk) => match live_forward.get(&fk) {
+                    // Still the flow this entry translates for (a SNAT port
+                    // can have moved on to another flow of the same client
+                    // tuple after a reopen).
+                    Some(fwd) => v.flags & CT_F_SNAT != 0 && fwd.nat_port != k.dport,
+                    None => true,
+                },
+                None => expired(k, v, now_ns, t),
+            }
+        };
+        if gone && seen.insert(*k) {
+            out.push(*k);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_common::nodeport::{CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn key(s: u32, d: u32, sp: u16, dp: u16, kind: u8) -> Ct4Key {
+        Ct4Key::new(s, d, sp, dp, 6, kind)
+    }
+
+    fn val(addr: u32, port: u16, nat_addr: u32, nat_port: u16, flags: u16, seen: u64) -> Ct4Value {
+        Ct4Value {
+            backend_id: 1,
+            service_id: 1,
+            addr,
+            nat_addr,
+            port,
+            nat_port,
+            flags,
+            pad: 0,
+            last_seen_ns: seen,
+        }
+    }
+
+    /// A SNAT flow: client 1:100 → frontend 2:80, backend 3:8080 via node 2:6000.
+    fn snat_flow(flags: u16, seen: u64) -> [(Ct4Key, Ct4Value); 2] {
+        [
+            (
+                key(1, 2, 100, 80, CT_SERVICE),
+                val(3, 8080, 2, 6000, CT_F_SNAT | flags, seen),
+            ),
+            (
+                key(3, 2, 8080, 6000, CT_REVERSE),
+                val(2, 80, 1, 100, CT_F_SNAT | flags, seen),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_live_flow_stays_and_an_idle_one_goes_with_its_reverse_entry() {
+        let t = CtTimeouts::default();
+        let flow = snat_flow(CT_F_ESTABLISHED, 10 * S);
+        assert!(expired_keys(&flow, 20 * S, &t).is_empty());
+        // Established TCP lives 6 h; at 6 h + 11 s both entries go.
+        let gone = expired_keys(&flow, (21_600 + 11) * S, &t);
+        assert_eq!(gone.len(), 2, "{gone:?}");
+    }
+
+    #[test]
+    fn a_closing_flow_goes_after_the_closing_timeout_not_the_established_one() {
+        let t = CtTimeouts::default();
+        let flow = snat_flow(CT_F_ESTABLISHED | CT_F_CLOSING, 10 * S);
+        assert!(expired_keys(&flow, 19 * S, &t).is_empty());
+        assert_eq!(expired_keys(&flow, 21 * S, &t).len(), 2);
+        // Configured lifetimes win over the defaults.
+        let short = CtTimeouts {
+            closing: 2,
+            ..Default::default()
+        };
+        assert_eq!(expired_keys(&flow, 13 * S, &short).len(), 2);
+    }
+
+    #[test]
+    fn a_reverse_entry_lives_as_long_as_its_forward_flow_however_old_itself() {
+        let t = CtTimeouts::default();
+        let mut flow = snat_flow(CT_F_ESTABLISHED, 10 * S);
+        // One-way traffic: only the forward entry gets refreshed.
+        flow[0].1.last_seen_ns = 100_000 * S;
+        assert!(expired_keys(&flow, 100_001 * S, &t).is_empty());
+    }
+
+    #[test]
+    fn a_reverse_entry_whose_port_moved_on_goes() {
+        let t = CtTimeouts::default();
+        let mut flow = snat_flow(0, 10 * S);
+        flow[0].1.nat_port = 6001; // the client tuple now uses another port
+        assert_eq!(expired_keys(&flow, 11 * S, &t), vec![flow[1].0]);
+    }
+
+    #[test]
+    fn a_dsr_entry_on_the_backends_node_expires_on_its_own() {
+        let t = CtTimeouts {
+            udp: 5,
+            ..Default::default()
+        };
+        let mut k = key(3, 1, 8080, 100, CT_REVERSE);
+        k.proto = 17;
+        let e = [(k, val(2, 80, 0, 0, CT_F_DSR, 10 * S))];
+        assert!(expired_keys(&e, 14 * S, &t).is_empty());
+        assert_eq!(expired_keys(&e, 16 * S, &t), vec![k]);
+    }
+
+    #[test]
+    fn an_unfinished_handshake_goes_after_the_syn_timeout() {
+        let t = CtTimeouts::default();
+        let flow = snat_flow(0, 0);
+        assert!(expired_keys(&flow, 59 * S, &t).is_empty());
+        assert_eq!(expired_keys(&flow, 61 * S, &t).len(), 2);
+    }
+}
