@@ -53,9 +53,8 @@ pub struct Options {
     /// veth otherwise hands on packets whose checksum the receiver never
     /// computes (CHECKSUM_PARTIAL), which XDP cannot tell apart.
     pub full_checksums: bool,
-    /// The bridge ports get GRO (NAPI) so that veth delivers frames a node
-    /// sends back out with XDP_TX (drivers/net/veth.c: XDP frames need NAPI
-    /// on the receiving peer).
+    /// The bridge ports run an XDP_PASS program so that veth delivers frames
+    /// a node sends out with XDP_TX or an XDP redirect (see `xdp_pass`).
     pub xdp_ready: bool,
 }
 
@@ -78,6 +77,8 @@ pub struct Cluster {
     pub client_cgroup: ChildCgroup,
     /// The router of `Options::router_mtu`.
     pub router: Option<Netns>,
+    /// XDP_PASS links on the bridge ports (`Options::xdp_ready`).
+    pub xdp_links: Vec<std::os::fd::OwnedFd>,
     pub hub: Netns,
 }
 
@@ -116,9 +117,6 @@ impl Cluster {
                 "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
             ]);
             hub.ip(&["link", "set", port, "master", "br0", "up"]);
-            if opts.xdp_ready {
-                ethtool(&hub, port, "gro", true);
-            }
             ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
             ns.ip(&["link", "set", "eth0", "up"]);
         };
@@ -159,7 +157,7 @@ impl Cluster {
         route_b.push(&via_b);
         let mtu = opts.route_mtu.map(|m| m.to_string());
         if let Some(m) = &mtu {
-            route_b.extend(["mtu", m.as_str()]);
+            route_b.extend(["mtu", "lock", m.as_str()]);
         }
         a_ns.ip(&route_b);
         b_ns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE_A.to_string()]);
@@ -189,7 +187,17 @@ impl Cluster {
             agent: None,
             ns,
         };
+        let xdp_links = if opts.xdp_ready {
+            ["c0", "na0", "nb0"]
+                .iter()
+                .chain(if router.is_some() { &["rt0"][..] } else { &[][..] })
+                .map(|port| crate::xdp_pass::attach(&hub.name, port))
+                .collect()
+        } else {
+            Vec::new()
+        };
         Cluster {
+            xdp_links,
             a: mk_node(a_ns, "a"),
             b: mk_node(b_ns, "b"),
             client_cgroup: ChildCgroup::create(&format!("{tag}-client")),

@@ -24,6 +24,7 @@ pub mod servers;
 pub mod topology;
 pub mod traffic;
 pub mod world;
+pub mod xdp_pass;
 
 use std::time::{Duration, Instant};
 

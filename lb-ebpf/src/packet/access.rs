@@ -105,17 +105,14 @@ pub fn store<T: Copy, P: Pkt>(p: &P, off: usize, v: T) -> bool {
 }
 
 /// bpf_skc_lookup_tcp / bpf_sk_lookup_udp in the current namespace, for
-/// `Hook::socket_holds`. The reference the lookup takes is released before
-/// returning, on every path (the verifier checks it).
-#[inline(always)]
-pub fn socket_holds(
-    ctx: *mut core::ffi::c_void,
-    saddr: u32,
-    daddr: u32,
-    sport: u16,
-    dport: u16,
-    tcp: bool,
-) -> bool {
+/// `Hook::socket_holds`: is there a socket for packets of `key`'s tuple?
+/// The reference the lookup takes is released before returning, on every
+/// path (the verifier checks it). A subprogram of its own: its frame is not
+/// added to its caller's.
+#[inline(never)]
+pub fn socket_holds(ctx: *mut core::ffi::c_void, key: &lb_common::nodeport::Ct4Key) -> bool {
+    let (saddr, daddr, sport, dport) = (key.saddr, key.daddr, key.sport, key.dport);
+    let tcp = key.proto == IPPROTO_TCP;
     use aya_ebpf::{
         bindings::{bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4Tuple},
         helpers::{bpf_sk_lookup_udp, bpf_sk_release, bpf_skc_lookup_tcp},

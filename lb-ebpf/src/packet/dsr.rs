@@ -24,7 +24,7 @@ use super::{
 use crate::{
     events::bump,
     lb::{Family, V4},
-    maps::LB4_CT,
+    maps::{LB4_CT, LB_DEVICES},
 };
 
 const BPF_NOEXIST: u64 = 1;
@@ -84,19 +84,28 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow) -> bool {
 /// the backend's replies leave from it; then strips the option and lets the
 /// stack deliver the packet.
 ///
-/// Only an option naming a NodePort, LoadBalancer or external-IP frontend
-/// this node serves is learned, and it never takes over a live flow of the
-/// same tuple for another frontend: otherwise any outside host could plant
-/// entries that rewrite a pod's replies.
+/// Only an option naming a frontend this node serves too is learned: a
+/// LoadBalancer or external IP with that port, or a NodePort, which this
+/// node serves on its own address (the option carries the first node's),
+/// and it never takes over a live flow of the same tuple for another
+/// frontend: otherwise any outside host could plant entries that rewrite a
+/// pod's replies.
 #[inline(never)]
 pub fn learn<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let (vip, vport) = (f.dsr_addr, f.dsr_port);
     let key = Service4Key::new(vip, vport, f.proto, SCOPE_ALL, 0);
     let known = match V4::service(&key) {
-        Some(svc) => {
-            svc.flags & (SVC_FLAG_NODE_PORT | SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP) != 0
+        Some(svc) => svc.flags & (SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP) != 0,
+        None => {
+            // SAFETY: a map value, copied at once.
+            match unsafe { LB_DEVICES.get(&ctx.ingress_ifindex()) }.copied() {
+                Some(dev) => {
+                    let own = Service4Key::new(dev.address, vport, f.proto, SCOPE_ALL, 0);
+                    V4::service(&own).is_some_and(|s| s.flags & SVC_FLAG_NODE_PORT != 0)
+                }
+                None => false,
+            }
         }
-        None => false,
     };
     if !known {
         return drop_packet(ctx, f, DropReason::DsrRejected, 0);

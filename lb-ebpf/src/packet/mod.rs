@@ -173,10 +173,10 @@ pub trait Hook: Pkt {
         pseudo: bool,
         udp: bool,
     ) -> bool;
-    /// Whether a socket of this node holds the tuple a packet from
-    /// `saddr:sport` to `daddr:dport` would belong to (a listener does not
-    /// count: it takes new connections, not this tuple's packets).
-    fn socket_holds(&self, saddr: u32, daddr: u32, sport: u16, dport: u16, tcp: bool) -> bool;
+    /// Whether a socket of this node holds the tuple of `key` (as a packet
+    /// from its source to its destination would find it; a listener does
+    /// not count: it takes new connections, not this tuple's packets).
+    fn socket_holds(&self, key: &Ct4Key) -> bool;
     /// XDP cannot grow headers, resolve neighbours or build ICMP errors
     /// here: it punts those packets to tc, before changing anything.
     const IS_XDP: bool;

@@ -28,7 +28,6 @@ use lb_common::{
 };
 
 use super::{
-    access::IPPROTO_TCP,
     ct::{self, now},
     parse::Flow,
     scratch, Hook,
@@ -65,14 +64,21 @@ pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
         return 0;
     };
     // SAFETY: a helper without arguments.
-    // The client's port first, when it lies in the range.
+    // The client's port first, when it lies in the range: free, or held
+    // by this same client tuple's earlier flow (a reused tuple), or by a
+    // flow that is over.
     let client = u16::from_be(f.sport) as u32;
     if client >= min && client <= max {
         let rkey = Ct4Key::new(backend, node, bport, f.sport, f.proto, CT_REVERSE);
-        if !ctx.socket_holds(backend, node, bport, f.sport, f.proto == IPPROTO_TCP)
-            && LB4_CT.insert(&rkey, rval, BPF_NOEXIST).is_ok()
-        {
-            return f.sport;
+        if !ctx.socket_holds(&rkey) {
+            if LB4_CT.insert(&rkey, rval, BPF_NOEXIST).is_ok() {
+                return f.sport;
+            }
+            if (same_client(&rkey, f) || reusable(&rkey, f.proto))
+                && LB4_CT.insert(&rkey, rval, 0).is_ok()
+            {
+                return f.sport;
+            }
         }
     }
     let start = unsafe { bpf_get_prandom_u32() } % span_nz;
@@ -84,7 +90,7 @@ pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
         let off = (start + i) % span_nz;
         let port = ((min + off) as u16).to_be();
         let rkey = Ct4Key::new(backend, node, bport, port, f.proto, CT_REVERSE);
-        if !ctx.socket_holds(backend, node, bport, port, f.proto == IPPROTO_TCP) {
+        if !ctx.socket_holds(&rkey) {
             if LB4_CT.insert(&rkey, rval, BPF_NOEXIST).is_ok() {
                 return port;
             }
@@ -105,10 +111,27 @@ pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
     port
 }
 
+/// Whether this reverse entry belongs to an earlier flow of the same client
+/// tuple (the client reused its port: the tuple is the client's again).
+#[inline(never)]
+fn same_client(rkey: &Ct4Key, f: &Flow) -> bool {
+    match LB4_CT.get_ptr(rkey) {
+        // SAFETY: a map value stays valid for the program's run.
+        Some(old) => unsafe {
+            (*old).flags & CT_F_SNAT != 0
+                && (*old).nat_addr == f.saddr
+                && (*old).nat_port == f.sport
+                && (*old).addr == f.daddr
+                && (*old).port == f.dport
+        },
+        None => true,
+    }
+}
+
 /// Whether the flow holding this reverse entry is over. Its forward entry
 /// decides: the reverse one is only refreshed by replies, and a one-way
 /// flow keeps its port while it sends.
-#[inline(always)]
+#[inline(never)]
 fn reusable(rkey: &Ct4Key, proto: u8) -> bool {
     let Some(old) = LB4_CT.get_ptr(rkey) else {
         return true; // evicted since the insert failed

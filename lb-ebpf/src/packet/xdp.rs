@@ -78,8 +78,8 @@ impl Hook for Xdp<'_> {
         false
     }
     #[inline(always)]
-    fn socket_holds(&self, saddr: u32, daddr: u32, sport: u16, dport: u16, tcp: bool) -> bool {
-        super::access::socket_holds(self.ctx.as_ptr(), saddr, daddr, sport, dport, tcp)
+    fn socket_holds(&self, key: &lb_common::nodeport::Ct4Key) -> bool {
+        super::access::socket_holds(self.ctx.as_ptr(), key)
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {

@@ -1,0 +1,59 @@
+//! A two-instruction XDP program (`return XDP_PASS`) for the far end of a
+//! veth whose near end runs XDP that transmits (XDP_TX, redirect).
+//!
+//! veth hands such frames to the peer's ring, but only schedules the peer to
+//! read that ring when the peer has an XDP program of its own
+//! (drivers/net/veth.c, veth_xdp_flush: "xdp_ring is initialized on receive
+//! side?"); with NAPI alone (GRO on) the frames wait for some other packet to
+//! come by. A real NIC has no such peer. The program is loaded and attached
+//! with raw bpf(2) calls: it needs no object file, maps or pins.
+use std::{
+    io,
+    os::fd::{FromRawFd as _, OwnedFd},
+};
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_XDP: u32 = 37;
+
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a zero-padded bpf_attr of the size passed.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, 128usize) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new file descriptor we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
+/// Attaches `return XDP_PASS` to `dev` in network namespace `netns`. The
+/// program stays attached while the returned link is open.
+pub fn attach(netns: &str, dev: &str) -> OwnedFd {
+    let (ns, dev) = (netns.to_string(), dev.to_string());
+    std::thread::spawn(move || {
+        crate::netns::enter(&ns).expect("entering the namespace");
+        let ifindex = lb::sys::netdev::ifindex(&dev).expect("device");
+        // r0 = XDP_PASS (2); exit
+        let insns: [u64; 2] = [0x0000_0002_0000_00b7, 0x0000_0000_0000_0095];
+        let license = b"GPL\0";
+        let mut attr = Attr([0; 128]);
+        attr.0[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());
+        attr.0[4..8].copy_from_slice(&2u32.to_ne_bytes());
+        attr.0[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+        attr.0[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+        attr.0[68..72].copy_from_slice(&BPF_XDP.to_ne_bytes());
+        let prog = bpf(BPF_PROG_LOAD, &mut attr).expect("loading xdp-pass");
+        let mut attr = Attr([0; 128]);
+        use std::os::fd::AsRawFd as _;
+        attr.0[0..4].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());
+        attr.0[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+        attr.0[8..12].copy_from_slice(&BPF_XDP.to_ne_bytes());
+        bpf(BPF_LINK_CREATE, &mut attr).expect("attaching xdp-pass")
+    })
+    .join()
+    .expect("xdp-pass thread")
+}
