@@ -22,9 +22,10 @@ pub const LB4_CT: &str = "LB4_CT";
 pub const LB_DEVICES: &str = "LB_DEVICES";
 pub const LB_MAGLEV: &str = "LB_MAGLEV";
 pub const LB4_FRAGS: &str = "LB4_FRAGS";
+pub const LB_SOCK_UDP: &str = "LB_SOCK_UDP";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -33,6 +34,7 @@ pub const ALL: [&str; 19] = [
     LB6_BACKENDS,
     LB6_REVNAT,
     LB6_SOCK_REVNAT,
+    LB_SOCK_UDP,
     LB_AFFINITY,
     LB_AFFINITY_MATCH,
     LB4_CT,

@@ -93,13 +93,10 @@ pub fn lookup_service<F: Family>(key: &F::Key) -> Lookup {
     }
 }
 
-/// Picks a backend uniformly at random among the active backends, or among
-/// the terminating ones when none is active (KEP-1669).
+/// A slot drawn uniformly at random among the active backends, or among the
+/// terminating ones when none is active (KEP-1669); 0 when there is none.
 #[inline(always)]
-pub fn select_backend<F: Family>(
-    key: &F::Key,
-    svc: &ServiceValue,
-) -> Result<(u32, F::Backend), DropReason> {
+pub fn select_slot(svc: &ServiceValue) -> u16 {
     let n = if svc.count > 0 {
         svc.count
     } else {
@@ -107,10 +104,19 @@ pub fn select_backend<F: Family>(
     };
     // A NonZero divisor leaves no panic path for the verifier to reject.
     let Some(n) = core::num::NonZeroU32::new(n as u32) else {
-        return Err(DropReason::NoBackend);
+        return 0;
     };
     // Slots count+1.. hold the terminating backends; with count == 0 they start at 1.
-    let slot = 1 + (unsafe { bpf_get_prandom_u32() } % n) as u16;
+    // SAFETY: a helper without arguments.
+    1 + (unsafe { bpf_get_prandom_u32() } % n) as u16
+}
+
+/// The backend at a slot of a frontend.
+#[inline(always)]
+pub fn backend_at<F: Family>(key: &F::Key, slot: u16) -> Result<(u32, F::Backend), DropReason> {
+    if slot == 0 {
+        return Err(DropReason::NoBackend);
+    }
     let backend_id = match F::service(&F::slot_key(key, slot)) {
         Some(v) => v.backend_id,
         None => return Err(DropReason::BackendMissing),
@@ -119,6 +125,16 @@ pub fn select_backend<F: Family>(
         Some(b) => Ok((backend_id, b)),
         None => Err(DropReason::BackendMissing),
     }
+}
+
+/// Picks a backend uniformly at random among the active backends, or among
+/// the terminating ones when none is active (KEP-1669).
+#[inline(always)]
+pub fn select_backend<F: Family>(
+    key: &F::Key,
+    svc: &ServiceValue,
+) -> Result<(u32, F::Backend), DropReason> {
+    backend_at::<F>(key, select_slot(svc))
 }
 
 /// `select_backend`, but with sessionAffinity: ClientIP honoured for

@@ -80,6 +80,11 @@ impl Held {
         Self::start_mode(cgroup, netns, "udp-held", target)
     }
 
+    /// An unconnected UDP socket that sends every query with sendto().
+    pub fn udp_sendto(cgroup: &Path, netns: &str, target: &str) -> Self {
+        Self::start_mode(cgroup, netns, "udp-sendto-held", target)
+    }
+
     /// A long-lived TCP connection to a line-echoing server.
     pub fn tcp(cgroup: &Path, netns: &str, target: &str) -> Self {
         Self::start_mode(cgroup, netns, "tcp-held", target)

@@ -85,3 +85,54 @@ fn connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_socket_fails
         "{metrics}"
     );
 }
+
+/// An unconnected UDP socket (sendto for every datagram, like a QUIC client
+/// or a resolver) keeps one backend for the service: 100 datagrams, one
+/// backend, and each reply shows the service address. When that backend is
+/// removed, the same socket's next datagrams reach a live one.
+#[test]
+fn an_unconnected_udp_socket_keeps_one_backend_until_it_is_removed() {
+    let w = World::new("udp_sendto_keep", 3);
+    let _servers = w.udp_servers(5353, false);
+    let all = |backends: &[usize]| {
+        let list: Vec<String> = backends
+            .iter()
+            .map(|b| format!("{{address: {}}}", Topology::backend_ip(*b)))
+            .collect();
+        format!(
+            "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{}]\n",
+            list.join(", ")
+        )
+    };
+    w.write_services(&all(&[0, 1, 2]));
+    let mut agent = w.start_agent();
+    let mut sock = Held::udp_sendto(&w.cgroup.path, &w.topo.client.name, &format!("{VIP}:53"));
+    let answers: Vec<_> = (0..100).map(|_| sock.ask()).collect();
+    let first = answers[0].backend().unwrap().to_string();
+    for a in &answers {
+        assert!(a.ok, "{a:?}");
+        assert_eq!(a.backend(), Some(first.as_str()), "one backend per socket");
+        assert_eq!(a.reply_from.as_deref(), Some("10.96.0.53:53"));
+    }
+    // A second socket chooses on its own (among three, 30 tries: some differ).
+    let others: std::collections::BTreeSet<String> = (0..30)
+        .map(|_| {
+            let mut s = Held::udp_sendto(&w.cgroup.path, &w.topo.client.name, &format!("{VIP}:53"));
+            s.ask().backend().unwrap().to_string()
+        })
+        .collect();
+    assert!(others.len() >= 2, "sockets spread: {others:?}");
+
+    // Its backend goes: the same socket moves to a live one and stays there.
+    let chosen: usize = first.trim_start_matches('b').parse::<usize>().unwrap() - 1;
+    let rest: Vec<usize> = (0..3).filter(|b| *b != chosen).collect();
+    w.write_services(&all(&rest));
+    assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)));
+    let after: Vec<_> = (0..20).map(|_| sock.ask()).collect();
+    let moved = after[0].backend().unwrap().to_string();
+    assert_ne!(moved, first);
+    for a in &after {
+        assert!(a.ok, "{a:?}");
+        assert_eq!(a.backend(), Some(moved.as_str()));
+    }
+}

@@ -567,3 +567,36 @@ fn maglev_table_is_written_before_the_master_and_follows_the_backends() {
     // Unchanged model: nothing written, not even the table.
     assert_eq!(r.reconcile(&model).unwrap().ops, 0);
 }
+
+/// A Maglev service whose last backend goes has no table (the kernel
+/// refuses an empty array, and so does the fake): the reconcile goes
+/// through, the old table is removed, and the rest of the model applies.
+#[test]
+fn a_maglev_service_without_backends_has_no_table_and_does_not_stop_the_sync() {
+    let mut svc = service(12, 80, &[1, 2]);
+    svc.frontends[0].algorithm = lb::model::Algorithm::Maglev;
+    let other = service(13, 81, &[3]);
+    let mut model = Model::default();
+    model.services.insert(name(12), svc.clone());
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(&model).unwrap();
+    assert_eq!(r.state().maglev.len(), 1);
+
+    svc.frontends[0].backends.clear();
+    model.services.insert(name(12), svc);
+    model.services.insert(name(13), other);
+    r.reconcile(&model).expect("an empty Maglev service reconciles");
+    assert!(r.state().maglev.is_empty(), "the table is gone");
+    assert_eq!(r.pending().len(), 0);
+    assert!(
+        r.state().frontends().any(|(k, _)| k.port == 81),
+        "the other service applied"
+    );
+    // And the fake refuses what the kernel refuses.
+    let mut fake = FakeMaps::default();
+    assert!(lb::maps::LbMaps::apply(
+        &mut fake,
+        &MapOp::SetMaglev(1, std::sync::Arc::new(Vec::new()))
+    )
+    .is_err());
+}

@@ -95,7 +95,9 @@ pub fn learn<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let (vip, vport) = (f.dsr_addr, f.dsr_port);
     let key = Service4Key::new(vip, vport, f.proto, SCOPE_ALL, 0);
     let known = match V4::service(&key) {
-        Some(svc) => svc.flags & (SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP) != 0,
+        Some(svc) => {
+            svc.flags & (SVC_FLAG_NODE_PORT | SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP) != 0
+        }
         None => {
             // SAFETY: a map value, copied at once.
             match unsafe { LB_DEVICES.get(&ctx.ingress_ifindex()) }.copied() {

@@ -372,7 +372,9 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
     if !f.has_l4() {
         return Action::PASS; // a later fragment never starts a flow
     }
-    let picked = if svc.algorithm == ALG_MAGLEV {
+    let picked = if svc.count == 0 && svc.terminating_count == 0 {
+        Err(DropReason::NoBackend)
+    } else if svc.algorithm == ALG_MAGLEV {
         maglev(f, &svc)
     } else {
         lb::select_backend::<V4>(&key, &svc)

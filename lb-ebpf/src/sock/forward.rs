@@ -12,11 +12,12 @@ use lb_common::{
     event::{Event, EVENT_TRACE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_SENDMSG4, HOOK_SENDMSG6},
     proto,
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
-    service::{Service4Key, Service6Key, SCOPE_ALL},
+    service::{Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY},
 };
 
 use super::{
-    bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY, ECONNREFUSED,
+    bytes_to_words, map_v4, udp_choice, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY,
+    ECONNREFUSED,
 };
 use crate::{
     drop,
@@ -112,7 +113,13 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         }
         Lookup::Service(svc) => svc,
     };
-    let (backend_id, backend) = match lb::select_backend_for::<V4>(&key, &svc, netns) {
+    let per_socket = keeps_choice(hook, protocol, &svc);
+    let picked = if per_socket {
+        udp_choice::choose::<V4>(ctx, [address, 0, 0, 0], key.dport, &key, &svc)
+    } else {
+        lb::select_backend_for::<V4>(&key, &svc, netns)
+    };
+    let (backend_id, backend) = match picked {
         Ok(found) => found,
         Err(reason) => {
             if reason == DropReason::BackendMissing && log_enabled(LOG_WARN) {
@@ -142,7 +149,12 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         pad: 0,
         service_id: svc.service_id,
     };
-    if LB4_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
+    // A socket that keeps its choice finds its entry in place: no rewrite.
+    let current = per_socket
+        && unsafe { LB4_SOCK_REVNAT.get(&rev_key) }.is_some_and(|v| {
+            v.address == rev.address && v.port == rev.port && v.service_id == rev.service_id
+        });
+    if !current && LB4_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
         // The connection itself still works; only the reverse view is lost.
         drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
     }
@@ -204,7 +216,13 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         }
         Lookup::Service(svc) => svc,
     };
-    let (backend_id, backend) = match lb::select_backend_for::<V6>(&key, &svc, netns) {
+    let per_socket = keeps_choice(hook, protocol, &svc);
+    let picked = if per_socket {
+        udp_choice::choose::<V6>(ctx, words, key.dport, &key, &svc)
+    } else {
+        lb::select_backend_for::<V6>(&key, &svc, netns)
+    };
+    let (backend_id, backend) = match picked {
         Ok(found) => found,
         Err(reason) => {
             let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
@@ -225,7 +243,11 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         pad: 0,
         service_id: svc.service_id,
     };
-    if LB6_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
+    let current = per_socket
+        && unsafe { LB6_SOCK_REVNAT.get(&rev_key) }.is_some_and(|v| {
+            v.address == rev.address && v.port == rev.port && v.service_id == rev.service_id
+        });
+    if !current && LB6_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
         drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
     }
     sa.set_user_ip6_words(bytes_to_words(&backend.address));
@@ -241,6 +263,16 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         events::emit(&mut e);
     }
     ALLOW
+}
+
+/// Unconnected UDP (sendmsg) keeps one backend per socket and frontend
+/// (`udp_choice`), unless the service asks for ClientIP affinity, which
+/// already keeps every socket of the client on one backend.
+#[inline(always)]
+fn keeps_choice(hook: u8, protocol: u8, svc: &ServiceValue) -> bool {
+    (hook == HOOK_SENDMSG4 || hook == HOOK_SENDMSG6)
+        && protocol == proto::UDP
+        && svc.flags & SVC_FLAG_AFFINITY == 0
 }
 
 /// Fails the syscall with ECONNREFUSED, as kube-proxy's REJECT rule would.

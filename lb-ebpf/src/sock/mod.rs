@@ -15,6 +15,7 @@
 //! helpers below: LLVM may not narrow or merge them.
 pub mod forward;
 pub mod reverse;
+pub mod udp_choice;
 
 use aya_ebpf::bindings::bpf_sock_addr;
 

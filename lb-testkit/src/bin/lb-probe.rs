@@ -2,11 +2,13 @@
 //! dials an address some number of times and prints one JSON line per attempt.
 //!
 //!   lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]
-//!   lb-probe --cgroup DIR --netns NAME udp-held|tcp-held ADDR:PORT
+//!   lb-probe --cgroup DIR --netns NAME udp-held|udp-sendto-held|tcp-held ADDR:PORT
 //!
-//! The `-held` modes keep one connected socket and ask through it once per
-//! line read from stdin: a resolver that connected its UDP socket once, a
-//! long-lived TCP connection (the server must echo lines).
+//! The `-held` modes keep one socket and ask through it once per line read
+//! from stdin: a resolver that connected its UDP socket once, one that
+//! sends every query with sendto() on an unconnected socket (as QUIC
+//! clients and many resolvers do), a long-lived TCP connection (the server
+//! must echo lines).
 //!
 //! It joins the cgroup first (so the socket hooks apply to it), then the
 //! network namespace, both before creating any socket.
@@ -35,7 +37,11 @@ fn main() {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if mode == "udp-held" {
-        held(target, &mut out);
+        held(target, &mut out, true);
+        return;
+    }
+    if mode == "udp-sendto-held" {
+        held(target, &mut out, false);
         return;
     }
     if mode == "tcp-held" {
@@ -56,9 +62,9 @@ fn main() {
     }
 }
 
-fn held(target: SocketAddr, out: &mut impl std::io::Write) {
+fn held(target: SocketAddr, out: &mut impl std::io::Write, connect: bool) {
     let s = udp_socket(target);
-    let connected = s.connect(target);
+    let connected = if connect { s.connect(target) } else { Ok(()) };
     for line in std::io::stdin().lines() {
         if line.is_err() {
             break;
@@ -66,8 +72,14 @@ fn held(target: SocketAddr, out: &mut impl std::io::Write) {
         let sent = connected
             .as_ref()
             .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
-            .and_then(|_| s.send(b"ping"));
-        let attempt = udp_answer(&s, sent, true);
+            .and_then(|_| {
+                if connect {
+                    s.send(b"ping")
+                } else {
+                    s.send_to(b"ping", target)
+                }
+            });
+        let attempt = udp_answer(&s, sent, connect);
         writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
         out.flush().unwrap();
     }

@@ -143,8 +143,9 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pin_dir);
     // BTF map definitions carry no pinning attribute: pin by path.
-    let maglev_pin = layout.map(names::LB_MAGLEV);
-    loader.map_pin_path(names::LB_MAGLEV, maglev_pin);
+    for name in [names::LB_MAGLEV, names::LB_SOCK_UDP] {
+        loader.map_pin_path(name, layout.map(name));
+    }
     for (name, size) in sizes.entries() {
         loader.map_max_entries(name, size);
     }

@@ -13,7 +13,7 @@ use lb_common::{
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
     maps as names,
-    nodeport::{Ct4Key, Ct4Value, Device},
+    nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
@@ -100,7 +100,7 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 18] = [
+        let expected: [(&str, usize, usize, Option<u32>); 19] = [
             (
                 names::LB4_SERVICES,
                 size_of::<Service4Key>(),
@@ -202,7 +202,13 @@ impl PinLayout {
                 names::LB_EVENT_RATE,
                 size_of::<u32>(),
                 size_of::<RateState>(),
-                Some(1),
+                Some(2),
+            ),
+            (
+                names::LB4_FRAGS,
+                size_of::<Frag4Key>(),
+                size_of::<Frag4Value>(),
+                Some(names::DEFAULT_FRAGS_MAX),
             ),
         ];
         let mut any = false;

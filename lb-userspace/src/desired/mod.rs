@@ -215,14 +215,15 @@ fn build_frontend(
         pad: 0,
         affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
     };
-    let maglev = (fe.algorithm == Algorithm::Maglev).then(|| {
-        let set = if active_named.is_empty() {
-            &terminating_named
-        } else {
-            &active_named
-        };
-        Arc::new(maglev::build(set, cfg.maglev_m))
-    });
+    // No selectable backend, no table: the kernel refuses an empty array
+    // (EINVAL), and the programs answer "no backend" from the counts first.
+    let maglev_set = if active_named.is_empty() {
+        &terminating_named
+    } else {
+        &active_named
+    };
+    let maglev = (fe.algorithm == Algorithm::Maglev && !maglev_set.is_empty())
+        .then(|| Arc::new(maglev::build(maglev_set, cfg.maglev_m)));
     let affinity = match fe.affinity_timeout_s {
         None => Vec::new(),
         Some(_) if !active.is_empty() => active,

@@ -38,6 +38,17 @@ impl LbMaps for FakeMaps {
             }
             *n -= 1;
         }
+        // What the kernel refuses, the fake refuses: an array of no entries
+        // (BPF_MAP_CREATE with max_entries 0 is EINVAL).
+        if let MapOp::SetMaglev(_, table) = op {
+            if table.is_empty() {
+                return Err(MapWriteError {
+                    map: op.map_name(),
+                    op: format!("{op:?}"),
+                    source: std::io::Error::from_raw_os_error(libc::EINVAL),
+                });
+            }
+        }
         // Capacities are per family, like the real LB4_* / LB6_* maps.
         let (services, backends, revnat) = self.state.counts(op.family());
         let full = match op {
