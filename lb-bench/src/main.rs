@@ -13,6 +13,7 @@ mod control;
 mod kube_proxy;
 mod maglev;
 mod memory;
+mod northsouth;
 mod packet;
 mod profile;
 mod report;
@@ -38,7 +39,7 @@ struct Cli {
     /// target/benchmarks-<profile>.md otherwise].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Only these parts (connect, control, packet, maglev); default all.
+    /// Only these parts (connect, control, packet, maglev, northsouth); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -77,6 +78,10 @@ fn main() {
     if wants("control") {
         eprintln!("lb-bench: control plane (full sync, one endpoint change)");
         r.control = control::run(&p);
+    }
+    if wants("northsouth") {
+        eprintln!("lb-bench: north-south traffic through a NodePort vs routing");
+        r.northsouth = northsouth::run(&p);
     }
     if wants("connect") {
         eprintln!("lb-bench: connect through a service address");

@@ -39,6 +39,10 @@ pub struct Profile {
     pub nftables_max_services: usize,
     /// The same for the control-plane benchmark (N × 10 endpoints).
     pub kube_proxy_control_max: usize,
+    /// North-south traffic: rounds of every variant, and how long each
+    /// measurement (upload, download, connections) runs.
+    pub ns_rounds: usize,
+    pub ns_ms: u64,
 }
 
 impl Profile {
@@ -61,6 +65,8 @@ impl Profile {
                 iptables_max_services: 100_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 10_000,
+                ns_rounds: 3,
+                ns_ms: 3_000,
             },
             Name::Quick => Self {
                 name,
@@ -79,6 +85,8 @@ impl Profile {
                 iptables_max_services: 10_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 1_000,
+                ns_rounds: 1,
+                ns_ms: 2_000,
             },
             Name::Smoke => Self {
                 name,
@@ -97,6 +105,8 @@ impl Profile {
                 iptables_max_services: 100,
                 nftables_max_services: 100,
                 kube_proxy_control_max: 100,
+                ns_rounds: 1,
+                ns_ms: 300,
             },
         }
     }

@@ -47,6 +47,7 @@ pub struct Report {
     pub control: Vec<ControlResult>,
     pub packet: Vec<PacketResult>,
     pub maglev: Vec<MaglevResult>,
+    pub northsouth: Vec<crate::northsouth::NsResult>,
     pub total: Duration,
 }
 
@@ -144,6 +145,7 @@ impl Report {
             control: Vec::new(),
             packet: Vec::new(),
             maglev: Vec::new(),
+            northsouth: Vec::new(),
             total: Duration::ZERO,
         }
     }
@@ -174,8 +176,39 @@ impl Report {
         self.control_section(&mut o);
         self.packet_section(&mut o);
         self.maglev_section(&mut o);
+        self.northsouth_section(&mut o);
         self.memory_section(&mut o);
         o
+    }
+
+    fn northsouth_section(&self, o: &mut String) {
+        let Some(base) = self.northsouth.first() else {
+            return;
+        };
+        o.push_str(
+            "## 5. North-south: through a NodePort vs plain routing\n\n\
+             A client outside, node A with the NodePort, the backend on node B (network namespaces, veth, a\n\
+             bridge). Routing: the client sends to the pod itself through node A, no program anywhere.\n\
+             Bulk: one TCP stream, every byte checked; connections: sequential short connections from one\n\
+             client. Medians of the rounds. Targets: bulk ≥ 0.8× routing, connections/s ≥ 0.9×.\n\n\
+             | Path | Upload Mbit/s | Download Mbit/s | Connections/s | vs routing: up | down | connections |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let r = |a: f64, b: f64| format!("{:.2}×", a / b.max(1e-9));
+        for n in &self.northsouth {
+            let _ = writeln!(
+                o,
+                "| {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+                n.variant,
+                n.up_mbit,
+                n.down_mbit,
+                n.conns_per_s,
+                r(n.up_mbit, base.up_mbit),
+                r(n.down_mbit, base.down_mbit),
+                r(n.conns_per_s, base.conns_per_s)
+            );
+        }
+        o.push('\n');
     }
 
     fn targets(&self, o: &mut String) {
@@ -463,7 +496,7 @@ impl Report {
             return;
         }
         o.push_str(
-            "## 5. Memory\n\n\
+            "## 6. Memory\n\n\
              The agent's resident memory after its first reconcile, and the kernel's accounting of every\n\
              pinned map (`memlock` in fdinfo). The LRU maps (socket reverse NAT, conntrack, affinity)\n\
              are preallocated, so they cost their configured capacity whatever the fill; the service,\n\

@@ -53,12 +53,17 @@ pub struct Options {
     /// veth otherwise hands on packets whose checksum the receiver never
     /// computes (CHECKSUM_PARTIAL), which XDP cannot tell apart.
     pub full_checksums: bool,
+    /// Node A reaches the segment through a Linux bridge `up0` holding its
+    /// eth0 (the address on the bridge), a device without native XDP.
+    pub bridged_uplink_a: bool,
     /// The bridge ports run an XDP_PASS program so that veth delivers frames
     /// a node sends out with XDP_TX or an XDP redirect (see `xdp_pass`).
     pub xdp_ready: bool,
 }
 
 pub struct Node {
+    /// The external device the agent serves (`--devices`).
+    pub device: String,
     pub ns: Netns,
     pub cgroup: ChildCgroup,
     pub pins: PinDir,
@@ -130,6 +135,13 @@ impl Cluster {
             ns
         };
         let (a_ns, b_ns) = (node("na", "na0", NODE_A), node("nb", "nb0", NODE_B));
+        if opts.bridged_uplink_a {
+            a_ns.ip(&["link", "add", "up0", "type", "bridge"]);
+            a_ns.ip(&["addr", "del", &format!("{NODE_A}/24"), "dev", "eth0"]);
+            a_ns.ip(&["link", "set", "eth0", "master", "up0"]);
+            a_ns.ip(&["addr", "add", &format!("{NODE_A}/24"), "dev", "up0"]);
+            a_ns.ip(&["link", "set", "up0", "up"]);
+        }
         if opts.gro {
             ethtool(&a_ns, "eth0", "gro", true);
             ethtool(&b_ns, "eth0", "gro", true);
@@ -181,6 +193,11 @@ impl Cluster {
         let pod_a = pod("pa", &a_ns, "10.244.1.1", &[POD_A]);
         let pod_b = pod("pb", &b_ns, "10.244.2.1", &POD_B);
         let mk_node = |ns: Netns, n: &str| Node {
+            device: if n == "a" && opts.bridged_uplink_a {
+                "up0".into()
+            } else {
+                "eth0".into()
+            },
             cgroup: ChildCgroup::create(&format!("{tag}-{n}")),
             pins: PinDir::create(&format!("{tag}-{n}")),
             services: std::env::temp_dir().join(format!("lb-services-{tag}-{n}.yaml")),
@@ -216,7 +233,8 @@ impl Cluster {
         if let Some(mut a) = node.agent.take() {
             a.kill();
         }
-        let mut args = vec!["--devices", "eth0"];
+        let device = node.device.clone();
+        let mut args = vec!["--devices", device.as_str()];
         args.extend_from_slice(extra);
         node.agent = Some(Agent::start_in_netns(
             &node.ns.name,

@@ -259,10 +259,22 @@ pub struct Churn {
 /// `count` sequential connections from one client; each reads the
 /// backend's one-line answer until the server closes.
 pub fn churn(netns: &str, target: SocketAddr, count: usize) -> Churn {
+    churn_until(netns, target, count, None)
+}
+
+/// Sequential connections for `for_ms` milliseconds (a rate measurement).
+pub fn churn_for(netns: &str, target: SocketAddr, for_ms: u64) -> Churn {
+    churn_until(netns, target, usize::MAX, Some(Duration::from_millis(for_ms)))
+}
+
+fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Duration>) -> Churn {
     in_netns(netns, move || {
         let started = Instant::now();
         let mut c = Churn::default();
         for i in 0..count {
+            if limit.is_some_and(|l| started.elapsed() >= l) {
+                break;
+            }
             let r = TcpStream::connect_timeout(&target, Duration::from_secs(3)).and_then(|mut s| {
                 s.set_read_timeout(Some(Duration::from_secs(3)))?;
                 let mut answer = String::new();

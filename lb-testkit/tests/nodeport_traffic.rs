@@ -386,3 +386,24 @@ fn conntrack_drains_after_traffic_stops() {
     let (_, metrics) = agent.http_get("/metrics");
     assert!(metrics.contains("lb_conntrack_gc_deleted_total"), "{metrics}");
 }
+
+/// `--acceleration best-effort` where native XDP cannot attach (node A's
+/// uplink is a Linux bridge): the agent says so, and tc serves the same
+/// traffic.
+#[test]
+fn best_effort_acceleration_falls_back_to_tc_where_xdp_cannot_attach() {
+    let opts = Options {
+        gro: true,
+        bridged_uplink_a: true,
+        ..Default::default()
+    };
+    let mut c = Cluster::with(&unique("xdp_besteff"), &opts);
+    let _b = backends(&c);
+    start_nodes(&mut c, &["--acceleration", "best-effort"]);
+    let log = c.a.agent.as_ref().unwrap().log_text();
+    assert!(log.contains("no native XDP"), "{log}");
+    bulk_both_ways(&c, 30090, "best-effort on a bridge");
+    let churn = traffic::churn(&c.client.name, SocketAddr::from((NODE_A, 30081)), 2_000);
+    assert_eq!(churn.failed, 0, "{:?}", churn.errors);
+    assert_eq!(Cluster::counter(&c.a, lb_common::config::CNT_XDP_PUNTED), 0);
+}
