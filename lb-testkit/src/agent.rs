@@ -44,6 +44,8 @@ pub struct Agent {
     pub netns: Option<String>,
     /// How long a (re)start may take to reach its first reconcile.
     pub startup_timeout: Duration,
+    /// The log line that says a start is done ("reconciled" normally).
+    pub ready_log: &'static str,
 }
 
 /// A loopback port nobody listens on right now.
@@ -160,6 +162,7 @@ impl Agent {
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             netns,
             startup_timeout: STARTUP,
+            ready_log: "reconciled",
         }
     }
 
@@ -202,8 +205,9 @@ impl Agent {
             .spawn()
             .expect("spawning lb-agent");
         self.child = Some(child);
-        let ok = self.wait_for_log("reconciled", 1, self.startup_timeout);
-        assert!(ok, "lb-agent did not reconcile; log:\n{}", self.log_text());
+        let ready = self.ready_log;
+        let ok = self.wait_for_log(ready, 1, self.startup_timeout);
+        assert!(ok, "lb-agent did not log {ready:?}; log:\n{}", self.log_text());
     }
 
     pub fn log_text(&self) -> String {
@@ -238,6 +242,45 @@ impl Agent {
             None,
             timeout,
         )
+    }
+
+    /// Like `start_slow`, done when `ready_log` appears in the log (a start
+    /// whose first reconcile refuses services logs no "reconciled").
+    pub fn start_until(
+        services: &Path,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+        ready_log: &'static str,
+        timeout: Duration,
+    ) -> Self {
+        let mut agent = Self::unspawned(
+            file_source(services),
+            cgroup,
+            pin_dir,
+            extra_args,
+            None,
+        );
+        agent.startup_timeout = timeout;
+        agent.ready_log = ready_log;
+        agent.spawn();
+        agent
+    }
+
+    /// SIGTERM, then waits up to `limit` for the agent to exit; how long it
+    /// took (None: still running at the limit, then SIGKILLed).
+    pub fn terminate(&mut self, limit: Duration) -> Option<Duration> {
+        let mut c = self.child.take()?;
+        let started = std::time::Instant::now();
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let exited = crate::wait_until(limit, || matches!(c.try_wait(), Ok(Some(_))));
+        let took = started.elapsed();
+        if !exited {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+        exited.then_some(took)
     }
 
     /// The agent's process id while it runs.

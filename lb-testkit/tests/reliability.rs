@@ -263,7 +263,17 @@ fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_wo
         agent.log_text()
     );
     let log = agent.log_text();
-    assert!(log.contains("default/b: LB4_SERVICES would need 8 entries but holds at most 6: raise --map-size-services"), "{log}");
+    assert!(
+        log.contains("1 service(s) not applied (default/b); 1: LB4_SERVICES is full (would need 8, holds 6): raise --map-size-services"),
+        "{log}"
+    );
+    // lbctl status names it, with the map and the flag.
+    let status = agent.lbctl_json(&["status"]);
+    assert_eq!(status["refused"][0]["service"], "default/b", "{status}");
+    assert!(status["refused"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("LB4_SERVICES would need 8 entries but holds at most 6: raise --map-size-services"));
     // Nothing of b was written; a works as before.
     let list = agent.lbctl(&["service", "list"]);
     assert!(!list.contains(VIPS[1]), "{list}");

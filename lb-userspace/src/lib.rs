@@ -10,6 +10,7 @@
 //!
 //! `reconcile` drives the pipeline; `datapath` loads, pins and attaches the
 //! eBPF programs; `sys` holds the few raw syscalls aya does not wrap.
+pub mod agent;
 pub mod cli;
 pub mod collections;
 pub mod conntrack;

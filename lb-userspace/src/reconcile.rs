@@ -44,9 +44,15 @@ pub enum ServiceError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// These services were refused (the others applied); retried on the next reconcile.
-    #[error("{} service(s) not applied: {}", .0.len(), .0.iter().map(|(n, e)| format!("{n}: {e}")).collect::<Vec<_>>().join("; "))]
+    /// These services were refused (the others applied); retried on the next
+    /// reconcile. Displayed as one summary line (the per-service detail is in
+    /// the list), however many there are.
+    #[error("{}", refusal_summary(.0))]
     Refused(Vec<(ServiceName, ServiceError)>),
+    /// Stopped between two services (the agent is shutting down); what was
+    /// written stays, the next start syncs the rest.
+    #[error("reconcile cancelled after {done} of {total} services")]
+    Cancelled { done: usize, total: usize },
     #[error("applying {service} failed after {applied} of {total} writes: {source}; will retry with a full sync")]
     Apply {
         service: String,
@@ -56,6 +62,56 @@ pub enum ReconcileError {
         source: MapWriteError,
     },
 }
+
+/// "N service(s) not applied (first names); K: MAP is full (would need X,
+/// holds Y): raise FLAG; M other(s): first names and errors".
+pub fn refusal_summary(refused: &[(ServiceName, ServiceError)]) -> String {
+    use std::fmt::Write as _;
+    let mut full: BTreeMap<(&str, &str), (usize, usize, u32)> = BTreeMap::new();
+    let mut other = Vec::new();
+    for (name, e) in refused {
+        match e {
+            ServiceError::Capacity {
+                map,
+                needed,
+                max,
+                flag,
+            } => {
+                let entry = full.entry((map, flag)).or_insert((0, 0, *max));
+                entry.0 += 1;
+                entry.1 = entry.1.max(*needed);
+            }
+            ServiceError::Desired(d) => other.push((name, d)),
+        }
+    }
+    let mut out = format!("{} service(s) not applied (", refused.len());
+    let names: Vec<String> = refused.iter().take(3).map(|(n, _)| n.to_string()).collect();
+    out.push_str(&names.join(", "));
+    out.push_str(if refused.len() > 3 { ", …)" } else { ")" });
+    for ((map, flag), (n, needed, max)) in &full {
+        let _ = write!(
+            out,
+            "; {n}: {map} is full (would need {needed}, holds {max}): raise {flag} or remove services"
+        );
+    }
+    if !other.is_empty() {
+        let _ = write!(out, "; {} other(s): ", other.len());
+        let shown: Vec<String> = other
+            .iter()
+            .take(3)
+            .map(|(n, e)| format!("{n}: {e}"))
+            .collect();
+        out.push_str(&shown.join("; "));
+        if other.len() > 3 {
+            out.push_str("; …");
+        }
+    }
+    out.push_str(" (nothing of those services was changed; every refused service is listed at debug level and in `lbctl status`)");
+    out
+}
+
+/// A long reconcile (a full sync of a big cluster) says how far it got this often.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// What one reconcile did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,6 +138,8 @@ pub struct Reconciler<M: LbMaps> {
     cfg: BuildConfig,
     /// UDP backends deleted from the maps since the last `take_removed_udp`.
     removed_udp: Vec<(std::net::IpAddr, u16)>,
+    /// Set from outside (a signal) to stop a long reconcile between services.
+    cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl<M: LbMaps> Reconciler<M> {
@@ -101,7 +159,16 @@ impl<M: LbMaps> Reconciler<M> {
             needs_full_sync: true,
             cfg: BuildConfig::default(),
             removed_udp: Vec::new(),
+            cancel: None,
         })
+    }
+
+    /// A flag that, once set, makes a running reconcile stop at the next
+    /// service (`ReconcileError::Cancelled`); the services not reached are
+    /// kept for the next run.
+    pub fn with_cancel(mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.cancel = Some(flag);
+        self
     }
 
     /// Settings the desired state depends on (Maglev table size). Changing
@@ -117,6 +184,11 @@ impl<M: LbMaps> Reconciler<M> {
 
     pub fn maps_mut(&mut self) -> &mut M {
         &mut self.maps
+    }
+
+    /// Id-table entries looked at so far (a cost measure for tests).
+    pub fn ids_touched(&self) -> u64 {
+        self.ids.touched()
     }
 
     /// Mirror of the maps' contents.
@@ -188,7 +260,22 @@ impl<M: LbMaps> Reconciler<M> {
         dirty.extend(std::mem::take(&mut self.pending));
         let mut ops = 0;
         let mut refused = Vec::new();
-        for name in &dirty {
+        let total = dirty.len();
+        let mut reported = Instant::now();
+        for (done, name) in dirty.iter().enumerate() {
+            if self
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            {
+                // What is left waits for the next run (a full sync stays due).
+                self.pending.extend(dirty.iter().skip(done).cloned());
+                return Err(ReconcileError::Cancelled { done, total });
+            }
+            if reported.elapsed() >= PROGRESS_EVERY {
+                tracing::info!(done, total, full_sync = full, "reconciling");
+                reported = Instant::now();
+            }
             match self.apply_service(name) {
                 Ok(n) => ops += n,
                 Err(Step::Refused(e)) => {
@@ -235,17 +322,21 @@ impl<M: LbMaps> Reconciler<M> {
             .copied()
             .collect();
         let mut desired = Desired::default();
+        // A refusal gives back only the ids this service took: O(service),
+        // not O(all frontends) per refused service (which made refusing k of
+        // n services cost n·k).
+        self.ids.begin();
         if let Some(svc) = self.target.services.get(name) {
             if let Err(e) =
                 desired::build([svc], &self.state, &mut self.ids, &self.cfg, &mut desired)
             {
-                self.ids.retain_applied(&self.state);
+                self.ids.rollback();
                 return Err(Step::Refused(e.into()));
             }
         }
         let ops = diff(&self.state, &replaced, &desired);
         if let Err(e) = self.check_capacity(&ops) {
-            self.ids.retain_applied(&self.state);
+            self.ids.rollback();
             return Err(Step::Refused(e));
         }
         self.write(&name.to_string(), &ops).map_err(Step::Write)?;

@@ -4,20 +4,24 @@
 use std::{
     net::SocketAddr,
     path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use lb::{
+    agent::{mailbox::Mailbox, worker::Worker},
     datapath::{self, config::RuntimeConfig, DatapathConfig, MapSizes},
-    maps::{bpf::BpfMaps, LbMaps as _},
+    maps::bpf::BpfMaps,
     metrics::{self, Metrics},
-    reconcile::{ReconcileError, Reconciler},
+    reconcile::Reconciler,
     source::{
         self,
         kubernetes::{store::Cidr, watch::WatchConfig},
-        SourceEvent,
     },
     sys,
 };
@@ -407,9 +411,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let maps = BpfMaps::open(&cfg.pin_dir)?;
-    let mut reconciler = Reconciler::restore(maps)?.with_config(lb::desired::BuildConfig {
-        maglev_m: args.maglev_table_size,
-    });
+    let cancel = Arc::new(AtomicBool::new(false));
+    let reconciler = Reconciler::restore(maps)?
+        .with_config(lb::desired::BuildConfig {
+            maglev_m: args.maglev_table_size,
+        })
+        .with_cancel(cancel.clone());
     info!(
         entries = reconciler.state().services.len(),
         backends = reconciler.state().backends.len(),
@@ -419,7 +426,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
     metrics.health.lock().unwrap().installed = true;
     // Conntrack is only written by the tc/XDP programs.
-    let gc_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gc_stop = Arc::new(AtomicBool::new(false));
     let gc = (!cfg.devices.is_empty()).then(|| {
         lb::conntrack::gc::spawn(
             cfg.pin_dir.clone(),
@@ -429,11 +436,23 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         )
     });
 
+    // The reconciler runs on a thread of its own, fed through a mailbox that
+    // never makes a source wait (lb::agent).
+    let mailbox = Arc::new(Mailbox::default());
+    let worker = Worker {
+        reconciler,
+        metrics: metrics.clone(),
+        on_removed_udp: terminate_stale_udp(args.pin_dir.clone(), metrics.clone()),
+        status_file: Some(lb::agent::status_file(&cfg.pin_dir)),
+        retry_every: lb::agent::worker::RETRY_EVERY,
+    }
+    .spawn(mailbox.clone());
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let outcome = rt.block_on(async {
         let health = metrics.health.clone();
         let (addr, grace) = (args.metrics_address, args.healthz_grace);
         tokio::spawn(async move {
@@ -475,139 +494,71 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let mut hup = signal(SignalKind::hangup())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let mut retry = tokio::time::interval(Duration::from_secs(10));
         loop {
             tokio::select! {
-                Some(ev) = events.recv() => {
-                    handle(ev, &mut reconciler, &metrics);
-                    terminate_stale_udp(&mut reconciler, &args.pin_dir, &metrics);
-                }
+                Some(ev) = events.recv() => mailbox.post(ev),
                 _ = hup.recv() => {
                     info!("SIGHUP: re-reading the source");
                     let _ = reload_tx.try_send(());
-                }
-                _ = retry.tick() => {
-                    if !reconciler.pending().is_empty() {
-                        info!(services = reconciler.pending().len(), "retrying refused services");
-                        finish(reconciler.retry(), &reconciler, &metrics, None);
-                        terminate_stale_udp(&mut reconciler, &args.pin_dir, &metrics);
-                    }
                 }
                 _ = term.recv() => break,
                 _ = int.recv() => break,
             }
         }
-        info!("stopping; the data path stays installed and keeps forwarding");
         anyhow::Ok(())
-    })?;
-    gc_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    info!("stopping; the data path stays installed and keeps forwarding");
+    // A reconcile in progress stops at the next service; what it wrote
+    // stays, the next start syncs the rest.
+    cancel.store(true, Ordering::Relaxed);
+    mailbox.close();
+    gc_stop.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_millis(800);
+    while !worker.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !worker.is_finished() {
+        warn!("the reconcile worker is still writing; leaving it (the maps stay consistent per service)");
+    }
     if let Some(gc) = gc {
-        let _ = gc.join();
-    }
-    Ok(())
-}
-
-fn handle(ev: SourceEvent, reconciler: &mut Reconciler<BpfMaps>, metrics: &Metrics) {
-    match ev {
-        SourceEvent::Full { model, observed } => {
-            metrics.observed_change();
-            // A complete view (the file, an initial list or a relist): the
-            // services that differ from the last one are applied, the ones
-            // missing from it removed. A full compare-and-sweep of the maps
-            // is the reconciler's own business (after a start or a failed
-            // write); a big services file edited once must not cost one.
-            let result = reconciler.reconcile(&model);
-            finish(result, reconciler, metrics, Some(observed));
-        }
-        SourceEvent::Changes { changes, observed } => {
-            metrics.observed_change();
-            let result = reconciler.reconcile_changes(changes);
-            finish(result, reconciler, metrics, Some(observed));
-        }
-        SourceEvent::Error {
-            source,
-            reason,
-            message,
-        } => {
-            error!("{message}; keeping the last good state in the maps");
-            metrics.source_error(source, reason, message);
-        }
-        SourceEvent::Warning {
-            source,
-            reason,
-            message,
-        } => {
-            warn!("{message}");
-            metrics.source_warning(source, reason);
+        if gc.is_finished() {
+            let _ = gc.join();
         }
     }
-}
-
-fn finish(
-    result: Result<lb::reconcile::ReconcileStats, ReconcileError>,
-    reconciler: &Reconciler<BpfMaps>,
-    metrics: &Metrics,
-    observed: Option<Instant>,
-) {
-    let target = reconciler.target();
-    match result {
-        Ok(stats) => {
-            metrics.reconciled(
-                &stats,
-                observed,
-                reconciler.state(),
-                target.services.len(),
-                reconciler.maps().capacity(),
-            );
-            info!(
-                services = target.services.len(),
-                frontends = target.frontend_count(),
-                changed = stats.services_changed,
-                writes = stats.ops,
-                full_sync = stats.full_sync,
-                took_us = stats.duration.as_micros() as u64,
-                "reconciled"
-            )
-        }
-        Err(e) => {
-            warn!("reconcile failed: {e}");
-            metrics.reconcile_failed(e.to_string());
-        }
-    }
+    // Do not wait for the runtime's blocking tasks (a socket scan).
+    rt.shutdown_timeout(Duration::from_millis(100));
+    outcome
 }
 
 /// Connected UDP sockets that socket LB pinned to a backend that was just
 /// removed fail over: they are destroyed in the background (scanning every
 /// namespace takes a moment; the maps are already up to date).
 fn terminate_stale_udp(
-    reconciler: &mut Reconciler<BpfMaps>,
-    pin_dir: &std::path::Path,
-    metrics: &Metrics,
-) {
-    let gone = reconciler.take_removed_udp();
-    if gone.is_empty() {
-        return;
-    }
-    let (pin_dir, metrics) = (pin_dir.to_path_buf(), metrics.clone());
-    tokio::task::spawn_blocking(move || match lb::sockets::terminate_udp(&pin_dir, &gone) {
-        Ok(r) => {
-            metrics.sockets_destroyed.inc_by(r.destroyed as u64);
-            metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
-            for e in &r.errors {
-                warn!("connected UDP sockets to removed backends: {e}");
+    pin_dir: PathBuf,
+    metrics: Metrics,
+) -> Box<dyn FnMut(Vec<(std::net::IpAddr, u16)>) + Send> {
+    Box::new(move |gone| {
+        let (pin_dir, metrics) = (pin_dir.clone(), metrics.clone());
+        std::thread::spawn(move || match lb::sockets::terminate_udp(&pin_dir, &gone) {
+            Ok(r) => {
+                metrics.sockets_destroyed.inc_by(r.destroyed as u64);
+                metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
+                for e in &r.errors {
+                    warn!("connected UDP sockets to removed backends: {e}");
+                }
+                info!(
+                    backends = gone.len(),
+                    namespaces = r.namespaces,
+                    destroyed = r.destroyed,
+                    "destroyed connected UDP sockets to removed backends"
+                );
             }
-            info!(
-                backends = gone.len(),
-                namespaces = r.namespaces,
-                destroyed = r.destroyed,
-                "destroyed connected UDP sockets to removed backends"
-            );
-        }
-        Err(e) => {
-            metrics.socket_scan_errors.inc();
-            warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
-        }
-    });
+            Err(e) => {
+                metrics.socket_scan_errors.inc();
+                warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
+            }
+        });
+    })
 }
 
 /// Forwards the programs' aya-log records to tracing (through the `log` crate).

@@ -36,6 +36,8 @@ pub struct Status {
     pub checks: Vec<Check>,
     pub hooks: Vec<HookRow>,
     pub maps: Vec<MapRow>,
+    /// Services the agent could not apply (from its status file).
+    pub refused: Vec<crate::agent::worker::RefusedService>,
 }
 
 impl Status {
@@ -171,12 +173,18 @@ pub fn gather(pin_dir: &Path) -> Status {
     } else {
         Vec::new()
     };
+    let refused = std::fs::read(crate::agent::status_file(pin_dir))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<crate::agent::worker::AgentStatus>(&b).ok())
+        .map(|s| s.refused)
+        .unwrap_or_default();
     Status {
         version: env!("CARGO_PKG_VERSION"),
         kernel: kernel_release(),
         checks,
         hooks,
         maps,
+        refused,
     }
 }
 
@@ -235,6 +243,14 @@ pub fn render_table(s: &Status) -> String {
         out.push('\n');
         out.push_str(&super::align(&t));
     }
+    if !s.refused.is_empty() {
+        let mut t = vec![["Refused service".to_string(), "Why".into()]];
+        for r in &s.refused {
+            t.push([r.service.clone(), r.error.clone()]);
+        }
+        out.push('\n');
+        out.push_str(&super::align(&t));
+    }
     out
 }
 
@@ -245,6 +261,7 @@ mod tests {
     #[test]
     fn table_matches_golden_output() {
         let s = Status {
+            refused: Vec::new(),
             version: "0.1.0",
             kernel: "6.18.0".into(),
             checks: vec![

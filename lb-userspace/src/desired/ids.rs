@@ -26,6 +26,12 @@ struct IdTable<K> {
     by_id: HashMap<u32, K>,
     next: u32,
     max: u32,
+    /// Ids handed out since the last `begin`: a refused change gives back
+    /// exactly these, in time proportional to the change, not to the table.
+    fresh: Vec<u32>,
+    /// Entries looked at, all operations together: what tests pin to keep
+    /// the cost of a change proportional to the change.
+    touched: u64,
 }
 
 impl<K: Hash + Eq + Copy> IdTable<K> {
@@ -36,6 +42,8 @@ impl<K: Hash + Eq + Copy> IdTable<K> {
             by_id: HashMap::default(),
             next: 1,
             max,
+            fresh: Vec::new(),
+            touched: 0,
         }
     }
 
@@ -48,6 +56,7 @@ impl<K: Hash + Eq + Copy> IdTable<K> {
     }
 
     fn get_or_alloc(&mut self, key: K) -> Result<u32, IdsExhausted> {
+        self.touched += 1;
         if let Some(id) = self.by_key.get(&key) {
             return Ok(*id);
         }
@@ -69,16 +78,27 @@ impl<K: Hash + Eq + Copy> IdTable<K> {
         self.next = if id >= self.max { 1 } else { id + 1 };
         self.by_key.insert(key, id);
         self.by_id.insert(id, key);
+        self.fresh.push(id);
         Ok(id)
     }
 
+    fn rollback(&mut self) -> usize {
+        let n = self.fresh.len();
+        for id in std::mem::take(&mut self.fresh) {
+            self.release(id);
+        }
+        n
+    }
+
     fn release(&mut self, id: u32) {
+        self.touched += 1;
         if let Some(key) = self.by_id.remove(&id) {
             self.by_key.remove(&key);
         }
     }
 
     fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.touched += (self.by_id.len() + self.by_key.len()) as u64;
         self.by_id.retain(|id, _| keep(*id));
         let by_id = &self.by_id;
         self.by_key.retain(|_, id| by_id.contains_key(id));
@@ -155,7 +175,27 @@ impl Ids {
         self.backends.release(id);
     }
 
-    /// Forgets ids allocated for changes that were never applied.
+    /// Id-table entries looked at so far (a cost measure for tests).
+    pub fn touched(&self) -> u64 {
+        self.services.touched + self.backends.touched
+    }
+
+    /// Starts a change: ids handed out from now on are given back by
+    /// `rollback` unless the change is kept (`begin` again).
+    pub fn begin(&mut self) {
+        self.services.fresh.clear();
+        self.backends.fresh.clear();
+    }
+
+    /// Gives back the ids handed out since `begin` (the change was refused,
+    /// nothing of it reached the maps). Returns how many: the cost is that,
+    /// whatever the size of the tables.
+    pub fn rollback(&mut self) -> usize {
+        self.services.rollback() + self.backends.rollback()
+    }
+
+    /// Forgets ids allocated for changes that were never applied (a scan of
+    /// every id: after a failed write or a full sync, never per service).
     pub fn retain_applied(&mut self, state: &MapState) {
         let live: HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
         self.services.retain(|id| live.contains(&id));
@@ -187,6 +227,20 @@ mod tests {
         ids.release_service(a);
         let b = ids.service_id(&key(2)).unwrap();
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn rollback_gives_back_only_the_ids_of_the_refused_change() {
+        let mut ids = Ids::default();
+        ids.begin();
+        let kept = ids.service_id(&key(1)).unwrap();
+        ids.begin(); // the first change was kept
+        let refused = ids.service_id(&key(2)).unwrap();
+        assert_eq!(ids.service_id(&key(1)).unwrap(), kept, "an existing id is not fresh");
+        assert_eq!(ids.rollback(), 1, "one id to give back, whatever the table holds");
+        assert_eq!(ids.lookup_service(&key(2)), None);
+        assert_eq!(ids.lookup_service(&key(1)), Some(kept));
+        assert_ne!(ids.service_id(&key(2)).unwrap(), refused, "not reused before wrapping");
     }
 
     #[test]

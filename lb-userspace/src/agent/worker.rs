@@ -1,0 +1,185 @@
+//! The reconcile worker: a thread of its own that owns the reconciler and
+//! applies whatever the mailbox holds. A full sync of 100 000 services takes
+//! seconds; on its own thread it cannot starve the runtime that answers
+//! signals, /healthz and /metrics and keeps reading the sources.
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tracing::{debug, error, info, warn};
+
+use super::mailbox::{Mailbox, Pending};
+use crate::{
+    maps::LbMaps,
+    metrics::Metrics,
+    reconcile::{ReconcileError, ReconcileStats, Reconciler},
+    source::SourceEvent,
+};
+
+/// Refused services are retried this often without new input.
+pub const RETRY_EVERY: Duration = Duration::from_secs(10);
+
+pub struct Worker<M: LbMaps> {
+    pub reconciler: Reconciler<M>,
+    pub metrics: Metrics,
+    /// Called with the UDP backends a reconcile removed (connected sockets
+    /// pinned to them are destroyed, see `crate::sockets`).
+    pub on_removed_udp: Box<dyn FnMut(Vec<(IpAddr, u16)>) + Send>,
+    /// Where the refused services are written for `lbctl status`.
+    pub status_file: Option<PathBuf>,
+    pub retry_every: Duration,
+}
+
+impl<M: LbMaps + Send + 'static> Worker<M> {
+    pub fn spawn(self, mailbox: Arc<Mailbox>) -> std::thread::JoinHandle<()> {
+        std::thread::Builder::new()
+            .name("reconcile".into())
+            .spawn(move || self.run(&mailbox))
+            .expect("spawning the reconcile worker")
+    }
+
+    /// Applies what arrives until the mailbox closes.
+    pub fn run(mut self, mailbox: &Mailbox) {
+        while let Some(p) = mailbox.take(self.retry_every) {
+            self.step(p);
+        }
+    }
+
+    /// One round: notes, then the full model, then the changes after it;
+    /// with nothing new, a retry of refused services.
+    pub fn step(&mut self, p: Pending) {
+        let idle = p.is_empty();
+        for note in p.notes {
+            self.note(note);
+        }
+        let observed = p.observed;
+        if let Some(model) = p.full {
+            self.metrics.observed_change();
+            // A complete view: the services that differ from the last one
+            // are applied, the ones missing from it removed.
+            let r = self.reconciler.reconcile(&model);
+            self.finish(r, observed);
+        }
+        if !p.changes.is_empty() {
+            self.metrics.observed_change();
+            let r = self.reconciler.reconcile_changes(p.changes);
+            self.finish(r, observed);
+        }
+        if idle && !self.reconciler.pending().is_empty() {
+            info!(
+                services = self.reconciler.pending().len(),
+                "retrying refused services"
+            );
+            let r = self.reconciler.retry();
+            self.finish(r, None);
+        }
+        let gone = self.reconciler.take_removed_udp();
+        if !gone.is_empty() {
+            (self.on_removed_udp)(gone);
+        }
+    }
+
+    fn note(&self, ev: SourceEvent) {
+        match ev {
+            SourceEvent::Error {
+                source,
+                reason,
+                message,
+            } => {
+                error!("{message}; keeping the last good state in the maps");
+                self.metrics.source_error(source, reason, message);
+            }
+            SourceEvent::Warning {
+                source,
+                reason,
+                message,
+            } => {
+                warn!("{message}");
+                self.metrics.source_warning(source, reason);
+            }
+            SourceEvent::Full { .. } | SourceEvent::Changes { .. } => {}
+        }
+    }
+
+    fn finish(&self, result: Result<ReconcileStats, ReconcileError>, observed: Option<Instant>) {
+        let r = &self.reconciler;
+        let target = r.target();
+        match result {
+            Ok(stats) => {
+                self.metrics.reconciled(
+                    &stats,
+                    observed,
+                    r.state(),
+                    target.services.len(),
+                    r.maps().capacity(),
+                );
+                info!(
+                    services = target.services.len(),
+                    frontends = target.frontend_count(),
+                    changed = stats.services_changed,
+                    writes = stats.ops,
+                    full_sync = stats.full_sync,
+                    took_us = stats.duration.as_micros() as u64,
+                    "reconciled"
+                );
+                self.write_status(&[]);
+            }
+            Err(ReconcileError::Refused(refused)) => {
+                // The details first, so whoever reads the warning finds them.
+                self.write_status(&refused);
+                for (name, e) in &refused {
+                    debug!(service = %name, "refused: {e}");
+                }
+                let summary = crate::reconcile::refusal_summary(&refused);
+                warn!("{summary}");
+                self.metrics.reconcile_failed(summary);
+            }
+            Err(e @ ReconcileError::Cancelled { .. }) => info!("{e}"),
+            Err(e) => {
+                warn!("reconcile failed: {e}");
+                self.metrics.reconcile_failed(e.to_string());
+            }
+        }
+    }
+
+    fn write_status(&self, refused: &[(crate::model::ServiceName, crate::reconcile::ServiceError)]) {
+        let Some(path) = &self.status_file else {
+            return;
+        };
+        let status = AgentStatus {
+            refused: refused
+                .iter()
+                .map(|(n, e)| RefusedService {
+                    service: n.to_string(),
+                    error: e.to_string(),
+                })
+                .collect(),
+        };
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&status)?)?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            warn!("writing {}: {e}", path.display());
+        }
+    }
+}
+
+/// What the agent leaves for `lbctl status` beside the maps.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct AgentStatus {
+    pub refused: Vec<RefusedService>,
+}
+
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RefusedService {
+    pub service: String,
+    pub error: String,
+}
