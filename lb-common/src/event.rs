@@ -16,6 +16,10 @@ pub const HOOK_GETPEERNAME6: u8 = 8;
 pub const HOOK_TC_INGRESS: u8 = 9;
 pub const HOOK_TC_EGRESS: u8 = 10;
 pub const HOOK_XDP: u8 = 11;
+/// tc on a pod-facing device (the host end of a pod's veth): packets from
+/// the pod (ingress) and to it (egress).
+pub const HOOK_TC_POD_INGRESS: u8 = 12;
+pub const HOOK_TC_POD_EGRESS: u8 = 13;
 
 pub const fn hook_name(hook: u8) -> &'static str {
     match hook {
@@ -30,6 +34,8 @@ pub const fn hook_name(hook: u8) -> &'static str {
         HOOK_TC_INGRESS => "tc-ingress",
         HOOK_TC_EGRESS => "tc-egress",
         HOOK_XDP => "xdp",
+        HOOK_TC_POD_INGRESS => "tc-pod-ingress",
+        HOOK_TC_POD_EGRESS => "tc-pod-egress",
         _ => "unknown",
     }
 }

@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod dataplane;
 pub mod netns;
 pub mod packets;
+pub mod pods;
 pub mod probe;
 pub mod servers;
 pub mod topology;
@@ -87,4 +88,15 @@ pub fn run(cmd: &str, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A counter of the data path pinned at `pin_dir` (`lb_common::config::CNT_*`),
+/// summed over CPUs.
+pub fn cluster_counter(pin_dir: &std::path::Path, index: u32) -> u64 {
+    use aya::maps::{MapData, PerCpuArray};
+    let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(
+        lb::maps::bpf::open_pinned(pin_dir, lb_common::maps::LB_COUNTERS).unwrap(),
+    )
+    .unwrap();
+    map.get(&index, 0).unwrap().iter().sum()
 }

@@ -284,37 +284,55 @@ ID   Frontend            Service Type   Backend
     assert_eq!(json[1]["backends"].as_array().unwrap().len(), 2);
 }
 
+/// With host-namespace-only, the host's own sockets are translated by socket
+/// LB, pods' sockets are left alone (a mesh sidecar must see the ClusterIP),
+/// and the pods' connects still succeed: tc on their veths translates their
+/// packets (see pod_packet_path.rs for the rest of that path).
 #[test]
-fn host_namespace_only_translates_host_sockets_and_leaves_pods_alone() {
-    let mut w = World::new("host_ns_only", 1);
-    let _servers = w.tcp_servers(8080, false);
-    w.write_services(&service_yaml(&[0], ""));
-    // The agent runs in the client namespace, which thereby is the "host".
-    let host = w.topo.client.name.clone();
+fn host_namespace_only_translates_host_sockets_and_pods_reach_services_through_the_packet_path() {
+    use lb_testkit::pods::PodNode;
+    let n = PodNode::new(&lb_testkit::unique("host_ns_only"), 2, true);
+    let backend = n.ip_of(1);
+    let _server = lb_testkit::servers::tcp(
+        &n.pods[1].name,
+        std::net::SocketAddr::from((backend, 8080)),
+        "b1",
+    );
+    std::fs::write(
+        &n.services,
+        format!("services:\n  - name: web\n    clusterIPs: [{VIP}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{{address: {backend}, local: true}}]\n"),
+    )
+    .unwrap();
+    // The agent runs in the node namespace, which thereby is the "host".
     let agent = Agent::start_in_netns(
-        &host,
-        &w.services,
-        &w.cgroup.path,
-        &w.pins.path,
-        &["--socket-lb-host-namespace-only"],
+        &n.node.name,
+        &n.services,
+        &n.cgroup.path,
+        &n.pins.path,
+        &["--socket-lb-host-namespace-only", "--pod-devices", "pv*"],
     );
     assert_eq!(
         agent.lbctl_json(&["config", "get"])["host-namespace-only"],
         "on"
     );
-
-    for a in lb_testkit::probe::run(&w.cgroup.path, &host, "tcp", &format!("{VIP}:80"), 3) {
+    let before = lb_testkit::cluster_counter(&n.pins.path, lb_common::config::CNT_SOCK_TRANSLATIONS);
+    for a in lb_testkit::probe::run(&n.cgroup.path, &n.node.name, "tcp", &format!("{VIP}:80"), 3) {
         assert!(
             a.ok && a.backend() == Some("b1"),
             "host sockets are translated: {a:?}"
         );
     }
-    // A "pod" in another namespace keeps the service address: its connect is
-    // not translated, so it hits the blackhole route for the service range.
-    let tag = w.tag.clone();
-    let pod = w.topo.add_client(&tag);
-    for a in lb_testkit::probe::run(&w.cgroup.path, &pod, "tcp", &format!("{VIP}:80"), 3) {
-        assert!(!a.ok, "pod sockets must not be translated: {a:?}");
-        assert_ne!(a.errno, Some(111), "not refused by us either: {a:?}");
+    let host = lb_testkit::cluster_counter(&n.pins.path, lb_common::config::CNT_SOCK_TRANSLATIONS);
+    assert_eq!(host - before, 3, "by socket LB");
+    // A pod keeps the service address on its socket (socket LB leaves it
+    // alone) and reaches the backend all the same, through its veth.
+    for a in lb_testkit::probe::run(&n.cgroup.path, &n.pods[0].name, "tcp", &format!("{VIP}:80"), 3) {
+        assert!(a.ok && a.backend() == Some("b1"), "{a:?}");
     }
+    assert_eq!(
+        lb_testkit::cluster_counter(&n.pins.path, lb_common::config::CNT_SOCK_TRANSLATIONS),
+        host,
+        "not by socket LB"
+    );
+    assert!(lb_testkit::cluster_counter(&n.pins.path, lb_common::config::CNT_NP_FORWARD) >= 3);
 }

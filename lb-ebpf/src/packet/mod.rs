@@ -150,6 +150,10 @@ impl Action {
 pub trait Hook: Pkt {
     fn ingress_ifindex(&self) -> u32;
     fn hook(&self) -> u8;
+    /// The packet comes from a pod on this node (a pod-facing device), not
+    /// from outside: every backend is reached like a local one (DNAT, the
+    /// stack routes it, the pod's address kept).
+    fn from_pod(&self) -> bool;
     /// The L3 length of what goes on the wire per packet: one segment of a
     /// GSO packet, the whole packet otherwise.
     fn wire_len(&self, f: &Flow) -> u16;
@@ -402,15 +406,16 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
         last_seen_ns: now(),
     };
     frag::remember(f);
-    if b.flags & BACKEND_FLAG_LOCAL != 0 {
+    if b.flags & BACKEND_FLAG_LOCAL != 0 || ctx.from_pod() {
         new_local(ctx, f, &b)
     } else {
         new_remote(ctx, f, &b)
     }
 }
 
-/// Backend on this node: DNAT here, the stack delivers it, tc egress undoes
-/// the DNAT on the reply.
+/// Backend on this node (or any backend, for a pod's packet): DNAT here,
+/// the stack delivers or routes it, tc egress (of the device the reply
+/// leaves by, or of the pod's device) undoes the DNAT on the reply.
 #[inline(never)]
 fn new_local<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     let Some(sp) = scratch() else {
@@ -419,16 +424,36 @@ fn new_local<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     // SAFETY: per-CPU scratch; distinct fields.
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
     ct.flags |= CT_F_LOCAL;
+    // Hairpin: a pod that reached itself through a frontend would get its
+    // own address as the source and drop it as a martian. Like kube-proxy's
+    // masquerade, the source becomes the frontend (same port), and the
+    // pod's reply to it comes back through here as a SNAT reply.
+    let hairpin = b.address == f.saddr;
+    let (src, sport) = if hairpin {
+        ct.flags |= CT_F_SNAT;
+        ct.nat_addr = f.daddr;
+        ct.nat_port = f.sport;
+        (f.daddr, f.sport)
+    } else {
+        (f.saddr, f.sport)
+    };
     *rct = *ct;
     rct.addr = f.daddr;
     rct.port = f.dport;
+    rct.nat_addr = f.saddr;
+    rct.nat_port = f.sport;
     let skey = f.ct_key(CT_SERVICE);
-    let rev = Ct4Key::new(b.address, f.saddr, b.port, f.sport, f.proto, CT_REVERSE);
+    let rev = Ct4Key::new(b.address, src, b.port, sport, f.proto, CT_REVERSE);
     if !ct::put(&rev, rct) || !ct::put(&skey, ct) {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
     bump(CNT_CT_CREATED);
-    match nat::dnat(ctx, f, b.address, b.port) {
+    let rewritten = if hairpin {
+        nat::dnat_snat(ctx, f, b.address, b.port, src, sport)
+    } else {
+        nat::dnat(ctx, f, b.address, b.port)
+    };
+    match rewritten {
         Some(()) => {
             bump(CNT_NP_FORWARD);
             Action::PASS
@@ -527,7 +552,12 @@ fn maglev(f: &Flow, svc: &ServiceValue) -> Result<(u32, Backend4), DropReason> {
 #[inline(never)]
 fn forward_known<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -> Action {
     if ct.flags & CT_F_LOCAL != 0 {
-        return nat::dnat(ctx, f, b.address, b.port).map_or(Action::DROP, |_| {
+        let rewritten = if ct.flags & CT_F_SNAT != 0 {
+            nat::dnat_snat(ctx, f, b.address, b.port, ct.nat_addr, ct.nat_port)
+        } else {
+            nat::dnat(ctx, f, b.address, b.port)
+        };
+        return rewritten.map_or(Action::DROP, |_| {
             bump(CNT_NP_FORWARD);
             Action::PASS
         });

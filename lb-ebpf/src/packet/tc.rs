@@ -12,7 +12,7 @@ use aya_ebpf::{
     programs::TcContext,
     EbpfContext,
 };
-use lb_common::event::{HOOK_TC_EGRESS, HOOK_TC_INGRESS};
+use lb_common::event::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_POD_EGRESS, HOOK_TC_POD_INGRESS};
 
 use super::{
     access::{Pkt, ETH_HLEN, IP_CHECK},
@@ -75,6 +75,10 @@ impl Hook for Tc<'_> {
     #[inline(always)]
     fn hook(&self) -> u8 {
         self.hook
+    }
+    #[inline(always)]
+    fn from_pod(&self) -> bool {
+        self.hook == HOOK_TC_POD_INGRESS
     }
     /// A GRO/GSO skb goes out as segments of gso_size payload bytes each
     /// (net/core/gso.c, skb_gso_validate_network_len does the same sum).
@@ -219,6 +223,39 @@ pub fn lb_tc_egress(ctx: TcContext) -> i32 {
     let t = Tc {
         ctx: &ctx,
         hook: HOOK_TC_EGRESS,
+    };
+    t.pull(HEADERS);
+    verdict(super::egress(&t))
+}
+
+/// A pod's packets as they leave it (the host end of its veth): ClusterIPs
+/// and every other frontend are translated here for pods whose sockets
+/// socket LB leaves alone (`--socket-lb-host-namespace-only`, for service
+/// meshes), as kube-proxy does in PREROUTING and Cilium in bpf_lxc. The
+/// pod's address is kept and the stack routes the packet; no SNAT.
+#[classifier]
+pub fn lb_tc_pod_ingress(ctx: TcContext) -> i32 {
+    if tagged(&ctx) {
+        return TC_ACT_OK;
+    }
+    let t = Tc {
+        ctx: &ctx,
+        hook: HOOK_TC_POD_INGRESS,
+    };
+    t.pull(HEADERS);
+    verdict(super::ingress(&t))
+}
+
+/// Packets on their way into a pod: replies of a translated flow get the
+/// frontend back as their source.
+#[classifier]
+pub fn lb_tc_pod_egress(ctx: TcContext) -> i32 {
+    if tagged(&ctx) {
+        return TC_ACT_OK;
+    }
+    let t = Tc {
+        ctx: &ctx,
+        hook: HOOK_TC_POD_EGRESS,
     };
     t.pull(HEADERS);
     verdict(super::egress(&t))

@@ -60,6 +60,10 @@ impl Hook for Xdp<'_> {
     fn hook(&self) -> u8 {
         HOOK_XDP
     }
+    #[inline(always)]
+    fn from_pod(&self) -> bool {
+        false
+    }
     /// A frame is one packet on the wire.
     #[inline(always)]
     fn wire_len(&self, f: &Flow) -> u16 {

@@ -132,6 +132,14 @@ struct RunArgs {
         env = "LB_DEVICES"
     )]
     devices: Vec<String>,
+    /// Pod-facing devices (the host ends of pods' veths): pods' packets to
+    /// ClusterIPs and every other frontend are translated there, for pods
+    /// whose sockets socket LB leaves alone. Names or prefixes ending in *
+    /// (veth*, cali*, lxc*), `auto` (every veth that is not in --devices),
+    /// or `none`. [default: auto with --socket-lb-host-namespace-only in
+    /// Kubernetes mode, else none]
+    #[arg(long, value_name = "DEV,...|auto|none", env = "LB_POD_DEVICES")]
+    pod_devices: Option<datapath::pods::PodDevices>,
     /// How traffic to a backend on another node is forwarded.
     #[arg(long, value_enum, default_value_t = LbMode::Snat, env = "LB_MODE")]
     lb_mode: LbMode,
@@ -367,7 +375,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         devices: args.devices.clone(),
         acceleration: args.acceleration,
+        pod_devices: match (&args.pod_devices, &mode) {
+            (Some(p), _) => p.clone(),
+            (None, Mode::Kubernetes(_)) if args.socket_lb_host_namespace_only => {
+                datapath::pods::PodDevices::Auto
+            }
+            (None, _) => datapath::pods::PodDevices::None,
+        },
     };
+    if args.socket_lb_host_namespace_only && cfg.pod_devices.is_none() {
+        warn!("--socket-lb-host-namespace-only without --pod-devices: pods' own sockets are not translated and nothing translates their packets either; pods will not reach services");
+    }
     let report = datapath::install(&cfg)?;
     info!(pin_dir = %cfg.pin_dir.display(), maps_reused = report.maps_reused, "data path installed");
     let mut config = RuntimeConfig::open(&cfg.pin_dir)?;
@@ -425,9 +443,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
     metrics.health.lock().unwrap().installed = true;
-    // Conntrack is only written by the tc/XDP programs.
+    let pod_watch = if cfg.pod_devices.is_none() {
+        None
+    } else {
+        Some(datapath::pods::watch(
+            cfg.pin_dir.clone(),
+            cfg.pod_devices.clone(),
+            cfg.devices.clone(),
+            Arc::new(AtomicBool::new(false)),
+        )?)
+    };
+    // Conntrack is only written by the tc programs.
     let gc_stop = Arc::new(AtomicBool::new(false));
-    let gc = (!cfg.devices.is_empty()).then(|| {
+    let gc = (!cfg.devices.is_empty() || pod_watch.is_some()).then(|| {
         lb::conntrack::gc::spawn(
             cfg.pin_dir.clone(),
             args.conntrack_gc_interval,

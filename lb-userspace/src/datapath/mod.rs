@@ -5,6 +5,7 @@
 //! uninstall.
 pub mod config;
 pub mod pins;
+pub mod pods;
 
 use std::{
     fs::File,
@@ -109,6 +110,8 @@ pub struct DatapathConfig {
     /// External devices for NodePort/LoadBalancer/external-IP traffic.
     pub devices: Vec<String>,
     pub acceleration: Acceleration,
+    /// Pod-facing devices: pods' packets to frontends are translated there.
+    pub pod_devices: pods::PodDevices,
 }
 
 /// What `install` did with each hook.
@@ -263,6 +266,21 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
             }
         }
     }
+    if !cfg.pod_devices.is_none() {
+        pods::load_and_pin(&mut ebpf, &layout)?;
+        let found = pods::current(&cfg.pod_devices, &cfg.devices)?;
+        if found.is_empty() {
+            warn!(
+                pod_devices = ?cfg.pod_devices,
+                "no pod-facing device matches yet: pods' packets to services are translated only once one appears"
+            );
+        }
+        for l in found {
+            pods::attach(&cfg.pin_dir, &l.name)?;
+            info!(device = %l.name, "pod device served");
+            wanted_links.extend(pods::link_names(&l.name));
+        }
+    }
     // Links of devices (or XDP) no longer configured: detach them.
     if let Ok(entries) = std::fs::read_dir(layout.links_dir()) {
         for e in entries.flatten() {
@@ -284,7 +302,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
 /// Makes the pinned link at `pin` run the program `prog`: swapped into an
 /// existing link that is still `current` (same cgroup / device), else a new
 /// link attached first and the old one dropped after, so there is no gap.
-fn ensure_link(
+pub(crate) fn ensure_link(
     pin: &Path,
     prog: BorrowedFd<'_>,
     current: impl Fn(BorrowedFd<'_>) -> anyhow::Result<bool>,
@@ -386,6 +404,12 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
         }
     }
     let _ = std::fs::remove_dir(layout.links_dir());
+    if let Ok(entries) = std::fs::read_dir(layout.map("progs")) {
+        for e in entries.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        let _ = std::fs::remove_dir(layout.map("progs"));
+    }
     if let Err(e) = std::fs::remove_dir(pin_dir) {
         bail!(
             "{} still holds files we did not create ({e}); left in place",

@@ -2,4 +2,5 @@
 pub mod bpf;
 pub mod fs;
 pub mod netdev;
+pub mod netlink;
 pub mod sock_diag;

@@ -1,0 +1,222 @@
+//! rtnetlink, just what finding pod-facing devices needs: a dump of the
+//! links (index, name, kind) and a socket that hears links appear and go
+//! (RTMGRP_LINK). Layouts from include/uapi/linux/rtnetlink.h and
+//! if_link.h. Written here rather than pulling in the rtnetlink crate's
+//! async stack for two messages.
+use std::{
+    io,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+};
+
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const RTM_GETLINK: u16 = 18;
+const NLMSG_DONE: u16 = 3;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_DUMP: u16 = 0x300;
+const RTMGRP_LINK: u32 = 1;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const NLMSG_HDRLEN: usize = 16;
+const IFINFO_LEN: usize = 16;
+
+/// A network device as rtnetlink reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub ifindex: u32,
+    pub name: String,
+    /// IFLA_INFO_KIND: "veth", "bridge", ... (empty for a physical device).
+    pub kind: String,
+}
+
+/// A change of the device list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LinkEvent {
+    New(Link),
+    Gone(Link),
+}
+
+fn socket(groups: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned from here on.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a zeroed sockaddr_nl is valid; we set family and groups.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as u16;
+    addr.nl_groups = groups;
+    // SAFETY: addr lives across the call, its size is passed.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for its length.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_ne_bytes([b[off], b[off + 1]])
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes(b[off..off + 4].try_into().unwrap())
+}
+
+/// Walks rtattrs in `b`, calling `f(type, payload)`.
+fn attrs(b: &[u8], mut f: impl FnMut(u16, &[u8])) {
+    let mut off = 0;
+    while off + 4 <= b.len() {
+        let len = u16_at(b, off) as usize;
+        if len < 4 || off + len > b.len() {
+            break;
+        }
+        f(u16_at(b, off + 2) & 0x3fff, &b[off + 4..off + len]);
+        off += (len + 3) & !3;
+    }
+}
+
+fn c_string(b: &[u8]) -> String {
+    String::from_utf8_lossy(b.split(|c| *c == 0).next().unwrap_or(&[])).into_owned()
+}
+
+/// The link in one RTM_NEWLINK / RTM_DELLINK message body.
+fn parse_link(body: &[u8]) -> Option<Link> {
+    if body.len() < IFINFO_LEN {
+        return None;
+    }
+    let ifindex = u32_at(body, 4);
+    let mut link = Link {
+        ifindex,
+        name: String::new(),
+        kind: String::new(),
+    };
+    attrs(&body[IFINFO_LEN..], |ty, payload| match ty {
+        IFLA_IFNAME => link.name = c_string(payload),
+        IFLA_LINKINFO => attrs(payload, |ty, p| {
+            if ty == IFLA_INFO_KIND {
+                link.kind = c_string(p);
+            }
+        }),
+        _ => {}
+    });
+    (!link.name.is_empty()).then_some(link)
+}
+
+/// Calls `f` for each link message in a datagram; false at the end of a dump.
+fn messages(b: &[u8], mut f: impl FnMut(u16, Link)) -> io::Result<bool> {
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= b.len() {
+        let len = u32_at(b, off) as usize;
+        let ty = u16_at(b, off + 4);
+        if len < NLMSG_HDRLEN || off + len > b.len() {
+            break;
+        }
+        match ty {
+            NLMSG_DONE => return Ok(false),
+            NLMSG_ERROR => {
+                let code = i32::from_ne_bytes(b[off + 16..off + 20].try_into().unwrap());
+                if code != 0 {
+                    return Err(io::Error::from_raw_os_error(-code));
+                }
+            }
+            RTM_NEWLINK | RTM_DELLINK => {
+                if let Some(l) = parse_link(&b[off + NLMSG_HDRLEN..off + len]) {
+                    f(ty, l);
+                }
+            }
+            _ => {}
+        }
+        off += (len + 3) & !3;
+    }
+    Ok(true)
+}
+
+/// Every link of the caller's network namespace.
+pub fn links() -> io::Result<Vec<Link>> {
+    let fd = socket(0)?;
+    let mut req = [0u8; NLMSG_HDRLEN + IFINFO_LEN];
+    let len = req.len() as u32;
+    req[0..4].copy_from_slice(&len.to_ne_bytes());
+    req[4..6].copy_from_slice(&RTM_GETLINK.to_ne_bytes());
+    req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[NLMSG_HDRLEN] = libc::AF_UNSPEC as u8;
+    // SAFETY: req is valid for its length.
+    let n = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = recv(&fd, &mut buf)?;
+        if !messages(&buf[..n], |_, l| out.push(l))? {
+            return Ok(out);
+        }
+    }
+}
+
+/// A socket that hears links appear and go.
+pub struct LinkWatch {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+impl LinkWatch {
+    pub fn open() -> io::Result<Self> {
+        Ok(Self {
+            fd: socket(RTMGRP_LINK)?,
+            buf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    /// Blocks until the next batch of changes.
+    pub fn next(&mut self) -> io::Result<Vec<LinkEvent>> {
+        let n = recv(&self.fd, &mut self.buf)?;
+        let mut out = Vec::new();
+        messages(&self.buf[..n], |ty, l| {
+            out.push(if ty == RTM_NEWLINK {
+                LinkEvent::New(l)
+            } else {
+                LinkEvent::Gone(l)
+            })
+        })?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dump_lists_loopback() {
+        let all = links().unwrap();
+        assert!(all.iter().any(|l| l.name == "lo" && l.ifindex == 1), "{all:?}");
+    }
+}
