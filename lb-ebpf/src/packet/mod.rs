@@ -365,9 +365,33 @@ fn frontend(f: &Flow) -> Frontend {
 }
 
 /// A new flow to a frontend: pick a backend, then hand it to the local or
-/// the remote path.
+/// the remote path. The choice is a subprogram of its own that leaves its
+/// result in the scratch conntrack value: its stack frame (service keys
+/// and values) is then not under the remote path's (FIB, SNAT port search),
+/// which the 512-byte budget could not hold.
 #[inline(never)]
 fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
+    let a = pick(ctx, f);
+    if a != Action::NEXT {
+        return a;
+    }
+    let Some(sp) = scratch() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch; read only.
+    let local = unsafe { (*sp).ct.flags } & CT_F_LOCAL != 0;
+    if local || ctx.from_pod() {
+        new_local(ctx, f)
+    } else {
+        new_remote(ctx, f)
+    }
+}
+
+/// The frontend and backend of a new flow, into the scratch conntrack value
+/// (`addr`/`port`: the backend; `CT_F_LOCAL` when it runs on this node).
+/// NEXT when there is one; else what to do with the packet.
+#[inline(never)]
+fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let (svc, key) = match frontend(f) {
         Frontend::None => return Action::PASS,
         Frontend::UnknownPort => return drop_packet(ctx, f, DropReason::NoServicePort, 0),
@@ -394,6 +418,10 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let ct = unsafe { &mut (*sp).ct };
     // A flow picked up after its handshake (conntrack lost it) is established.
     let established = f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0;
+    let mut flags = if established { CT_F_ESTABLISHED } else { 0 };
+    if b.flags & BACKEND_FLAG_LOCAL != 0 {
+        flags |= CT_F_LOCAL;
+    }
     *ct = Ct4Value {
         backend_id,
         service_id: svc.service_id,
@@ -401,34 +429,31 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
         nat_addr: 0,
         port: b.port,
         nat_port: 0,
-        flags: if established { CT_F_ESTABLISHED } else { 0 },
+        flags,
         pad: 0,
         last_seen_ns: now(),
     };
     frag::remember(f);
-    if b.flags & BACKEND_FLAG_LOCAL != 0 || ctx.from_pod() {
-        new_local(ctx, f, &b)
-    } else {
-        new_remote(ctx, f, &b)
-    }
+    Action::NEXT
 }
 
 /// Backend on this node (or any backend, for a pod's packet): DNAT here,
 /// the stack delivers or routes it, tc egress (of the device the reply
 /// leaves by, or of the pod's device) undoes the DNAT on the reply.
 #[inline(never)]
-fn new_local<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
+fn new_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let Some(sp) = scratch() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch; distinct fields.
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
     ct.flags |= CT_F_LOCAL;
+    let (baddr, bport) = (ct.addr, ct.port);
     // Hairpin: a pod that reached itself through a frontend would get its
     // own address as the source and drop it as a martian. Like kube-proxy's
     // masquerade, the source becomes the frontend (same port), and the
     // pod's reply to it comes back through here as a SNAT reply.
-    let hairpin = b.address == f.saddr;
+    let hairpin = baddr == f.saddr;
     let (src, sport) = if hairpin {
         ct.flags |= CT_F_SNAT;
         ct.nat_addr = f.daddr;
@@ -443,15 +468,15 @@ fn new_local<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     rct.nat_addr = f.saddr;
     rct.nat_port = f.sport;
     let skey = f.ct_key(CT_SERVICE);
-    let rev = Ct4Key::new(b.address, src, b.port, sport, f.proto, CT_REVERSE);
+    let rev = Ct4Key::new(baddr, src, bport, sport, f.proto, CT_REVERSE);
     if !ct::put(&rev, rct) || !ct::put(&skey, ct) {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
     bump(CNT_CT_CREATED);
     let rewritten = if hairpin {
-        nat::dnat_snat(ctx, f, b.address, b.port, src, sport)
+        nat::dnat_snat(ctx, f, baddr, bport, src, sport)
     } else {
-        nat::dnat(ctx, f, b.address, b.port)
+        nat::dnat(ctx, f, baddr, bport)
     };
     match rewritten {
         Some(()) => {
@@ -464,7 +489,7 @@ fn new_local<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
 
 /// Backend on another node: SNAT or DSR by mode, routed by a FIB lookup.
 #[inline(never)]
-fn new_remote<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
+fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let mode = events::config(CFG_LB_MODE);
     let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
     let needs_option = dsr && dsr::needs_option(f);
@@ -476,10 +501,10 @@ fn new_remote<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     };
     // SAFETY: per-CPU scratch; distinct fields.
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
-    let service_id = ct.service_id;
+    let (service_id, baddr, bport) = (ct.service_id, ct.addr, ct.port);
     let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
     // The route to the backend decides the egress device and its address.
-    let route = fib::lookup(ctx, f.saddr, b.address, f, extra);
+    let route = fib::lookup(ctx, f.saddr, baddr, f, extra);
     let egress = match route {
         Route::Resolved(ifindex) | Route::NoNeigh(ifindex) => ifindex,
         Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu.saturating_sub(extra), service_id),
@@ -515,7 +540,7 @@ fn new_remote<C: Hook>(ctx: &C, f: &Flow, b: &Backend4) -> Action {
     if !ct::put(&skey, ct) {
         if ct.flags & CT_F_SNAT != 0 {
             // Give the port back at once.
-            let rkey = Ct4Key::new(b.address, ct.nat_addr, b.port, ct.nat_port, f.proto, CT_REVERSE);
+            let rkey = Ct4Key::new(baddr, ct.nat_addr, bport, ct.nat_port, f.proto, CT_REVERSE);
             let _ = LB4_CT.remove(&rkey);
         }
         return drop_packet(ctx, f, DropReason::CtFull, service_id);
