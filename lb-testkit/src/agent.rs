@@ -102,6 +102,29 @@ impl Agent {
         Self::launch(source, cgroup, pin_dir, extra_args, None, STARTUP)
     }
 
+    /// Kubernetes mode against a real apiserver: `kubeconfig` (a
+    /// ServiceAccount's token, over TLS), as node `node`, the agent running
+    /// in network namespace `netns` (where the apiserver is reachable).
+    pub fn start_kubernetes_in(
+        netns: &str,
+        kubeconfig: &Path,
+        node: &str,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+    ) -> Self {
+        let source = vec![
+            "--kubernetes".to_string(),
+            "--kubeconfig".to_string(),
+            kubeconfig.display().to_string(),
+            "--node-name".to_string(),
+            node.to_string(),
+            "--min-sync-period".to_string(),
+            "20ms".to_string(),
+        ];
+        Self::launch(source, cgroup, pin_dir, extra_args, Some(netns), STARTUP)
+    }
+
     /// Like `start_with`, with the agent running inside network namespace `netns`.
     pub fn start_in_netns(
         netns: &str,

@@ -17,6 +17,7 @@ pub mod apiserver;
 pub mod cgroup;
 pub mod cluster;
 pub mod dataplane;
+pub mod k8s;
 pub mod netns;
 pub mod packets;
 pub mod pods;
@@ -50,6 +51,18 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The directory of the binaries built next to the test executable
+/// (target/<profile>).
+pub fn sibling_bin_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().expect("target dir");
+    if dir.ends_with("deps") {
+        dir.parent().unwrap().to_path_buf()
+    } else {
+        dir.to_path_buf()
     }
 }
 

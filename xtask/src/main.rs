@@ -17,7 +17,13 @@ tasks:
   setup   install what is missing (apt packages, bpf-linker), mount bpffs
   build   setup, then build lb-agent, lbctl and the test tools
   demo    setup, build, then run the standalone demo (network namespaces, no real interface touched)
-  test    setup, build, then run every test (unit and real-kernel integration; needs root)
+  test    setup, build (the Rust workspace and the Kubernetes test bed), then run every test
+          (unit, real-kernel integration, a real control plane; needs root)
+  testbed build the Kubernetes test bed (testbed/: apiserver, controller manager, kubectl from
+          the upstream Go modules) into target/testbed
+  cluster up|down|status
+          a real control plane (etcd, kube-apiserver, kube-controller-manager) in a network
+          namespace of its own, with kubeconfigs in target/cluster
   bench   setup, release build, then benchmarks side by side with kube-proxy's rule layouts;
           writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
 ";
@@ -30,7 +36,13 @@ fn main() {
         Some("demo") => setup::run().and_then(|_| build()).and_then(|_| demo()),
         Some("test") => setup::run()
             .and_then(|_| build())
+            .and_then(|_| testbed())
             .and_then(|_| test(&args[1..])),
+        Some("testbed") => testbed(),
+        Some("cluster") => setup::run()
+            .and_then(|_| build())
+            .and_then(|_| testbed())
+            .and_then(|_| cluster(&args[1..])),
         Some("bench") => setup::run().and_then(|_| bench(&args[1..])),
         _ => {
             eprint!("{USAGE}");
@@ -83,6 +95,54 @@ fn build() -> anyhow::Result<()> {
     run(cmd("cargo", &["build", "--bins"]))?;
     eprintln!("xtask: build done in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The Kubernetes test bed: one Go binary with etcd, the apiserver, the
+/// controller manager, the scheduler, the kubelet and kubectl, from the
+/// upstream modules pinned in testbed/go.mod. Go's build cache makes the
+/// rebuilds quick; a cold build takes several minutes on two cores.
+fn testbed() -> anyhow::Result<()> {
+    let go = ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|g| Command::new(g).arg("version").output().is_ok_and(|o| o.status.success()))
+        .context("no Go toolchain found (go on PATH or /usr/local/go/bin/go): the Kubernetes test bed needs it")?;
+    let out_dir = root().join("target/testbed");
+    std::fs::create_dir_all(&out_dir)?;
+    let version = "v1.35.8";
+    let mut ldflags = String::from("-s -w");
+    for p in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+        ldflags.push_str(&format!(
+            " -X {p}.gitVersion={version} -X {p}.gitMajor=1 -X {p}.gitMinor=35 -X {p}.gitTreeState=clean -X {p}.buildDate=1970-01-01T00:00:00Z"
+        ));
+    }
+    let started = std::time::Instant::now();
+    let bin = out_dir.join("lbtestbed");
+    let mut c = cmd(go, &["build", "-trimpath", "-ldflags", &ldflags, "-o"]);
+    c.arg(&bin)
+        .arg(".")
+        .current_dir(root().join("testbed"))
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=readonly");
+    run(c)?;
+    let kubectl = out_dir.join("kubectl");
+    let _ = std::fs::remove_file(&kubectl);
+    std::os::unix::fs::symlink("lbtestbed", &kubectl)?;
+    eprintln!("xtask: test bed built in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// `cluster up` / `down` / `status`: the control plane of the tests, kept
+/// running for hands-on use (lb-cluster, in lb-testkit).
+fn cluster(extra: &[String]) -> anyhow::Result<()> {
+    let mut args: Vec<&str> = extra.iter().map(String::as_str).collect();
+    if args.is_empty() {
+        args.push("status");
+    }
+    run(cmd(
+        &root().join("target/debug/lb-cluster").to_string_lossy(),
+        &args,
+    ))
 }
 
 fn demo() -> anyhow::Result<()> {

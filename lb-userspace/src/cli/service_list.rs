@@ -22,6 +22,14 @@ pub struct ServiceRow {
     pub frontend: Endpoint,
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// sessionAffinity: ClientIP, its timeout in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_s: Option<u32>,
+    /// "maglev" or "random".
+    pub algorithm: &'static str,
+    /// The node-local view of an externalTrafficPolicy: Local frontend.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub local_view: bool,
     pub backends: Vec<BackendRow>,
 }
 
@@ -123,6 +131,14 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                     protocol: proto_name(key.proto),
                 },
                 kind: type_name(master.flags),
+                affinity_timeout_s: (master.flags & lb_common::service::SVC_FLAG_AFFINITY != 0)
+                    .then_some(master.affinity_timeout_s),
+                algorithm: if master.algorithm == lb_common::service::ALG_MAGLEV {
+                    "maglev"
+                } else {
+                    "random"
+                },
+                local_view: key.scope == lb_common::service::SCOPE_LOCAL,
                 backends,
             }
         })

@@ -1,0 +1,155 @@
+//! lb-cluster: the tests' real control plane, kept running for hands-on use.
+//!
+//!   lb-cluster up       start etcd, kube-apiserver and kube-controller-manager
+//!                       (lb-testkit `k8s::ControlPlane`) in a network namespace
+//!                       of their own, install deploy/kubernetes, write
+//!                       kubeconfigs to target/cluster/, and return
+//!   lb-cluster down     stop it and remove its namespace
+//!   lb-cluster status   is it up, and how to use it
+//!
+//! `up` starts `lb-cluster serve` in the background (its own session), which
+//! owns the processes: they die with it (PR_SET_PDEATHSIG).
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+fn state_dir() -> PathBuf {
+    lb_testkit::sibling_bin_dir().join("../cluster")
+}
+
+fn pid() -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(state_dir().join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: signal 0 only checks the process exists.
+    (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+}
+
+fn usage() -> ! {
+    eprintln!("usage: lb-cluster up|down|status");
+    std::process::exit(2)
+}
+
+fn main() {
+    let arg = std::env::args().nth(1).unwrap_or_else(|| usage());
+    match arg.as_str() {
+        "up" => up(),
+        "down" => down(),
+        "status" => status(),
+        "serve" => serve(),
+        _ => usage(),
+    }
+}
+
+fn up() {
+    if let Some(p) = pid() {
+        println!("already up (pid {p})");
+        status();
+        return;
+    }
+    let dir = state_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.join("ready"));
+    let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.arg("serve")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: setsid is async-signal-safe: a session of its own, so the
+    // shell that ran `up` can end.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("starting lb-cluster serve");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !dir.join("ready").exists() {
+        if let Ok(Some(s)) = child.try_wait() {
+            eprintln!(
+                "lb-cluster serve exited with {s}:\n{}",
+                std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+            );
+            std::process::exit(1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            eprintln!("the control plane did not come up in 5 minutes; see {}", dir.join("serve.log").display());
+            std::process::exit(1);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    status();
+}
+
+fn serve() {
+    let dir = state_dir();
+    std::fs::write(dir.join("pid"), std::process::id().to_string()).unwrap();
+    let cp = lb_testkit::k8s::ControlPlane::start("cluster");
+    lb_testkit::k8s::install_manifests(&cp);
+    std::fs::copy(cp.admin_kubeconfig(), dir.join("admin.kubeconfig")).unwrap();
+    let agent = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    std::fs::copy(agent, dir.join("lb-agent.kubeconfig")).unwrap();
+    std::fs::write(dir.join("netns"), &cp.netns.name).unwrap();
+    std::fs::write(dir.join("ready"), "").unwrap();
+    // Until SIGTERM (lb-cluster down): then drop everything.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a local signal set; SIGTERM/SIGINT blocked and waited for.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+    }
+    drop(cp);
+    for f in ["pid", "ready", "netns", "admin.kubeconfig", "lb-agent.kubeconfig"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+}
+
+fn down() {
+    let Some(p) = pid() else {
+        println!("not running");
+        return;
+    };
+    // SAFETY: a plain signal to the serve process.
+    unsafe { libc::kill(p, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pid().is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if pid().is_some() {
+        // SAFETY: as above.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    println!("down");
+}
+
+fn status() {
+    let dir = state_dir();
+    match pid() {
+        None => println!("not running (cargo xtask cluster up)"),
+        Some(p) => {
+            let ns = std::fs::read_to_string(dir.join("netns")).unwrap_or_default();
+            let kubectl = lb_testkit::sibling_bin_dir().join("../testbed/kubectl");
+            println!("up (pid {p}), in network namespace {ns}");
+            println!(
+                "  ip netns exec {ns} {} --kubeconfig {} get nodes,services -A",
+                kubectl.display(),
+                dir.join("admin.kubeconfig").display()
+            );
+            println!(
+                "  the agent's ServiceAccount (RBAC from deploy/kubernetes): {}",
+                dir.join("lb-agent.kubeconfig").display()
+            );
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! A real Kubernetes control plane for the tests: etcd, kube-apiserver (TLS,
+//! RBAC, ServiceAccount tokens, dual-stack service CIDRs) and
+//! kube-controller-manager (EndpointSlice, mirroring, ServiceAccount
+//! controllers), built from the upstream Go modules (`testbed/`, one
+//! multi-call binary, `lbtestbed`), in a network namespace of its own.
+//!
+//! The apiserver advertises an address on the loopback device of that namespace
+//! (the `kubernetes` Service's endpoint must not be loopback) and listens
+//! on all of its addresses; whatever must talk to it runs in the namespace
+//! (the agent does: `Agent::start_kubernetes_in`).
+//!
+//! Every process is started from one long-lived thread with PR_SET_PDEATHSIG,
+//! so they die with the test process even when a control plane is shared by
+//! the tests of a binary (`shared()`).
+use std::{
+    io,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use crate::{agent::free_port, netns::Netns};
+
+/// The address the apiserver advertises (on a dummy device of its namespace).
+pub const ADVERTISE: &str = "10.255.0.1";
+pub const SERVICE_CIDRS: &str = "10.96.0.0/16,fd00:96::/112";
+
+/// Where `cargo xtask` builds the test bed (`testbed/`).
+pub fn testbed_bin() -> PathBuf {
+    let p = crate::sibling_bin_dir().join("../testbed/lbtestbed");
+    assert!(
+        p.exists(),
+        "{} is not built: `cargo xtask test` builds testbed/ (Go) first; or run `cargo xtask testbed`",
+        p.display()
+    );
+    p
+}
+
+/// Spawns processes from one thread that lives as long as the test
+/// process: PR_SET_PDEATHSIG fires when the *thread* that forked a child
+/// exits, and a test thread ends long before a shared control plane.
+fn spawner() -> &'static Mutex<mpsc::Sender<(Command, mpsc::Sender<io::Result<Child>>)>> {
+    static S: OnceLock<Mutex<mpsc::Sender<(Command, mpsc::Sender<io::Result<Child>>)>>> =
+        OnceLock::new();
+    S.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<(Command, mpsc::Sender<io::Result<Child>>)>();
+        std::thread::spawn(move || {
+            for (mut cmd, reply) in rx {
+                let _ = reply.send(cmd.spawn());
+            }
+        });
+        Mutex::new(tx)
+    })
+}
+
+fn spawn(mut cmd: Command) -> Child {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl is async-signal-safe; run between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner().lock().unwrap().send((cmd, tx)).unwrap();
+    rx.recv().unwrap().expect("starting a test-bed process")
+}
+
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub api_port: u16,
+    procs: Vec<(&'static str, Child)>,
+    /// Each process's arguments, to restart it.
+    args: Vec<(&'static str, Vec<String>)>,
+    // Last: the processes live in it.
+    pub netns: Netns,
+}
+
+impl ControlPlane {
+    /// Starts etcd, the apiserver and the controller manager; returns once
+    /// the apiserver is ready and the default ServiceAccount exists.
+    pub fn start(tag: &str) -> Self {
+        let bin = testbed_bin();
+        let netns = Netns::create(&format!("lbt-{tag}-cp"));
+        // On lo: this kernel has no dummy devices; the apiserver only asks
+        // that the address is not in 127.0.0.0/8.
+        netns.ip(&["addr", "add", &format!("{ADVERTISE}/32"), "dev", "lo"]);
+        netns.ip(&["addr", "add", "fd00:255::1/128", "dev", "lo", "nodad"]);
+        let dir = std::env::temp_dir().join(format!("lb-k8s-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (etcd_c, etcd_p, api, kcm) = (free_port(), free_port(), free_port(), free_port());
+        let mut cp = Self {
+            dir: dir.clone(),
+            api_port: api,
+            procs: Vec::new(),
+            args: Vec::new(),
+            netns,
+        };
+        let pki = dir.join("pki");
+        let out = Command::new(&bin)
+            .args(["certs", "--dir"])
+            .arg(&pki)
+            .args([
+                "--server",
+                &format!("https://127.0.0.1:{api}"),
+                "--extra-ips",
+                ADVERTISE,
+                "--service-ips",
+                "10.96.0.1,fd00:96::1",
+            ])
+            .output()
+            .expect("lbtestbed certs");
+        assert!(out.status.success(), "certs: {}", String::from_utf8_lossy(&out.stderr));
+        let p = |f: &str| pki.join(f).display().to_string();
+        cp.run(
+            "etcd",
+            &[
+                "etcd",
+                "--data-dir",
+                &dir.join("etcd").display().to_string(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{etcd_c}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{etcd_p}"),
+                "--unsafe-no-fsync",
+            ],
+        );
+        cp.run(
+            "apiserver",
+            &[
+                "kube-apiserver",
+                &format!("--etcd-servers=http://127.0.0.1:{etcd_c}"),
+                "--bind-address=0.0.0.0",
+                &format!("--secure-port={api}"),
+                &format!("--advertise-address={ADVERTISE}"),
+                &format!("--cert-dir={}", dir.join("apiserver").display()),
+                &format!("--tls-cert-file={}", p("apiserver.crt")),
+                &format!("--tls-private-key-file={}", p("apiserver.key")),
+                &format!("--client-ca-file={}", p("ca.crt")),
+                &format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
+                &format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,NodeRestriction",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                &format!("--service-account-key-file={}", p("sa.pub")),
+                &format!("--service-account-signing-key-file={}", p("sa.key")),
+                &format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
+                "--allow-privileged=true",
+                // Watch caches on (the default); bookmarks are sent to
+                // clients that ask for them.
+            ],
+        );
+        cp.wait("the apiserver to be ready", Duration::from_secs(180), |cp| {
+            cp.kubectl_ok(&["get", "--raw", "/readyz"])
+        });
+        let kc = p("controller-manager.kubeconfig");
+        cp.run(
+            "controller-manager",
+            &[
+                "kube-controller-manager",
+                &format!("--kubeconfig={kc}"),
+                &format!("--authentication-kubeconfig={kc}"),
+                &format!("--authorization-kubeconfig={kc}"),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={kcm}"),
+                &format!("--cert-dir={}", dir.join("kcm").display()),
+                "--leader-elect=false",
+                "--use-service-account-credentials",
+                &format!("--service-account-private-key-file={}", p("sa.key")),
+                &format!("--root-ca-file={}", p("ca.crt")),
+                "--controllers=serviceaccount-controller,serviceaccount-token-controller,\
+                 endpointslice-controller,endpointslice-mirroring-controller,endpoints-controller,\
+                 namespace-controller,garbage-collector-controller,\
+                 root-ca-certificate-publisher-controller,service-cidr-controller",
+            ],
+        );
+        cp.wait("the default ServiceAccount", Duration::from_secs(120), |cp| {
+            cp.kubectl_ok(&["-n", "default", "get", "serviceaccount", "default"])
+        });
+        cp
+    }
+
+    fn run(&mut self, name: &'static str, args: &[&str]) {
+        self.args.retain(|(n, _)| *n != name);
+        self.args
+            .push((name, args.iter().map(|a| a.to_string()).collect()));
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let mut cmd = Command::new(testbed_bin());
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        crate::netns::exec_in(&mut cmd, &self.netns.name).unwrap();
+        self.procs.push((name, spawn(cmd)));
+    }
+
+    /// Waits for `cond`, panicking with the processes' logs on timeout or
+    /// when one of them exited.
+    pub fn wait(&mut self, what: &str, timeout: Duration, cond: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if cond(self) {
+                return;
+            }
+            let mut exited = None;
+            for (name, c) in &mut self.procs {
+                if let Ok(Some(status)) = c.try_wait() {
+                    exited = Some((*name, status));
+                }
+            }
+            if let Some((name, status)) = exited {
+                panic!("{name} exited with {status} waiting for {what}:\n{}", self.logs());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The tail of every process's log.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for (name, _) in &self.procs {
+            let text =
+                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            out.push_str(&format!("--- {name} ---\n"));
+            for l in tail.iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("pki/admin.kubeconfig")
+    }
+
+    fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(testbed_bin());
+        cmd.arg("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args);
+        crate::netns::exec_in(&mut cmd, &self.netns.name).unwrap();
+        cmd
+    }
+
+    fn kubectl_ok(&self, args: &[&str]) -> bool {
+        self.kubectl_cmd(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }
+
+    /// `kubectl ARGS` as the cluster admin; panics with stderr on failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_cmd(args).output().expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` with `yaml` on stdin.
+    pub fn apply(&self, yaml: &str) -> String {
+        use std::io::Write as _;
+        let mut child = self
+            .kubectl_cmd(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl apply");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(yaml.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A kubeconfig for ServiceAccount `ns/name`, with a token from the
+    /// TokenRequest API (what a pod of that account gets), over TLS.
+    pub fn service_account_kubeconfig(&self, ns: &str, name: &str) -> PathBuf {
+        let token = self.kubectl(&["-n", ns, "create", "token", name, "--duration=2h"]);
+        let ca = std::fs::read(self.dir.join("pki/ca.crt")).unwrap();
+        let b64 = base64(&ca);
+        let path = self.dir.join(format!("{ns}-{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {b64}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {name}}}\ncurrent-context: test\n",
+                port = self.api_port,
+                token = token.trim()
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// Stops and starts the apiserver (same flags, same etcd).
+    pub fn restart_apiserver(&mut self) {
+        let i = self
+            .procs
+            .iter()
+            .position(|(n, _)| *n == "apiserver")
+            .unwrap();
+        let (_, mut old) = self.procs.remove(i);
+        let args = self
+            .args
+            .iter()
+            .find(|(n, _)| *n == "apiserver")
+            .map(|(_, a)| a.clone())
+            .unwrap();
+        let _ = old.kill();
+        let _ = old.wait();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run("apiserver", &refs);
+        self.wait("the restarted apiserver", Duration::from_secs(120), |cp| {
+            cp.kubectl_ok(&["get", "--raw", "/readyz"])
+        });
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for (_, c) in self.procs.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Standard base64 (RFC 4648) for a kubeconfig's CA data.
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The control plane the tests of one binary share (each test uses its own
+/// Kubernetes namespace and node name). Started on first use; its processes
+/// die with the test process.
+pub fn shared() -> &'static Mutex<ControlPlane> {
+    static CP: OnceLock<Mutex<ControlPlane>> = OnceLock::new();
+    static NETNS: OnceLock<String> = OnceLock::new();
+    extern "C" fn remove_netns() {
+        if let Some(ns) = NETNS.get() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+    CP.get_or_init(|| {
+        let cp = ControlPlane::start(&crate::unique("k8s"));
+        let _ = NETNS.set(cp.netns.name.clone());
+        // Statics are never dropped: the namespace goes at exit.
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(remove_netns) };
+        Mutex::new(cp)
+    })
+}
+
+/// The deploy manifests (`deploy/kubernetes`), as `kubectl kustomize` would
+/// render them, applied to the cluster: what docs/install.md tells users.
+pub fn install_manifests(cp: &ControlPlane) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    cp.kubectl(&["apply", "--server-side", "-k", &dir.display().to_string()])
+}

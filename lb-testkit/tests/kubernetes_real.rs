@@ -1,0 +1,446 @@
+//! lb-agent in Kubernetes mode against a real control plane (etcd,
+//! kube-apiserver, kube-controller-manager built from the upstream Go
+//! modules, `testbed/`): over TLS, with the ServiceAccount token and the
+//! RBAC that deploy/kubernetes ships, and with EndpointSlices written by the
+//! real EndpointSlice controller from Pods whose readiness the tests set.
+//!
+//! The control plane is shared by the tests of this file (each uses a
+//! Kubernetes namespace and a node name of its own); tests that restart the
+//! apiserver start their own.
+use std::{
+    collections::BTreeSet,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    time::Duration,
+};
+
+use lb_testkit::{
+    agent::Agent,
+    k8s::{self, ControlPlane},
+    topology::Topology,
+    unique, wait_until,
+    world::World,
+};
+
+fn shared_cp() -> MutexGuard<'static, ControlPlane> {
+    k8s::shared().lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// deploy/kubernetes applied once (server-side apply is idempotent), and
+/// a kubeconfig with the agent's ServiceAccount token.
+fn agent_kubeconfig(cp: &ControlPlane) -> std::path::PathBuf {
+    static DONE: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+    let mut d = DONE.lock().unwrap();
+    if d.is_none() {
+        k8s::install_manifests(cp);
+        *d = Some(cp.service_account_kubeconfig("kube-system", "lb-agent"));
+    }
+    d.clone().unwrap()
+}
+
+/// A namespace and a Node of this test's own.
+fn setup(cp: &ControlPlane, ns: &str, node: &str, node_ip: &str) {
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels: {{topology.kubernetes.io/zone: zone-a}}\n"
+    ));
+    // Node addresses are status: the kubelet writes them.
+    cp.kubectl(&[
+        "patch",
+        "node",
+        node,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{node_ip}"}}]}}}}"#),
+    ]);
+    wait(cp, "the namespace's default ServiceAccount", || {
+        cp.kubectl(&["-n", ns, "get", "sa"]).contains("default")
+    });
+}
+
+fn wait(cp: &ControlPlane, what: &str, cond: impl FnMut() -> bool) {
+    assert!(
+        wait_until(Duration::from_secs(60), cond),
+        "timed out waiting for {what}\n{}",
+        cp.logs()
+    );
+}
+
+/// A Pod on `node` with `labels`, then Running and Ready at `ip` (the
+/// status subresource, as a kubelet would write it).
+fn ready_pod(cp: &ControlPlane, ns: &str, name: &str, node: &str, app: &str, ips: &[&str]) {
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{app: {app}}}\nspec:\n  nodeName: {node}\n  containers:\n  - name: c\n    image: registry.k8s.io/pause:3.10\n    ports: [{{name: http, containerPort: 8080}}, {{name: dns, containerPort: 5353, protocol: UDP}}]\n"
+    ));
+    set_ready(cp, ns, name, ips, true);
+}
+
+fn set_ready(cp: &ControlPlane, ns: &str, name: &str, ips: &[&str], ready: bool) {
+    let pod_ips: Vec<String> = ips.iter().map(|ip| format!(r#"{{"ip":"{ip}"}}"#)).collect();
+    let status = if ready { "True" } else { "False" };
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "pod",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"status":{{"phase":"Running","podIP":"{}","podIPs":[{}],"conditions":[{{"type":"Ready","status":"{status}"}}]}}}}"#,
+            ips[0],
+            pod_ips.join(",")
+        ),
+    ]);
+}
+
+fn service(cp: &ControlPlane, ns: &str, name: &str, extra_spec: &str) -> String {
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n{extra_spec}"
+    ));
+    cp.kubectl(&["-n", ns, "get", "svc", name, "-o", "jsonpath={.spec.clusterIP}"])
+}
+
+/// The frontends of `lbctl service list`, as "address:port" → backends.
+fn frontends(agent: &Agent) -> Vec<(String, String, usize)> {
+    agent
+        .lbctl_json(&["service", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let fe = &s["frontend"];
+            let addr = fe["address"].as_str().unwrap();
+            let addr = if addr.contains(':') {
+                format!("[{addr}]")
+            } else {
+                addr.to_string()
+            };
+            (
+                format!("{addr}:{}", fe["port"]),
+                s["type"].as_str().unwrap_or("").to_string(),
+                s["backends"].as_array().map_or(0, |b| b.len()),
+            )
+        })
+        .collect()
+}
+
+fn served(w: &World, target: &str, n: usize) -> BTreeSet<String> {
+    w.probe("tcp", target, n)
+        .iter()
+        .map(|a| {
+            assert!(a.ok, "{target}: {a:?}");
+            a.backend().unwrap().to_string()
+        })
+        .collect()
+}
+
+fn start_agent(cp: &ControlPlane, w: &World, node: &str, extra: &[&str]) -> Agent {
+    let kubeconfig = agent_kubeconfig(cp);
+    Agent::start_kubernetes_in(
+        &cp.netns.name,
+        &kubeconfig,
+        node,
+        &w.cgroup.path,
+        &w.pins.path,
+        extra,
+    )
+}
+
+/// The agent gets nothing but what deploy/kubernetes gives it: a
+/// ServiceAccount token over TLS and the ClusterRole's get/list/watch on
+/// Services, EndpointSlices and Nodes; the real EndpointSlice controller
+/// turns a ready Pod into the backend a client reaches.
+#[test]
+fn with_only_its_shipped_rbac_over_tls_the_agent_serves_a_clusterip_from_real_endpointslices() {
+    let w = World::new("k8sreal_rbac", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let (ns, node) = (unique("rbac").to_lowercase().replace('_', "-"), unique("node-rbac"));
+    let ip = {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.1");
+        let ip = service(&cp, &ns, "web", "");
+        ready_pod(&cp, &ns, "web-1", &node, "web", &[&Topology::backend_ip(0).to_string()]);
+        ip
+    };
+    let agent = {
+        let cp = shared_cp();
+        // Nothing more than the shipped role: what the agent may do is
+        // exactly get/list/watch of the three kinds.
+        let can = cp.kubectl(&[
+            "auth",
+            "can-i",
+            "--list",
+            "--as=system:serviceaccount:kube-system:lb-agent",
+        ]);
+        for (res, verbs) in [
+            ("services", "[get list watch]"),
+            ("endpointslices.discovery.k8s.io", "[get list watch]"),
+            ("nodes", "[get list watch]"),
+        ] {
+            assert!(
+                can.lines().any(|l| l.starts_with(res) && l.trim_end().ends_with(verbs)),
+                "{res} {verbs}:\n{can}"
+            );
+        }
+        assert!(!can.contains("secrets") && !can.contains("pods "), "{can}");
+        start_agent(&cp, &w, &node, &[])
+    };
+    let target = format!("{ip}:80");
+    assert!(
+        wait_until(Duration::from_secs(30), || frontends(&agent)
+            .iter()
+            .any(|(f, _, n)| *f == target && *n == 1)),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
+    assert!(!agent.log_text().contains("Forbidden"), "{}", agent.log_text());
+}
+
+/// Readiness from the status subresource drives the maps through the real
+/// EndpointSlice controller: ready → not ready → deleted (terminating) →
+/// gone; and a rolling replacement of every pod under load fails no connect.
+#[test]
+fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_connect() {
+    let w = World::new("k8sreal_roll", 3);
+    let _servers = w.tcp_servers(8080, false);
+    let ns = unique("roll").to_lowercase().replace('_', "-");
+    let node = unique("node-roll");
+    let b = |i: usize| Topology::backend_ip(i).to_string();
+    let ip = {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.2");
+        let ip = service(&cp, &ns, "web", "");
+        ready_pod(&cp, &ns, "web-1", &node, "web", &[&b(0)]);
+        ready_pod(&cp, &ns, "web-2", &node, "web", &[&b(1)]);
+        ip
+    };
+    let agent = start_agent(&shared_cp(), &w, &node, &[]);
+    let target = format!("{ip}:80");
+    let backends_in_maps = |want: usize| {
+        wait_until(Duration::from_secs(30), || {
+            frontends(&agent)
+                .iter()
+                .any(|(f, _, n)| *f == target && *n == want)
+        })
+    };
+    assert!(backends_in_maps(2), "{}", agent.log_text());
+    assert_eq!(served(&w, &target, 40).len(), 2);
+
+    // Not ready: out of the maps (no terminating state for a live pod).
+    set_ready(&shared_cp(), &ns, "web-2", &[&b(1)], false);
+    assert!(backends_in_maps(1));
+    assert_eq!(served(&w, &target, 20), BTreeSet::from(["b1".to_string()]));
+    set_ready(&shared_cp(), &ns, "web-2", &[&b(1)], true);
+    assert!(backends_in_maps(2));
+
+    // A rolling replacement under load: web-3 comes up, then each old pod
+    // is deleted (terminating while no kubelet confirms it, then gone).
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let load = {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let (cg, client, target) = (w.cgroup.path.clone(), w.topo.client.name.clone(), target.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for a in lb_testkit::probe::run(&cg, &client, "tcp", &target, 50) {
+                    if a.ok {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    {
+        let cp = shared_cp();
+        ready_pod(&cp, &ns, "web-3", &node, "web", &[&b(2)]);
+    }
+    assert!(backends_in_maps(3));
+    for old in ["web-1", "web-2"] {
+        let cp = shared_cp();
+        cp.kubectl(&["-n", &ns, "delete", "pod", old, "--wait=false"]);
+        drop(cp);
+        std::thread::sleep(Duration::from_millis(500));
+        let cp = shared_cp();
+        cp.kubectl(&["-n", &ns, "delete", "pod", old, "--grace-period=0", "--force"]);
+    }
+    assert!(backends_in_maps(1), "{}", agent.log_text());
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    eprintln!("rolling update: {ok} connects, {failed} failed");
+    assert!(ok > 100, "{ok} connects");
+    assert_eq!(failed, 0);
+    assert_eq!(served(&w, &target, 20), BTreeSet::from(["b3".to_string()]));
+}
+
+/// Every kind of Service the README claims, from real objects: NodePort (on
+/// the Node's address), LoadBalancer with its status, external IPs, a named
+/// target port, dual-stack, ClientIP affinity, traffic policies; headless,
+/// ExternalName and service-proxy-name Services skipped; a selectorless
+/// Service with a hand-made EndpointSlice.
+#[test]
+fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
+    let w = World::new("k8sreal_kinds", 1);
+    let ns = unique("kinds").to_lowercase().replace('_', "-");
+    let node = unique("node-kinds");
+    let b0 = Topology::backend_ip(0).to_string();
+    let b0v6 = Topology::backend_ip6(0).to_string();
+    let (cluster_ip, dual) = {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.3");
+        let ip = service(
+            &cp,
+            &ns,
+            "np",
+            "  type: NodePort\n  externalTrafficPolicy: Local\n  internalTrafficPolicy: Local\n",
+        );
+        ready_pod(&cp, &ns, "np-1", &node, "np", &[&b0]);
+        service(&cp, &ns, "lb", "  type: LoadBalancer\n  sessionAffinity: ClientIP\n  externalIPs: [198.51.100.7]\n");
+        ready_pod(&cp, &ns, "lb-1", &node, "lb", &[&b0]);
+        cp.kubectl(&[
+            "-n", &ns, "patch", "svc", "lb", "--subresource=status", "--type=merge", "-p",
+            r#"{"status":{"loadBalancer":{"ingress":[{"ip":"203.0.113.77"}]}}}"#,
+        ]);
+        service(&cp, &ns, "dual", "  ipFamilyPolicy: RequireDualStack\n");
+        ready_pod(&cp, &ns, "dual-1", &node, "dual", &[&b0, &b0v6]);
+        let dual = cp.kubectl(&["-n", &ns, "get", "svc", "dual", "-o", "jsonpath={.spec.clusterIPs[1]}"]);
+        service(&cp, &ns, "headless", "  clusterIP: None\n");
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: ext, namespace: {ns}}}\nspec: {{type: ExternalName, externalName: example.org}}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: other-proxy\n  namespace: {ns}\n  labels: {{service.kubernetes.io/service-proxy-name: someone-else}}\nspec:\n  selector: {{app: np}}\n  ports: [{{port: 81}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: manual, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 82, targetPort: 9090}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: manual-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: manual}}\naddressType: IPv4\nports: [{{name: http, port: 9090, protocol: TCP}}]\nendpoints: [{{addresses: [\"{b0}\"], conditions: {{ready: true}}}}]\n"
+        ));
+        (ip, dual)
+    };
+    let agent = start_agent(&shared_cp(), &w, &node, &[]);
+    let cp = shared_cp();
+    let get = |name: &str, path: &str| cp.kubectl(&["-n", &ns, "get", "svc", name, "-o", &format!("jsonpath={path}")]);
+    let np_port = get("np", "{.spec.ports[0].nodePort}");
+    let lb_ip = get("lb", "{.spec.clusterIP}");
+    let manual_ip = get("manual", "{.spec.clusterIP}");
+    let headless_missing = get("other-proxy", "{.spec.clusterIP}");
+    drop(cp);
+    let want = [
+        (format!("{cluster_ip}:80"), "ClusterIP"),
+        (format!("192.168.77.3:{np_port}"), "NodePort"),
+        (format!("{lb_ip}:80"), "ClusterIP"),
+        ("203.0.113.77:80".to_string(), "LoadBalancer"),
+        ("198.51.100.7:80".to_string(), "ExternalIP"),
+        (format!("[{dual}]:80"), "ClusterIP"),
+        (format!("{manual_ip}:82"), "ClusterIP"),
+    ];
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let have = frontends(&agent);
+            want.iter()
+                .all(|(f, _)| have.iter().any(|(h, _, n)| h == f && *n >= 1))
+        }),
+        "want {want:?}\nhave {:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+    let have = frontends(&agent);
+    for (f, kind) in &want {
+        assert!(
+            have.iter().any(|(h, k, _)| h == f && k == kind),
+            "{f} as {kind}: {have:?}"
+        );
+    }
+    // Skipped: headless, ExternalName, another proxy's service.
+    assert!(!have.iter().any(|(h, _, _)| h.starts_with(&format!("{headless_missing}:81"))), "{have:?}");
+    assert!(!have.iter().any(|(h, _, _)| h.ends_with(":81")), "service-proxy-name: {have:?}");
+    // The named target port resolved to the pod's containerPort (8080), and
+    // the hand-made slice's port (9090).
+    let list = agent.lbctl(&["service", "list"]);
+    assert!(list.contains(&format!("{b0}:8080")) && list.contains(&format!("{b0}:9090")), "{list}");
+    // Affinity on the LoadBalancer service's frontends.
+    let json = agent.lbctl_json(&["service", "list"]);
+    let lb = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["frontend"]["address"] == "203.0.113.77")
+        .unwrap();
+    assert_eq!(lb["affinity_timeout_s"], 10800, "ClientIP, the default 3 h: {lb}");
+    // eTP Local: the NodePort has its node-local view too.
+    assert!(
+        json.as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["frontend"]["port"].to_string() == np_port && s["local_view"] == true),
+        "{json:#}"
+    );
+}
+
+/// More Services than one page of the agent's initial list: all arrive.
+#[test]
+fn an_initial_list_of_more_than_one_page_of_services_is_complete() {
+    let w = World::new("k8sreal_pages", 1);
+    let ns = unique("pages").to_lowercase().replace('_', "-");
+    let node = unique("node-pages");
+    let n = 1_100; // the watcher lists 500 objects a page
+    {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.4");
+        let mut yaml = String::new();
+        for i in 0..n {
+            yaml.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: {ns}}}\nspec:\n  ports: [{{port: 80}}]\n---\n"
+            ));
+        }
+        cp.apply(&yaml);
+    }
+    let agent = start_agent(&shared_cp(), &w, &node, &[]);
+    let count = || {
+        agent
+            .lbctl_json(&["service", "list"])
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || count() >= n),
+        "{} of {n}\n{}",
+        count(),
+        agent.log_text()
+    );
+}
+
+/// The apiserver restarts: the agent keeps the maps (the data path goes on)
+/// and, once the apiserver is back, follows changes made after it.
+#[test]
+fn after_an_apiserver_restart_the_agent_follows_new_changes() {
+    let w = World::new("k8sreal_restart", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let mut cp = ControlPlane::start(&unique("k8srestart"));
+    let ns = "restart";
+    let node = "node-restart";
+    setup(&cp, ns, node, "192.168.77.5");
+    let ip = service(&cp, ns, "web", "");
+    ready_pod(&cp, ns, "web-1", node, "web", &[&Topology::backend_ip(0).to_string()]);
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let agent = Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
+    let target = format!("{ip}:80");
+    assert!(wait_until(Duration::from_secs(30), || frontends(&agent)
+        .iter()
+        .any(|(f, _, n)| *f == target && *n == 1)));
+    cp.restart_apiserver();
+    // Meanwhile the data path served on: nothing was withdrawn.
+    assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
+    ready_pod(&cp, ns, "web-2", node, "web", &[&Topology::backend_ip(1).to_string()]);
+    assert!(
+        wait_until(Duration::from_secs(60), || frontends(&agent)
+            .iter()
+            .any(|(f, _, n)| *f == target && *n == 2)),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(served(&w, &target, 40).len(), 2);
+}
