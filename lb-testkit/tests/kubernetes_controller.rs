@@ -26,7 +26,7 @@ async fn start(api: &FakeApiServer) -> Watch {
     let (tx, rx) = mpsc::channel(64);
     let cfg = WatchConfig {
         node_name: "node-a".into(),
-        nodeport_cidrs: vec![],
+        nodeports: Default::default(),
         debounce: Duration::from_millis(30),
     };
     Watch {

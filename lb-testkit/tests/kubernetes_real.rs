@@ -318,7 +318,9 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         ));
         (ip, dual)
     };
-    let agent = start_agent(&shared_cp(), &w, &node, &[]);
+    // NodePorts on the Node's InternalIP (`primary`), not on every local
+    // address of the namespace the agent runs in.
+    let agent = start_agent(&shared_cp(), &w, &node, &["--nodeport-addresses", "primary"]);
     let cp = shared_cp();
     let get = |name: &str, path: &str| cp.kubectl(&["-n", &ns, "get", "svc", name, "-o", &format!("jsonpath={path}")]);
     let np_port = get("np", "{.spec.ports[0].nodePort}");

@@ -21,7 +21,10 @@ use lb::{
     reconcile::Reconciler,
     source::{
         self,
-        kubernetes::{store::Cidr, watch::WatchConfig},
+        kubernetes::{
+            store::{Cidr, NodePortAddr, NodePortAddresses},
+            watch::WatchConfig,
+        },
     },
     sys,
 };
@@ -92,14 +95,16 @@ struct RunArgs {
     /// This node's name (downward API: spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
-    /// Node addresses that serve NodePorts, as CIDRs [default: every InternalIP/ExternalIP of the node].
+    /// Node addresses that serve NodePorts: CIDRs, or `primary` for the
+    /// node's InternalIP per family [default: every local address of the
+    /// node, as kube-proxy].
     #[arg(
         long,
         value_delimiter = ',',
-        value_name = "CIDR,...",
+        value_name = "CIDR,...|primary",
         env = "LB_NODEPORT_ADDRESSES"
     )]
-    nodeport_addresses: Vec<Cidr>,
+    nodeport_addresses: Vec<NodePortAddr>,
     /// Gather Kubernetes changes this long before applying them.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration, env = "LB_MIN_SYNC_PERIOD")]
     min_sync_period: Duration,
@@ -263,7 +268,13 @@ fn mode(args: &RunArgs) -> anyhow::Result<Mode> {
             )?;
             Ok(Mode::Kubernetes(WatchConfig {
                 node_name,
-                nodeport_cidrs: args.nodeport_addresses.clone(),
+                nodeports: NodePortAddresses::from_flags(
+                    &args.nodeport_addresses,
+                    sys::netdev::all_addresses()?
+                        .into_iter()
+                        .map(|(_, a)| a)
+                        .collect(),
+                ),
                 debounce: args.min_sync_period,
             }))
         }
@@ -503,7 +514,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                     if let Some(a) = sys::netdev::ipv4_address(dev)? {
                         let ip = std::net::IpAddr::V4(a);
                         if args.nodeport_addresses.is_empty()
-                            || args.nodeport_addresses.iter().any(|c| c.contains(&ip))
+                            || args.nodeport_addresses.iter().any(|a| match a {
+                                NodePortAddr::Cidr(c) => c.contains(&ip),
+                                NodePortAddr::Primary => true,
+                            })
                         {
                             nodeport_addresses.push(ip);
                         }

@@ -36,3 +36,69 @@ pub fn ipv4_address(name: &str) -> anyhow::Result<Option<Ipv4Addr>> {
     unsafe { libc::freeifaddrs(list) };
     Ok(found)
 }
+
+/// Every address of every device of the caller's network namespace
+/// (getifaddrs(3)): (device, address).
+pub fn all_addresses() -> anyhow::Result<Vec<(String, std::net::IpAddr)>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("getifaddrs");
+    }
+    let mut out = Vec::new();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        // SAFETY: ifa_name is a NUL-terminated string of the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: the family says which sockaddr it is.
+            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            if family == libc::AF_INET {
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push((name, Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into()));
+            } else if family == libc::AF_INET6 {
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.push((name, std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into()));
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(out)
+}
+
+/// The devices of the default routes (IPv4 and IPv6) of the caller's
+/// namespace, from /proc/net/route and /proc/net/ipv6_route.
+pub fn default_route_devices() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(t) = std::fs::read_to_string("/proc/net/route") {
+        // Iface Destination Gateway ...; a default route has destination 0
+        // and mask 0.
+        for l in t.lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() > 7 && f[1] == "00000000" && f[7] == "00000000" && !out.contains(&f[0].to_string()) {
+                out.push(f[0].to_string());
+            }
+        }
+    }
+    if let Ok(t) = std::fs::read_to_string("/proc/net/ipv6_route") {
+        // dest(32 hex) plen src srcplen nexthop metric refcnt use flags dev
+        for l in t.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() >= 10
+                && f[0] == "00000000000000000000000000000000"
+                && f[1] == "00"
+                && f[9] != "lo"
+                && !out.contains(&f[9].to_string())
+            {
+                out.push(f[9].to_string());
+            }
+        }
+    }
+    out
+}

@@ -51,6 +51,59 @@ impl std::str::FromStr for Cidr {
     }
 }
 
+/// One value of --nodeport-addresses: a CIDR, or `primary` (the node's
+/// InternalIP per family, as kube-proxy's `--nodeport-addresses primary`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodePortAddr {
+    Cidr(Cidr),
+    Primary,
+}
+
+impl std::str::FromStr for NodePortAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "primary" {
+            Ok(NodePortAddr::Primary)
+        } else {
+            s.parse().map(NodePortAddr::Cidr)
+        }
+    }
+}
+
+/// Which addresses of this node serve NodePorts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    /// Limit to these CIDRs (none: no limit).
+    pub cidrs: Vec<Cidr>,
+    /// Only the node's primary addresses (its InternalIP per family).
+    pub primary: bool,
+    /// The node's own addresses (read at start). Unset flag: all of them,
+    /// as kube-proxy's default.
+    pub local: Vec<IpAddr>,
+}
+
+impl NodePortAddresses {
+    pub fn from_flags(flags: &[NodePortAddr], local: Vec<IpAddr>) -> Self {
+        Self {
+            cidrs: flags
+                .iter()
+                .filter_map(|f| match f {
+                    NodePortAddr::Cidr(c) => Some(*c),
+                    NodePortAddr::Primary => None,
+                })
+                .collect(),
+            primary: flags.contains(&NodePortAddr::Primary),
+            local: local
+                .into_iter()
+                .filter(|a| match a {
+                    IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
+                    IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
+                })
+                .collect(),
+        }
+    }
+}
+
 impl Cidr {
     pub fn contains(&self, ip: &IpAddr) -> bool {
         match (self.address, ip) {
@@ -85,7 +138,7 @@ struct Relist<K> {
 
 pub struct Store {
     node_name: String,
-    nodeport_cidrs: Vec<Cidr>,
+    nodeports: NodePortAddresses,
     node: NodeContext,
     services: HashMap<ServiceName, K8sService>,
     /// service → slice name → slice
@@ -107,10 +160,10 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(node_name: &str, nodeport_cidrs: Vec<Cidr>) -> Self {
+    pub fn new(node_name: &str, nodeports: NodePortAddresses) -> Self {
         Self {
             node_name: node_name.to_string(),
-            nodeport_cidrs,
+            nodeports,
             node: NodeContext {
                 name: node_name.to_string(),
                 nodeport_addresses: Vec::new(),
@@ -218,7 +271,7 @@ impl Store {
         match ev {
             Event::Apply(n) | Event::InitApply(n) => {
                 if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
-                    self.set_node_addresses(node_addresses(&n, &self.nodeport_cidrs));
+                    self.set_node_addresses(node_addresses(&n, &self.nodeports));
                 }
             }
             Event::Delete(n) => {
@@ -384,19 +437,37 @@ fn slice_key(s: &EndpointSlice) -> (String, String) {
     )
 }
 
-/// The node's InternalIP and ExternalIP addresses, filtered by the CIDRs
-/// (all of them when no CIDR is given), like kube-proxy's --nodeport-addresses.
-pub fn node_addresses(node: &Node, cidrs: &[Cidr]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
+/// The addresses that serve NodePorts, like kube-proxy's
+/// --nodeport-addresses: `primary`, the node's first InternalIP of each
+/// family; otherwise every local address of the node (or, when they are not
+/// known, its InternalIP and ExternalIP addresses), limited to the CIDRs
+/// when some are given.
+pub fn node_addresses(node: &Node, cfg: &NodePortAddresses) -> Vec<IpAddr> {
+    let listed = |types: &[&str]| -> Vec<IpAddr> {
+        node.status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| types.contains(&a.type_.as_str()))
+            .filter_map(|a| a.address.parse().ok())
+            .collect()
+    };
+    let mut out: Vec<IpAddr> = if cfg.primary {
+        let internal = listed(&["InternalIP"]);
+        [
+            internal.iter().find(|a| a.is_ipv4()).copied(),
+            internal.iter().find(|a| a.is_ipv6()).copied(),
+        ]
         .into_iter()
         .flatten()
-        .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-        .filter_map(|a| a.address.parse().ok())
-        .filter(|ip| cidrs.is_empty() || cidrs.iter().any(|c| c.contains(ip)))
-        .collect();
+        .collect()
+    } else if !cfg.local.is_empty() {
+        cfg.local.clone()
+    } else {
+        listed(&["InternalIP", "ExternalIP"])
+    };
+    out.retain(|ip| cfg.cidrs.is_empty() || cfg.cidrs.iter().any(|c| c.contains(ip)));
     out.sort();
     out.dedup();
     out
@@ -438,7 +509,7 @@ mod tests {
     }
 
     fn synced(services: Vec<K8sService>, slices: Vec<EndpointSlice>) -> Store {
-        let mut s = Store::new("node-a", Vec::new());
+        let mut s = Store::new("node-a", NodePortAddresses::default());
         s.on_service(Event::Init);
         for x in services {
             s.on_service(Event::InitApply(x));
@@ -461,7 +532,7 @@ mod tests {
 
     #[test]
     fn nothing_is_output_until_every_list_is_complete() {
-        let mut s = Store::new("node-a", Vec::new());
+        let mut s = Store::new("node-a", NodePortAddresses::default());
         s.on_service(Event::Init);
         s.on_service(Event::InitApply(svc("a", "10.96.0.1", &[])));
         s.on_service(Event::InitDone);
@@ -596,7 +667,13 @@ mod tests {
             2
         );
 
-        let mut s = Store::new("node-a", vec!["10.0.0.0/8".parse().unwrap()]);
+        let mut s = Store::new(
+            "node-a",
+            NodePortAddresses {
+                cidrs: vec!["10.0.0.0/8".parse().unwrap()],
+                ..Default::default()
+            },
+        );
         s.on_node(Event::InitApply(node(&["192.168.1.10", "10.0.0.5"])));
         assert_eq!(
             s.node().nodeport_addresses,

@@ -19,7 +19,7 @@ use kube::{
 use tokio::sync::mpsc;
 
 use super::{
-    store::{Cidr, Output, Store},
+    store::{Output, Store},
     translate::WATCH_SELECTOR,
 };
 use crate::source::SourceEvent;
@@ -29,7 +29,7 @@ pub struct WatchConfig {
     /// This node (downward API spec.nodeName): locality and NodePort addresses.
     pub node_name: String,
     /// --nodeport-addresses: which node addresses serve NodePorts (empty: all).
-    pub nodeport_cidrs: Vec<Cidr>,
+    pub nodeports: super::store::NodePortAddresses,
     /// How long to gather changes before applying them.
     pub debounce: Duration,
 }
@@ -64,7 +64,7 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
         .default_backoff()
         .boxed();
 
-    let mut store = Store::new(&cfg.node_name, cfg.nodeport_cidrs.clone());
+    let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone());
     // When the first unsent change arrived.
     let mut first_change: Option<Instant> = None;
     loop {
