@@ -39,6 +39,8 @@ pub struct Agent {
     pub pin_dir: PathBuf,
     /// Where /metrics and /healthz listen (a free loopback port per agent).
     pub metrics: std::net::SocketAddr,
+    /// The proxy health server (--healthz-address).
+    pub healthz: std::net::SocketAddr,
     pub extra_args: Vec<String>,
     /// Run the agent inside this network namespace (it then is the "host").
     pub netns: Option<String>,
@@ -182,6 +184,7 @@ impl Agent {
             cgroup: cgroup.to_path_buf(),
             pin_dir: pin_dir.to_path_buf(),
             metrics: ([127, 0, 0, 1], free_port()).into(),
+            healthz: ([127, 0, 0, 1], free_port()).into(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             netns,
             startup_timeout: STARTUP,
@@ -192,12 +195,28 @@ impl Agent {
     /// GET on the agent's metrics server: (status code, body). An agent in a network namespace listens there: the request is made
     /// from a thread that enters it.
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        let (addr, path) = (self.metrics, path.to_string());
+        self.http_get_at(self.metrics, path)
+    }
+
+    /// GET on the agent's proxy health server (`/healthz`, `/livez`).
+    pub fn healthz_get(&self, path: &str) -> (u16, String) {
+        self.http_get_at(self.healthz, path)
+    }
+
+    /// GET on any address as seen from the agent's network namespace.
+    pub fn http_get_at(&self, addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        let r = self.http_request_at(addr, path);
+        (r.code, r.body)
+    }
+
+    /// GET with the reply's headers, from the agent's network namespace.
+    pub fn http_request_at(&self, addr: std::net::SocketAddr, path: &str) -> HttpReply {
+        let path = path.to_string();
         match self.netns.clone() {
-            None => http_get(addr, &path),
+            None => http_request(addr, &path),
             Some(ns) => std::thread::spawn(move || {
                 crate::netns::enter(&ns).expect("entering the agent's namespace");
-                http_get(addr, &path)
+                http_request(addr, &path)
             })
             .join()
             .unwrap(),
@@ -220,6 +239,8 @@ impl Agent {
             .arg(&self.pin_dir)
             .arg("--metrics-address")
             .arg(self.metrics.to_string())
+            .arg("--healthz-address")
+            .arg(self.healthz.to_string())
             .args(&self.extra_args)
             .env("LB_LOG", "info")
             .env("NO_COLOR", "1")
@@ -418,10 +439,28 @@ impl Drop for Monitor {
     }
 }
 
-/// GET over HTTP/1.1 (the metrics server): (status code, body).
-fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+/// An HTTP reply: status code, headers (names lowercased), body.
+#[derive(Debug)]
+pub struct HttpReply {
+    pub code: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpReply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == &name.to_ascii_lowercase())
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// GET over HTTP/1.1 (the agent's servers; they answer with Content-Length).
+pub fn http_request(addr: std::net::SocketAddr, path: &str) -> HttpReply {
     use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(addr).expect("connecting to the metrics server");
+    let mut s = std::net::TcpStream::connect(addr)
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
@@ -436,6 +475,12 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
     // The servers answer with Content-Length, not chunked: the body is as is.
-    (code, body.to_string())
+    HttpReply { code, headers, body: body.to_string() }
 }

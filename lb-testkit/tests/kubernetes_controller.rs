@@ -28,6 +28,7 @@ async fn start(api: &FakeApiServer) -> Watch {
         node_name: "node-a".into(),
         nodeports: Default::default(),
         debounce: Duration::from_millis(30),
+        node_eligibility: Default::default(),
     };
     Watch {
         rx,

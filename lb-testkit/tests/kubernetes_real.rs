@@ -446,3 +446,166 @@ fn after_an_apiserver_restart_the_agent_follows_new_changes() {
     );
     assert_eq!(served(&w, &target, 40).len(), 2);
 }
+
+/// Whether something listens on `port` at 127.0.0.1 in the agent's namespace.
+fn listening(agent: &Agent, port: u16) -> bool {
+    let ns = agent.netns.clone().unwrap();
+    std::thread::spawn(move || {
+        lb_testkit::netns::enter(&ns).unwrap();
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    })
+    .join()
+    .unwrap()
+}
+
+/// The health servers kube-proxy users and cloud load balancers depend on,
+/// against real objects: the proxy's /healthz turns 503 (nodeEligible:
+/// false) when the cluster autoscaler taints the Node and /livez does not;
+/// a LoadBalancer Service with externalTrafficPolicy: Local gets its
+/// apiserver-allocated healthCheckNodePort served, 503 with no local
+/// endpoint, 200 with one (a remote one does not count), closed when the
+/// policy goes back to Cluster.
+#[test]
+fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() {
+    let w = World::new("k8sreal_health", 1);
+    let ns = unique("health").to_lowercase().replace('_', "-");
+    let node = unique("node-health");
+    let other = format!("{node}-other");
+    let b = |i: usize| Topology::backend_ip(i).to_string();
+    let hc_port: u16 = {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.6");
+        cp.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {other}}}\n"));
+        service(&cp, &ns, "web", "  type: LoadBalancer\n  externalTrafficPolicy: Local\n");
+        // The remote endpoint exists from the start: it must not count.
+        ready_pod(&cp, &ns, "web-remote", &other, "web", &[&b(1)]);
+        cp.kubectl(&["-n", &ns, "get", "svc", "web", "-o", "jsonpath={.spec.healthCheckNodePort}"])
+            .parse()
+            .expect("the apiserver allocates a healthCheckNodePort")
+    };
+    let agent = start_agent(&shared_cp(), &w, &node, &[]);
+    let hc: std::net::SocketAddr = ([127, 0, 0, 1], hc_port).into();
+
+    // The proxy health server.
+    let (code, body) = agent.healthz_get("/healthz");
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["nodeEligible"], true, "{body}");
+    assert!(json["lastUpdated"].as_str().unwrap().starts_with("20"), "{body}");
+
+    // No local endpoint: 503, weight 0.
+    assert!(
+        wait_until(Duration::from_secs(30), || listening(&agent, hc_port)),
+        "healthCheckNodePort {hc_port} never opened\n{}",
+        agent.log_text()
+    );
+    let r = agent.http_request_at(hc, "/");
+    assert_eq!(r.code, 503, "{r:?}");
+    assert_eq!(r.header("x-load-balancing-endpoint-weight"), Some("0"), "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body["localEndpoints"], 0);
+    assert_eq!(body["serviceProxyHealthy"], true);
+    assert_eq!(body["service"]["namespace"], ns.as_str());
+    assert_eq!(body["service"]["name"], "web");
+
+    // One local endpoint: 200, kube-proxy's exact body.
+    ready_pod(&shared_cp(), &ns, "web-1", &node, "web", &[&b(0)]);
+    assert!(
+        wait_until(Duration::from_secs(30), || agent.http_request_at(hc, "/healthz").code == 200),
+        "{}",
+        agent.log_text()
+    );
+    let r = agent.http_request_at(hc, "/any/path");
+    assert_eq!(r.header("x-load-balancing-endpoint-weight"), Some("1"));
+    assert_eq!(
+        r.body,
+        format!("{{\n\t\"service\": {{\n\t\t\"namespace\": \"{ns}\",\n\t\t\"name\": \"web\"\n\t}},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}}")
+    );
+
+    // The cluster autoscaler marks the node for deletion: /healthz sends
+    // load balancers away, /livez (the agent itself) stays fine.
+    shared_cp().kubectl(&[
+        "taint", "node", &node, "ToBeDeletedByClusterAutoscaler=1:NoSchedule",
+    ]);
+    assert!(
+        wait_until(Duration::from_secs(30), || agent.healthz_get("/healthz").0 == 503),
+        "{}",
+        agent.log_text()
+    );
+    let (_, body) = agent.healthz_get("/healthz");
+    assert!(body.contains("\"nodeEligible\":false"), "{body}");
+    assert_eq!(agent.healthz_get("/livez").0, 200);
+    shared_cp().kubectl(&["taint", "node", &node, "ToBeDeletedByClusterAutoscaler-"]);
+    assert!(wait_until(Duration::from_secs(30), || agent.healthz_get("/healthz").0 == 200));
+
+    // Back to Cluster: no health check any more, the port closes.
+    shared_cp().kubectl(&[
+        "-n", &ns, "patch", "svc", "web", "--type=merge", "-p",
+        r#"{"spec":{"externalTrafficPolicy":"Cluster"}}"#,
+    ]);
+    assert!(
+        wait_until(Duration::from_secs(30), || !listening(&agent, hc_port)),
+        "{}",
+        agent.log_text()
+    );
+}
+
+/// trafficDistribution: PreferSameZone through the real EndpointSlice
+/// controller, which writes zone hints from the Nodes' zone labels: this
+/// node (zone-a) sends cluster traffic only to the zone-a endpoint; when
+/// that one goes, the hints no longer cover this zone and every endpoint
+/// serves again.
+#[test]
+fn prefer_same_zone_keeps_cluster_traffic_in_the_nodes_zone_through_real_hints() {
+    let w = World::new("k8sreal_zone", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let ns = unique("zone").to_lowercase().replace('_', "-");
+    let node = unique("node-zone");
+    let other = format!("{node}-b");
+    let b = |i: usize| Topology::backend_ip(i).to_string();
+    let ip = {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.7");
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {other}\n  labels: {{topology.kubernetes.io/zone: zone-b}}\n"
+        ));
+        let ip = service(&cp, &ns, "web", "  trafficDistribution: PreferSameZone\n");
+        ready_pod(&cp, &ns, "web-a", &node, "web", &[&b(0)]);
+        ready_pod(&cp, &ns, "web-b", &other, "web", &[&b(1)]);
+        ip
+    };
+    // The controller's hints, as written.
+    let cp = shared_cp();
+    wait(&cp, "zone hints on the slice", || {
+        cp
+            .kubectl(&["-n", &ns, "get", "endpointslices", "-o", "jsonpath={.items[*].endpoints[*].hints.forZones[*].name}"])
+            .split_whitespace()
+            .count()
+            == 2
+    });
+    let agent = start_agent(&cp, &w, &node, &[]);
+    drop(cp);
+    let target = format!("{ip}:80");
+    assert!(
+        wait_until(Duration::from_secs(30), || frontends(&agent)
+            .iter()
+            .any(|(f, _, n)| *f == target && *n == 1)),
+        "{:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+    assert_eq!(served(&w, &target, 30), BTreeSet::from(["b1".to_string()]));
+
+    // The zone-a endpoint goes: no hint is for zone-a, topology is off.
+    shared_cp().kubectl(&["-n", &ns, "delete", "pod", "web-a", "--grace-period=0", "--force"]);
+    assert!(
+        wait_until(Duration::from_secs(30), || frontends(&agent)
+            .iter()
+            .any(|(f, _, n)| *f == target && *n == 1)
+            && served(&w, &target, 1).contains("b2")),
+        "{:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+}

@@ -17,6 +17,7 @@ pub mod conntrack;
 pub mod datapath;
 pub mod desired;
 pub mod diff;
+pub mod health;
 pub mod maps;
 pub mod metrics;
 pub mod migrate;

@@ -30,6 +30,7 @@ fn node() -> NodeContext {
     NodeContext {
         name: "node-a".into(),
         nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+        zone: "zone-a".into(),
     }
 }
 
@@ -158,6 +159,8 @@ fn loadbalancer_ingress_ips_become_frontends_and_external_policy_local_is_marked
     );
     // Clients on the node keep every endpoint (kube-proxy does the same).
     assert!(s.frontends.iter().all(|f| f.backends.len() == 2));
+    assert_eq!(s.health_check_node_port, Some(31999));
+    assert_eq!(s.local_ready_endpoints(), 1, "10.244.0.20 on node-a");
 }
 
 #[test]
@@ -330,4 +333,77 @@ fn a_service_with_100000_endpoints_keeps_65535_loudly_and_skips_a_bad_address() 
         "translated 100000 endpoints x {} ports in {took:?}",
         svc.frontends.len()
     );
+}
+
+/// Backend addresses of the frontend at `addr`.
+fn backends_of(s: &Service, addr: &str) -> Vec<String> {
+    s.frontends
+        .iter()
+        .find(|f| f.address == ip(addr))
+        .expect("frontend")
+        .backends
+        .iter()
+        .map(|b| format!("{} {}", b.address, b.state.as_str()))
+        .collect()
+}
+
+#[test]
+fn zone_hints_keep_cluster_traffic_in_this_nodes_zone_and_terminating_endpoints_stay_as_fallback() {
+    let t = translate_all("topology-hints.yaml");
+    assert_eq!(
+        backends_of(svc(&t, "topo", "zoned"), "10.96.40.1"),
+        vec!["10.244.0.10 active", "10.244.1.11 terminating", "10.244.2.10 active"],
+        "zone-b's ready endpoint is left to zone-b's nodes"
+    );
+}
+
+#[test]
+fn node_hints_win_over_zone_hints_when_one_is_for_this_node() {
+    let t = translate_all("topology-hints.yaml");
+    assert_eq!(backends_of(svc(&t, "topo", "by-node"), "10.96.40.2"), vec!["10.244.0.20 active"]);
+    // The same slice seen from a node without its own endpoint falls back
+    // to the zone hints.
+    let (services, slices) = load("topology-hints.yaml");
+    let by_node = services.iter().find(|s| s.metadata.name.as_deref() == Some("by-node")).unwrap();
+    let own = slices.iter().filter(|s| s.metadata.name.as_deref() == Some("by-node-1"));
+    let other = NodeContext { name: "node-z".into(), ..node() };
+    let s = translate(by_node, own, &other).service.unwrap();
+    assert_eq!(
+        backends_of(&s, "10.96.40.2"),
+        vec!["10.244.0.20 active", "10.244.2.20 active"],
+        "node-z is in zone-a but has no node hint"
+    );
+}
+
+#[test]
+fn hints_are_ignored_when_one_ready_endpoint_lacks_them_or_none_is_for_this_zone() {
+    let t = translate_all("topology-hints.yaml");
+    assert_eq!(backends_of(svc(&t, "topo", "partial"), "10.96.40.3").len(), 2);
+    assert_eq!(backends_of(svc(&t, "topo", "elsewhere"), "10.96.40.4").len(), 2);
+    // A node without a zone label uses no zone hints.
+    let (services, slices) = load("topology-hints.yaml");
+    let zoned = services.iter().find(|s| s.metadata.name.as_deref() == Some("zoned")).unwrap();
+    let own = slices.iter().filter(|s| s.metadata.name.as_deref() == Some("zoned-1"));
+    let unzoned = NodeContext { zone: String::new(), ..node() };
+    let s = translate(zoned, own, &unzoned).service.unwrap();
+    assert_eq!(backends_of(&s, "10.96.40.1").len(), 4);
+}
+
+#[test]
+fn internal_policy_local_ignores_hints_and_external_local_keeps_its_own_endpoint() {
+    let t = translate_all("topology-hints.yaml");
+    assert_eq!(
+        backends_of(svc(&t, "topo", "local-policy"), "10.96.40.5"),
+        vec!["10.244.0.50 active"],
+        "this node's endpoint, though hinted for zone-b"
+    );
+    let s = svc(&t, "topo", "external-local");
+    assert_eq!(
+        backends_of(s, "10.96.40.6"),
+        vec!["10.244.2.60 active"],
+        "the ClusterIP follows the zone hints"
+    );
+    let np = s.frontends.iter().find(|f| f.kind == FrontendKind::NodePort).unwrap();
+    let local: Vec<String> = np.backends.iter().filter(|b| b.local).map(|b| b.address.to_string()).collect();
+    assert_eq!(local, vec!["10.244.0.60"], "traffic from outside reaches this node's endpoint whatever its hint");
 }

@@ -40,6 +40,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
                 .map(|b| backend(*b, BackendState::Active))
                 .collect(),
         }],
+        health_check_node_port: None,
     }
 }
 

@@ -16,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use lb::{
     agent::{mailbox::Mailbox, worker::Worker},
     datapath::{self, config::RuntimeConfig, DatapathConfig, MapSizes},
+    health::{proxy::ProxyHealth, NodeEligibility},
     maps::bpf::BpfMaps,
     metrics::{self, Metrics},
     reconcile::Reconciler,
@@ -188,6 +189,10 @@ struct RunArgs {
     /// Address of /metrics and /healthz. Loopback unless you choose otherwise.
     #[arg(long, default_value = "127.0.0.1:9967", env = "LB_METRICS_ADDRESS")]
     metrics_address: SocketAddr,
+    /// The proxy health server (/healthz, /livez), kube-proxy's
+    /// --healthz-bind-address: what cloud load balancers and probes ask. 'off' disables it.
+    #[arg(long, default_value = "0.0.0.0:10256", value_parser = parse_optional_addr, env = "LB_HEALTHZ_ADDRESS")]
+    healthz_address: OptionalAddr,
     /// /healthz turns unhealthy when an observed change is not in the maps after this long.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     healthz_grace: Duration,
@@ -259,7 +264,7 @@ enum Mode {
     Kubernetes(WatchConfig),
 }
 
-fn mode(args: &RunArgs) -> anyhow::Result<Mode> {
+fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Result<Mode> {
     match (&args.services, args.kubernetes) {
         (Some(path), false) => Ok(Mode::File(path.clone())),
         (None, true) => {
@@ -276,6 +281,7 @@ fn mode(args: &RunArgs) -> anyhow::Result<Mode> {
                         .collect(),
                 ),
                 debounce: args.min_sync_period,
+                node_eligibility: node_eligibility.clone(),
             }))
         }
         _ => bail!("choose a source: --services FILE (standalone) or --kubernetes"),
@@ -329,6 +335,19 @@ enum LbMode {
     Hybrid,
 }
 
+/// A listen address, or none ('off').
+#[derive(Clone, Copy, Debug)]
+struct OptionalAddr(Option<SocketAddr>);
+
+fn parse_optional_addr(s: &str) -> Result<OptionalAddr, String> {
+    if s == "off" {
+        return Ok(OptionalAddr(None));
+    }
+    s.parse()
+        .map(|a| OptionalAddr(Some(a)))
+        .map_err(|e| format!("{s}: {e}; write ADDRESS:PORT (e.g. 0.0.0.0:10256) or off"))
+}
+
 #[derive(Clone, Copy, Debug)]
 struct PortRange(u16, u16);
 
@@ -352,7 +371,8 @@ impl std::str::FromStr for PortRange {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let mode = mode(&args)?;
+    let node_eligibility = Arc::new(NodeEligibility::default());
+    let mode = mode(&args, &node_eligibility)?;
     if !lb::desired::maglev::valid_size(args.maglev_table_size) {
         bail!(
             "--maglev-table-size {} is not one of the supported primes: {:?}",
@@ -499,6 +519,26 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 error!("{e:#}");
             }
         });
+        let proxy_health = ProxyHealth {
+            health: metrics.health.clone(),
+            node: node_eligibility.clone(),
+            grace: args.healthz_grace,
+        };
+        if let Some(addr) = args.healthz_address.0 {
+            let state = proxy_health.clone();
+            tokio::spawn(async move {
+                if let Err(e) = lb::health::proxy::serve(addr, state).await {
+                    error!("{e:#}");
+                }
+            });
+        }
+        let (checks_tx, checks_rx) = tokio::sync::watch::channel(Default::default());
+        tokio::spawn(lb::health::services::run(
+            checks_rx,
+            proxy_health,
+            metrics.health_check_listen_errors.clone(),
+        ));
+        let mut health_checks = lb::health::services::Tracker::default();
         if let Some(logger) = report.logger {
             tokio::spawn(forward_bpf_logs(logger));
         }
@@ -538,7 +578,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let mut int = signal(SignalKind::interrupt())?;
         loop {
             tokio::select! {
-                Some(ev) = events.recv() => mailbox.post(ev),
+                Some(ev) = events.recv() => {
+                    if health_checks.observe(&ev) {
+                        let _ = checks_tx.send(health_checks.checks());
+                    }
+                    mailbox.post(ev)
+                }
                 _ = hup.recv() => {
                     info!("SIGHUP: re-reading the source");
                     let _ = reload_tx.try_send(());

@@ -59,6 +59,7 @@ pub struct Metrics {
     pub socket_scan_errors: Counter,
     pub conntrack_gc: crate::conntrack::gc::GcMetrics,
     pub health: Arc<Mutex<Health>>,
+    pub health_check_listen_errors: Counter,
 }
 
 /// What `/healthz` reports, like kube-proxy's: healthy while every observed
@@ -100,7 +101,13 @@ impl Metrics {
             socket_scan_errors: Counter::default(),
             conntrack_gc: Default::default(),
             health: Arc::new(Mutex::new(Health::default())),
+            health_check_listen_errors: Counter::default(),
         };
+        registry.register(
+            "health_check_listen_errors",
+            "healthCheckNodePorts that could not be opened (each failure streak once)",
+            m.health_check_listen_errors.clone(),
+        );
         registry.register(
             "reconcile_duration_seconds",
             "Time to compute and apply one change to the maps",

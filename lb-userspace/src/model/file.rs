@@ -459,7 +459,10 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
             });
         }
     }
-    Ok(Service { frontends })
+    Ok(Service {
+        frontends,
+        health_check_node_port: None,
+    })
 }
 
 fn parse_service_address(field: &str, text: &str) -> Result<IpAddr, FileError> {

@@ -64,6 +64,28 @@ impl fmt::Display for ServiceName {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Service {
     pub frontends: Vec<Frontend>,
+    /// A LoadBalancer with externalTrafficPolicy: Local: the port where
+    /// this node answers the cloud load balancer's health check (kube-proxy's
+    /// service health server): 200 while the service has a ready endpoint
+    /// on this node.
+    pub health_check_node_port: Option<u16>,
+}
+
+impl Service {
+    /// Distinct addresses of this node's ready endpoints, over every
+    /// frontend (what kube-proxy's health check counts).
+    pub fn local_ready_endpoints(&self) -> usize {
+        let mut ips: Vec<std::net::IpAddr> = self
+            .frontends
+            .iter()
+            .flat_map(|f| f.backends.iter())
+            .filter(|b| b.local && b.state == BackendState::Active)
+            .map(|b| b.address)
+            .collect();
+        ips.sort();
+        ips.dedup();
+        ips.len()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -157,6 +157,23 @@ pub struct Store {
     /// What was last output per service, to skip no-op changes.
     published: HashMap<ServiceName, Service>,
     warnings: Vec<Warning>,
+    eligible: Option<bool>,
+}
+
+/// The node label topology hints are matched against.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+
+/// kube-proxy's NodeEligible (pkg/proxy/healthcheck/proxy_health.go): no
+/// deletionTimestamp, no ToBeDeletedByClusterAutoscaler taint.
+pub fn node_eligible(n: &Node) -> bool {
+    n.metadata.deletion_timestamp.is_none()
+        && !n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|t| t.key == "ToBeDeletedByClusterAutoscaler")
 }
 
 impl Store {
@@ -167,6 +184,7 @@ impl Store {
             node: NodeContext {
                 name: node_name.to_string(),
                 nodeport_addresses: Vec::new(),
+                zone: String::new(),
             },
             services: HashMap::new(),
             slices: HashMap::new(),
@@ -180,6 +198,7 @@ impl Store {
             asked: HashMap::new(),
             published: HashMap::new(),
             warnings: Vec::new(),
+            eligible: None,
         }
     }
 
@@ -272,16 +291,41 @@ impl Store {
             Event::Apply(n) | Event::InitApply(n) => {
                 if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
                     self.set_node_addresses(node_addresses(&n, &self.nodeports));
+                    let zone = n
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(LABEL_ZONE))
+                        .cloned()
+                        .unwrap_or_default();
+                    self.set_zone(zone);
+                    self.eligible = Some(node_eligible(&n));
                 }
             }
             Event::Delete(n) => {
                 if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
                     self.set_node_addresses(Vec::new());
+                    self.eligible = Some(false);
                 }
             }
             Event::Init => {}
             Event::InitDone => self.node_relist.synced = true,
         }
+    }
+
+    fn set_zone(&mut self, zone: String) {
+        if zone != self.node.zone {
+            self.node.zone = zone;
+            // Topology hints of every service may now select differently.
+            self.dirty.extend(self.services.keys().cloned());
+        }
+    }
+
+    /// Whether this node should take traffic from cloud load balancers, as
+    /// kube-proxy's NodeEligible: not being deleted, not marked by the
+    /// cluster autoscaler. None until the Node was seen.
+    pub fn node_eligible(&self) -> Option<bool> {
+        self.eligible
     }
 
     fn set_node_addresses(&mut self, addresses: Vec<IpAddr>) {

@@ -7,6 +7,13 @@
 //!   writes the resolved number under the service port's name);
 //! * conditions (KEP-1669): ready serves; serving and terminating serves only
 //!   while no endpoint is ready; anything else never;
+//! * topology (kube-proxy's pkg/proxy/topology.go): when every ready
+//!   endpoint carries node hints and one is for this node, cluster traffic
+//!   stays on the endpoints hinted for this node (PreferSameNode); else the
+//!   same with zone hints and this node's zone (PreferSameZone); else no
+//!   topology. The EndpointSlice controller writes the hints from
+//!   `trafficDistribution` or the topology-mode annotation; kube-proxy, and
+//!   this, read only the hints;
 //! * internalTrafficPolicy: Local keeps only this node's endpoints for
 //!   ClusterIPs; externalTrafficPolicy: Local publishes a node-local view for
 //!   traffic from outside (clients on the node keep every endpoint, as with
@@ -43,6 +50,8 @@ pub struct NodeContext {
     pub name: String,
     /// Addresses that serve NodePorts (the node's addresses, filtered by --nodeport-addresses).
     pub nodeport_addresses: Vec<IpAddr>,
+    /// The node's `topology.kubernetes.io/zone` label ("" when unset).
+    pub zone: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,7 +246,9 @@ pub fn translate<'a>(
             continue;
         }
         let port_name = port.name.clone().unwrap_or_default();
-        let all = backends_for_port(&slices, &port_name, protocol, node, &name, &mut warnings);
+        let hinted = backends_for_port(&slices, &port_name, protocol, node, &name, &mut warnings);
+        // (backend, allowed by topology for cluster traffic)
+        let all = apply_topology(hinted, node);
 
         let mut kinds: Vec<(IpAddr, u16, FrontendKind)> =
             addresses.iter().map(|(a, k)| (*a, number, *k)).collect();
@@ -259,14 +270,28 @@ pub fn translate<'a>(
             }
         }
         for (address, fport, kind) in kinds {
-            let mut backends: Vec<Backend> = all
+            let local_only = kind == FrontendKind::ClusterIP && internal_local;
+            let external_local_view = external_local && kind != FrontendKind::ClusterIP;
+            let backends: Vec<Backend> = all
                 .iter()
-                .filter(|b| b.address.is_ipv4() == address.is_ipv4())
-                .cloned()
+                .filter(|(b, _)| b.address.is_ipv4() == address.is_ipv4())
+                .filter(|(b, in_topology)| {
+                    if local_only {
+                        // internalTrafficPolicy: Local ignores topology
+                        // (kube-proxy's CategorizeEndpoints).
+                        b.local
+                    } else if external_local_view {
+                        // The local view (traffic from outside) takes every
+                        // local endpoint whatever its hints; the cluster
+                        // view (clients on this node) keeps topology, plus
+                        // those local ones.
+                        *in_topology || b.local
+                    } else {
+                        *in_topology
+                    }
+                })
+                .map(|(b, _)| b.clone())
                 .collect();
-            if kind == FrontendKind::ClusterIP && internal_local {
-                backends.retain(|b| b.local);
-            }
             frontends.push(Frontend {
                 address,
                 port: fport,
@@ -283,14 +308,79 @@ pub fn translate<'a>(
     frontends.sort_by(|a, b| (a.address, a.port, a.protocol).cmp(&(b.address, b.port, b.protocol)));
     frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
     Translation {
-        service: Some(Service { frontends }),
+        service: Some(Service {
+            frontends,
+            health_check_node_port: (svc_type == "LoadBalancer" && external_local)
+                .then_some(spec.health_check_node_port)
+                .flatten()
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|p| *p != 0),
+        }),
         warnings,
     }
 }
 
+/// An endpoint's topology hints (EndpointSlice `hints.forZones` /
+/// `hints.forNodes`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Hints {
+    zones: Vec<String>,
+    nodes: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TopologyMode {
+    None,
+    SameNode,
+    SameZone,
+}
+
+/// kube-proxy's topologyModeFromHints: over the ready endpoints, node hints
+/// count when every one has some and one is for this node; then zone hints
+/// the same way; else none.
+fn topology_mode(eps: &[(Backend, Hints)], node: &NodeContext) -> TopologyMode {
+    let ready: Vec<&Hints> = eps
+        .iter()
+        .filter(|(b, _)| b.state == BackendState::Active)
+        .map(|(_, h)| h)
+        .collect();
+    if ready.is_empty() {
+        return TopologyMode::None;
+    }
+    let all_node = ready.iter().all(|h| !h.nodes.is_empty());
+    let for_node = ready.iter().any(|h| h.nodes.iter().any(|n| *n == node.name));
+    if all_node && for_node && !node.name.is_empty() {
+        return TopologyMode::SameNode;
+    }
+    let all_zone = ready.iter().all(|h| !h.zones.is_empty());
+    let for_zone = ready.iter().any(|h| h.zones.iter().any(|z| *z == node.zone));
+    if all_zone && for_zone && !node.zone.is_empty() {
+        return TopologyMode::SameZone;
+    }
+    TopologyMode::None
+}
+
+/// Marks the endpoints cluster traffic from this node may use: the ready
+/// ones that topology allows (terminating ones stay, used only when none is
+/// ready, and then without topology, as kube-proxy's CategorizeEndpoints).
+fn apply_topology(eps: Vec<(Backend, Hints)>, node: &NodeContext) -> Vec<(Backend, bool)> {
+    let mode = topology_mode(&eps, node);
+    eps.into_iter()
+        .map(|(b, h)| {
+            let allowed = b.state != BackendState::Active
+                || match mode {
+                    TopologyMode::None => true,
+                    TopologyMode::SameNode => h.nodes.iter().any(|n| *n == node.name),
+                    TopologyMode::SameZone => h.zones.iter().any(|z| *z == node.zone),
+                };
+            (b, allowed)
+        })
+        .collect()
+}
+
 /// Backends of one service port from every slice, deduplicated (an endpoint
 /// can sit in two slices while they are being rebalanced: the most usable
-/// state wins).
+/// state wins), with their topology hints.
 fn backends_for_port(
     slices: &[&EndpointSlice],
     port_name: &str,
@@ -298,8 +388,8 @@ fn backends_for_port(
     node: &NodeContext,
     name: &ServiceName,
     warnings: &mut Vec<Warning>,
-) -> Vec<Backend> {
-    let mut by_addr: BTreeMap<(IpAddr, u16), Backend> = BTreeMap::new();
+) -> Vec<(Backend, Hints)> {
+    let mut by_addr: BTreeMap<(IpAddr, u16), (Backend, Hints)> = BTreeMap::new();
     for slice in slices {
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
             continue; // FQDN slices are not load-balanced
@@ -351,20 +441,28 @@ fn backends_for_port(
                 local,
                 weight: 1,
             };
+            let hints = ep
+                .hints
+                .as_ref()
+                .map(|h| Hints {
+                    zones: h.for_zones.iter().flatten().map(|z| z.name.clone()).collect(),
+                    nodes: h.for_nodes.iter().flatten().map(|n| n.name.clone()).collect(),
+                })
+                .unwrap_or_default();
             by_addr
                 .entry((address, number))
                 .and_modify(|old| {
-                    if b.state < old.state {
-                        *old = b.clone();
+                    if b.state < old.0.state {
+                        *old = (b.clone(), hints.clone());
                     }
                 })
-                .or_insert(b);
+                .or_insert((b, hints));
         }
     }
-    let mut out: Vec<Backend> = by_addr.into_values().collect();
+    let mut out: Vec<(Backend, Hints)> = by_addr.into_values().collect();
     if out.len() > crate::model::file::MAX_BACKENDS_PER_FRONTEND {
         // Keep the most usable ones.
-        out.sort_by(|a, b| (a.state, a.address, a.port).cmp(&(b.state, b.address, b.port)));
+        out.sort_by(|(a, _), (b, _)| (a.state, a.address, a.port).cmp(&(b.state, b.address, b.port)));
         warn(
             warnings,
             "too-many-endpoints",
@@ -375,7 +473,7 @@ fn backends_for_port(
             ),
         );
         out.truncate(crate::model::file::MAX_BACKENDS_PER_FRONTEND);
-        out.sort();
+        out.sort_by(|(a, _), (b, _)| a.cmp(b));
     }
     out
 }

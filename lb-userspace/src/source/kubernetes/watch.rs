@@ -32,6 +32,8 @@ pub struct WatchConfig {
     pub nodeports: super::store::NodePortAddresses,
     /// How long to gather changes before applying them.
     pub debounce: Duration,
+    /// Written from this node's Node: read by the proxy health server.
+    pub node_eligibility: std::sync::Arc<crate::health::NodeEligibility>,
 }
 
 fn watch_error(kind: &str, e: &watcher::Error) -> SourceEvent {
@@ -79,7 +81,10 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
                 Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return },
             },
             Some(ev) = nodes.next() => match ev {
-                Ok(ev) => store.on_node(ev),
+                Ok(ev) => {
+                    store.on_node(ev);
+                    cfg.node_eligibility.set(store.node_eligible());
+                }
                 Err(e) => if tx.send(watch_error("nodes", &e)).await.is_err() { return },
             },
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
