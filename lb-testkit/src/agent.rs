@@ -242,6 +242,13 @@ impl Agent {
             .arg("--healthz-address")
             .arg(self.healthz.to_string())
             .args(&self.extra_args)
+            // Never the machine's own devices: a test names its devices.
+            .args(
+                (!self.extra_args.iter().any(|a| a.starts_with("--devices")))
+                    .then_some(["--devices", "none"])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("LB_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())

@@ -143,7 +143,12 @@ fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_nam
         "pods' sockets are reached through /proc/<pid>/ns/net"
     );
     assert_eq!(pod["serviceAccountName"], "lb-agent");
+    // ClusterFirstWithHostNet would resolve through the kube-dns ClusterIP,
+    // which only this agent translates: a fresh node could never start.
+    assert_eq!(pod["dnsPolicy"], "Default", "the node's resolver, not kube-dns");
     let agent = &pod["containers"][0];
+    let probe = &agent["livenessProbe"]["httpGet"];
+    assert_eq!((probe["path"].as_str(), probe["port"].as_u64()), (Some("/livez"), Some(10256)));
     assert_eq!(agent["securityContext"]["privileged"], true);
     let env = agent["env"].as_array().unwrap();
     assert!(env
@@ -166,7 +171,7 @@ fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_nam
         "init step mounts bpffs: {init}"
     );
     assert_eq!(init["volumeMounts"][0]["mountPropagation"], "Bidirectional");
-    assert_eq!(agent["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/healthz");
 }
 
 #[test]

@@ -609,3 +609,64 @@ fn prefer_same_zone_keeps_cluster_traffic_in_the_nodes_zone_through_real_hints()
         agent.log_text()
     );
 }
+
+/// Unset devices in Kubernetes mode are detected (as Cilium does): the
+/// default route's device and the device holding the Node's InternalIP get
+/// the tc programs, and nothing else. The agent runs in a namespace of its
+/// own ("the node") whose default route leads to the control plane, starts
+/// with empty pins and reaches the apiserver at its advertise address (as
+/// LB_K8S_API_SERVER gives it), never through a ClusterIP it has yet to
+/// translate.
+#[test]
+fn devices_unset_in_kubernetes_mode_are_the_default_route_and_internal_ip_devices() {
+    let w = World::new("k8sreal_devs", 1);
+    let ns = unique("devs").to_lowercase().replace('_', "-");
+    let node = unique("node-devs");
+    let host = lb_testkit::netns::Netns::create(&format!("lbt-devs-{}", std::process::id()));
+    let cp = shared_cp();
+    setup(&cp, &ns, &node, "192.168.79.2");
+    // The node: uplink x0 (default route) to the control plane's namespace;
+    // y0 holds the InternalIP; z0 is a third device nothing points at.
+    let (x1, cpns) = (format!("lbdx{}", std::process::id() % 100000), cp.netns.name.clone());
+    host.ip(&["link", "add", "x0", "type", "veth", "peer", "name", &x1, "netns", &cpns]);
+    host.ip(&["addr", "add", "192.168.78.2/30", "dev", "x0"]);
+    host.ip(&["link", "set", "x0", "up"]);
+    lb_testkit::run("ip", &["-n", &cpns, "addr", "add", "192.168.78.1/30", "dev", &x1]);
+    lb_testkit::run("ip", &["-n", &cpns, "link", "set", &x1, "up"]);
+    host.ip(&["route", "add", "default", "via", "192.168.78.1"]);
+    for (a, b, addr) in [("y0", "y1", "192.168.79.2/24"), ("z0", "z1", "192.168.80.2/24")] {
+        host.ip(&["link", "add", a, "type", "veth", "peer", "name", b]);
+        host.ip(&["addr", "add", addr, "dev", a]);
+        host.ip(&["link", "set", a, "up"]);
+        host.ip(&["link", "set", b, "up"]);
+    }
+    let kubeconfig = agent_kubeconfig(&cp);
+    let server = format!("https://{}:{}", k8s::ADVERTISE, cp.api_port);
+    drop(cp);
+    let agent = Agent::start_kubernetes_in(
+        &host.name,
+        &kubeconfig,
+        &node,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--devices", "auto", "--k8s-api-server", &server],
+    );
+    let status = agent.lbctl_json(&["status"]);
+    let mut tc: Vec<String> = status["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["attached"] == true)
+        .filter_map(|h| h["hook"].as_str())
+        .filter(|h| h.starts_with("tc-"))
+        .map(str::to_string)
+        .collect();
+    tc.sort();
+    assert_eq!(
+        tc,
+        ["tc-egress@x0", "tc-egress@y0", "tc-ingress@x0", "tc-ingress@y0"],
+        "{status:#}\n{}",
+        agent.log_text()
+    );
+    assert!(agent.log_text().contains("external devices detected"), "{}", agent.log_text());
+}

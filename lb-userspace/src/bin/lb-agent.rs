@@ -131,6 +131,9 @@ struct RunArgs {
     socket_lb_host_namespace_only: bool,
     /// External devices: tc (and XDP) programs serve NodePort, LoadBalancer
     /// and external-IP traffic arriving there; their addresses serve NodePorts.
+    /// `auto`: the devices of the default routes and of the Node's
+    /// InternalIP (as Cilium detects them); `none` for none.
+    /// [default: auto in Kubernetes mode, none standalone]
     #[arg(
         long,
         value_delimiter = ',',
@@ -288,6 +291,70 @@ fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Resu
     }
 }
 
+/// --devices, or in Kubernetes mode when unset the detected ones. None at
+/// all is said loudly: traffic from outside the node to NodePorts,
+/// LoadBalancer and external IPs is then not served.
+fn external_devices(
+    args: &RunArgs,
+    mode: &Mode,
+    client: Option<&kube::Client>,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<Vec<String>> {
+    let given: Vec<String> = args.devices.iter().filter(|d| !d.is_empty()).cloned().collect();
+    let special = given.iter().find(|d| *d == "none" || *d == "auto");
+    if let Some(word) = special {
+        if given.len() > 1 {
+            bail!("--devices: '{word}' cannot be listed with devices ({})", given.join(","));
+        }
+    }
+    let auto = match special.map(String::as_str) {
+        Some("none") => return Ok(Vec::new()),
+        Some(_) => true,
+        None if given.is_empty() => matches!(mode, Mode::Kubernetes(_)),
+        None => return Ok(given),
+    };
+    if !auto {
+        return Ok(Vec::new());
+    }
+    let internal = match (mode, client) {
+        (Mode::Kubernetes(cfg), Some(client)) => rt.block_on(node_internal_ips(client, &cfg.node_name)),
+        _ => Vec::new(),
+    };
+    let found = sys::netdev::detect_external_devices(&internal)?;
+    if found.is_empty() {
+        warn!(
+            "no external devices: no default route and no device holds the Node's InternalIP ({internal:?}); NodePort, LoadBalancer and external-IP traffic from outside this node is not served (set --devices / LB_DEVICES)"
+        );
+    } else {
+        info!(devices = ?found, "external devices detected (default routes, InternalIP); --devices to choose");
+    }
+    Ok(found)
+}
+
+/// The Node's InternalIP addresses, read once (5 s at most: the agent
+/// starts without them when the apiserver is unreachable).
+async fn node_internal_ips(client: &kube::Client, node: &str) -> Vec<std::net::IpAddr> {
+    let api = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    match tokio::time::timeout(Duration::from_secs(5), api.get(node)).await {
+        Ok(Ok(n)) => n
+            .status
+            .and_then(|s| s.addresses)
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP")
+            .filter_map(|a| a.address.parse().ok())
+            .collect(),
+        Ok(Err(e)) => {
+            warn!("reading Node {node} to find its devices: {e}; using the default-route devices");
+            Vec::new()
+        }
+        Err(_) => {
+            warn!("reading Node {node} to find its devices timed out; using the default-route devices");
+            Vec::new()
+        }
+    }
+}
+
 async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
     let server = args.k8s_api_server.as_deref().map(|s| {
         if s.contains("://") {
@@ -388,6 +455,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.event_rate == 0 {
         bail!("--event-rate must be at least 1");
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // In Kubernetes mode the client is made first: the Node's InternalIP
+    // helps choose the devices before anything is attached.
+    let client = match &mode {
+        Mode::Kubernetes(_) => Some(rt.block_on(kube_client(&args))?),
+        Mode::File(_) => None,
+    };
+    let devices = external_devices(&args, &mode, client.as_ref(), &rt)?;
     let cgroup = match &args.cgroup {
         Some(c) => c.clone(),
         None => sys::fs::cgroup2_mount()?,
@@ -404,7 +482,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             ct: args.map_size_ct,
             maglev: args.map_size_maglev,
         },
-        devices: args.devices.clone(),
+        devices: devices.clone(),
         acceleration: args.acceleration,
         pod_devices: match (&args.pod_devices, &mode) {
             (Some(p), _) => p.clone(),
@@ -507,10 +585,6 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     .spawn(mailbox.clone());
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let outcome = rt.block_on(async {
         let health = metrics.health.clone();
         let (addr, grace) = (args.metrics_address, args.healthz_grace);
@@ -550,7 +624,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 // NodePorts listen on the devices' addresses (filtered like
                 // kube-proxy's --nodeport-addresses).
                 let mut nodeport_addresses = Vec::new();
-                for dev in &args.devices {
+                for dev in &devices {
                     if let Some(a) = sys::netdev::ipv4_address(dev)? {
                         let ip = std::net::IpAddr::V4(a);
                         if args.nodeport_addresses.is_empty()
@@ -567,7 +641,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 tokio::spawn(source::file::run(path, ctx, tx, reload_rx));
             }
             Mode::Kubernetes(watch_cfg) => {
-                let client = kube_client(&args).await?;
+                let client = client.expect("made above in Kubernetes mode");
                 info!(node = %watch_cfg.node_name, "following the apiserver");
                 tokio::spawn(source::kubernetes::watch::run(client, watch_cfg, tx));
             }

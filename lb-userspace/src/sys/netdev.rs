@@ -102,3 +102,18 @@ pub fn default_route_devices() -> Vec<String> {
     }
     out
 }
+
+/// The devices that carry this node's external traffic when none are
+/// given, as Cilium detects them: the devices of the default routes and
+/// the ones holding the Node's InternalIP addresses (`internal`). Loopback
+/// and devices that cannot carry the programs are never chosen.
+pub fn detect_external_devices(internal: &[std::net::IpAddr]) -> anyhow::Result<Vec<String>> {
+    let mut out = default_route_devices();
+    for (dev, addr) in all_addresses()? {
+        if internal.contains(&addr) && !out.contains(&dev) {
+            out.push(dev);
+        }
+    }
+    out.retain(|d| d != "lo");
+    Ok(out)
+}
