@@ -56,7 +56,8 @@ var commands = map[string]func() int{
 		}
 		return 0
 	},
-	"certs": func() int { return certs.Main(os.Args) },
+	"certs":        func() int { return certs.Main(os.Args) },
+	"etcd-compact": runEtcdCompact,
 }
 
 func usage() {

@@ -71,6 +71,8 @@ fn spawn(mut cmd: Command) -> Child {
 pub struct ControlPlane {
     pub dir: PathBuf,
     pub api_port: u16,
+    /// etcd's client URL (in the control plane's namespace).
+    pub etcd_url: String,
     procs: Vec<(&'static str, Child)>,
     /// Each process's arguments, to restart it.
     args: Vec<(&'static str, Vec<String>)>,
@@ -95,6 +97,7 @@ impl ControlPlane {
         let mut cp = Self {
             dir: dir.clone(),
             api_port: api,
+            etcd_url: format!("http://127.0.0.1:{etcd_c}"),
             procs: Vec::new(),
             args: Vec::new(),
             netns,
@@ -316,6 +319,19 @@ impl ControlPlane {
     }
 
     /// Stops and starts the apiserver (same flags, same etcd).
+    /// Compacts etcd's history to its current revision (what the
+    /// apiserver's periodic compaction does); returns the revision.
+    pub fn compact_etcd(&self) -> u64 {
+        let mut cmd = Command::new(testbed_bin());
+        crate::netns::exec_in(&mut cmd, &self.netns.name).unwrap();
+        let out = cmd
+            .args(["etcd-compact", "--endpoint", &self.etcd_url])
+            .output()
+            .expect("lbtestbed etcd-compact");
+        assert!(out.status.success(), "etcd-compact: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
     pub fn restart_apiserver(&mut self) {
         let i = self
             .procs

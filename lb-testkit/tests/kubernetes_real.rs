@@ -670,3 +670,67 @@ fn devices_unset_in_kubernetes_mode_are_the_default_route_and_internal_ip_device
     );
     assert!(agent.log_text().contains("external devices detected"), "{}", agent.log_text());
 }
+
+/// A watch that fell behind a compaction: while the agent is frozen a
+/// Service is deleted and another created, etcd is compacted and the
+/// apiserver restarts (the agent's watch connections die, the new watch
+/// cache starts at the current revision). Resumed, the agent's watches ask
+/// for a resourceVersion that no longer exists, get 410 Gone, relist, and
+/// the maps end up exactly right: the deleted Service gone, the new one in.
+#[test]
+fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
+    let w = World::new("k8sreal_410", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let mut cp = ControlPlane::start(&unique("k8s410"));
+    let (ns, node) = ("expire", "node-expire");
+    setup(&cp, ns, node, "192.168.77.9");
+    let b = |i: usize| Topology::backend_ip(i).to_string();
+    let old_ip = service(&cp, ns, "old", "");
+    ready_pod(&cp, ns, "old-1", node, "old", &[&b(0)]);
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let agent = Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
+    let old = format!("{old_ip}:80");
+    assert!(wait_until(Duration::from_secs(30), || frontends(&agent)
+        .iter()
+        .any(|(f, _, n)| *f == old && *n == 1)));
+
+    let pid = agent.pid().unwrap() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    cp.kubectl(&["-n", ns, "delete", "svc", "old"]);
+    let new_ip = service(&cp, ns, "new", "");
+    ready_pod(&cp, ns, "new-1", node, "new", &[&b(1)]);
+    // Churn of objects the agent also watches, then compaction: nothing of
+    // the agent's last resourceVersion is left.
+    for i in 0..20 {
+        service(&cp, ns, &format!("churn-{i}"), "");
+    }
+    let rev = cp.compact_etcd();
+    eprintln!("etcd compacted at revision {rev}");
+    // The restarted apiserver's watch cache starts at the current
+    // revision: the agent's is older than anything it or etcd still holds.
+    cp.restart_apiserver();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+
+    let new = format!("{new_ip}:80");
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let f = frontends(&agent);
+            f.iter().any(|(a, _, n)| *a == new && *n == 1) && !f.iter().any(|(a, _, _)| *a == old)
+        }),
+        "{:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+    // It went through 410 and a relist, counted.
+    let (_, metrics) = agent.http_get("/metrics");
+    let expired: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("lb_source_errors_total") && l.contains("reason=\"watch-expired\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(expired >= 1.0, "no 410 counted:\n{metrics}\n{}", agent.log_text());
+    assert_eq!(served(&w, &new, 10), BTreeSet::from(["b2".to_string()]));
+    assert!(w.probe("tcp", &old, 3).iter().all(|a| !a.ok), "the deleted ClusterIP must not answer");
+}
