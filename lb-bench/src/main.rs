@@ -16,6 +16,7 @@ mod memory;
 mod northsouth;
 mod packet;
 mod profile;
+mod propagation;
 mod report;
 mod stats;
 mod workload;
@@ -39,7 +40,7 @@ struct Cli {
     /// target/benchmarks-<profile>.md otherwise].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Only these parts (connect, control, packet, maglev, northsouth); default all.
+    /// Only these parts (connect, control, packet, maglev, northsouth, propagation); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -82,6 +83,10 @@ fn main() {
     if wants("northsouth") {
         eprintln!("lb-bench: north-south traffic through a NodePort vs routing");
         r.northsouth = northsouth::run(&p);
+    }
+    if wants("propagation") {
+        eprintln!("lb-bench: propagation delay on a real control plane (pod readiness → map entry)");
+        r.propagation = propagation::run(&p);
     }
     if wants("connect") {
         eprintln!("lb-bench: connect through a service address");

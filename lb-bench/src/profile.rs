@@ -43,6 +43,10 @@ pub struct Profile {
     /// measurement (upload, download, connections) runs.
     pub ns_rounds: usize,
     pub ns_ms: u64,
+    /// Propagation on a real control plane: services × 10 endpoints in the
+    /// cluster, and pod readiness changes timed one by one.
+    pub propagation_services: Vec<usize>,
+    pub propagation_samples: usize,
 }
 
 impl Profile {
@@ -67,6 +71,8 @@ impl Profile {
                 kube_proxy_control_max: 10_000,
                 ns_rounds: 3,
                 ns_ms: 3_000,
+                propagation_services: vec![1_000, 10_000],
+                propagation_samples: 200,
             },
             Name::Quick => Self {
                 name,
@@ -87,6 +93,8 @@ impl Profile {
                 kube_proxy_control_max: 1_000,
                 ns_rounds: 1,
                 ns_ms: 2_000,
+                propagation_services: vec![1_000],
+                propagation_samples: 60,
             },
             Name::Smoke => Self {
                 name,
@@ -107,6 +115,8 @@ impl Profile {
                 kube_proxy_control_max: 100,
                 ns_rounds: 1,
                 ns_ms: 300,
+                propagation_services: vec![100],
+                propagation_samples: 10,
             },
         }
     }

@@ -115,6 +115,22 @@ impl Agent {
         pin_dir: &Path,
         extra_args: &[&str],
     ) -> Self {
+        Self::start_kubernetes_with(netns, kubeconfig, node, cgroup, pin_dir, "20ms", extra_args, STARTUP)
+    }
+
+    /// Like `start_kubernetes_in`, with the agent's --min-sync-period and
+    /// how long its first reconcile may take (a big cluster's initial list).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_kubernetes_with(
+        netns: &str,
+        kubeconfig: &Path,
+        node: &str,
+        cgroup: &Path,
+        pin_dir: &Path,
+        min_sync_period: &str,
+        extra_args: &[&str],
+        startup: Duration,
+    ) -> Self {
         let source = vec![
             "--kubernetes".to_string(),
             "--kubeconfig".to_string(),
@@ -122,9 +138,9 @@ impl Agent {
             "--node-name".to_string(),
             node.to_string(),
             "--min-sync-period".to_string(),
-            "20ms".to_string(),
+            min_sync_period.to_string(),
         ];
-        Self::launch(source, cgroup, pin_dir, extra_args, Some(netns), STARTUP)
+        Self::launch(source, cgroup, pin_dir, extra_args, Some(netns), startup)
     }
 
     /// Like `start_with`, with the agent running inside network namespace `netns`.

@@ -192,6 +192,8 @@ fn bench(extra: &[String]) -> anyhow::Result<()> {
     } else {
         run(cmd("cargo", &["build", "--release", "--bins"]))?;
     }
+    // The propagation part runs a real control plane.
+    testbed()?;
     let result = run(cmd(
         &root()
             .join("target")

@@ -1,0 +1,333 @@
+//! Propagation delay on a real control plane: from a Pod's readiness being
+//! written to the apiserver to the node's map entry changing, with N
+//! services × 10 endpoints in the cluster and other pods churning meanwhile.
+//!
+//! The path is the one a cluster runs: status write → the real
+//! EndpointSlice controller (kube-controller-manager) updates the slice →
+//! the agent's watch → its debounce (--min-sync-period, the DaemonSet's
+//! 100 ms) → reconcile → bpf(2). The bench watches the slices too, so each
+//! sample splits into the controller's part (write → slice seen) and ours
+//! (slice seen → map entry), both on the same clock.
+//!
+//! Bulk services are selectorless with hand-made EndpointSlices (10 000 ×
+//! 10 pods would not fit this machine); the measured and churning services
+//! are backed by Pods whose readiness the bench sets, as a kubelet would.
+use std::{
+    collections::HashMap,
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use aya::maps::HashMap as BpfHashMap;
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    api::{Patch, PatchParams, PostParams},
+    runtime::{watcher, WatchStreamExt as _},
+    Api, Client,
+};
+use lb_common::service::{Service4Key, ServiceValue, SCOPE_ALL};
+use lb_testkit::{
+    agent::{Agent, PinDir},
+    cgroup::ChildCgroup,
+    k8s::{self, ControlPlane},
+    unique,
+};
+
+use crate::{profile::Profile, stats::percentile};
+
+const NS: &str = "bench";
+const NODE: &str = "bench-node";
+/// Services whose pods are toggled for the samples, and in the background.
+const MEASURED: usize = 10;
+const BACKGROUND: usize = 10;
+
+#[derive(Clone, Debug)]
+pub struct PropagationResult {
+    pub services: usize,
+    pub samples: usize,
+    /// Pod status write → EndpointSlice change seen (the controller).
+    pub to_slice: [Duration; 2],
+    /// EndpointSlice change seen → map entry changed (the agent).
+    pub slice_to_map: [Duration; 2],
+    /// Pod status write → map entry changed.
+    pub to_map: [Duration; 2],
+    /// Seconds to create the bulk objects (context for the run).
+    pub setup_s: f64,
+    pub background_changes: usize,
+}
+
+pub fn run(p: &Profile) -> Vec<PropagationResult> {
+    p.propagation_services
+        .iter()
+        .map(|&n| one_scale(n, p.propagation_samples))
+        .collect()
+}
+
+fn one_scale(services: usize, samples: usize) -> PropagationResult {
+    let cp = ControlPlane::start(&unique("benchprop"));
+    k8s::install_manifests(&cp);
+    let agent_kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let admin_kc = cp.admin_kubeconfig();
+    let netns = cp.netns.name.clone();
+    let pins = PinDir::create(&unique("benchprop"));
+    let cgroup = ChildCgroup::create(&unique("benchprop"));
+
+    // Every Kubernetes call from a thread inside the control plane's
+    // namespace (the apiserver listens on its loopback).
+    let rt = move || {
+        lb_testkit::netns::enter(&netns).expect("entering the control plane's namespace");
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    };
+    let setup_started = Instant::now();
+    {
+        let kc = admin_kc.clone();
+        let rt = rt.clone();
+        std::thread::spawn(move || rt().block_on(create_objects(&kc, services)))
+            .join()
+            .unwrap();
+    }
+    let setup_s = setup_started.elapsed().as_secs_f64();
+    eprintln!("lb-bench:   {services} services × 10 endpoints created in {setup_s:.0} s");
+
+    let agent = Agent::start_kubernetes_with(
+        &cp.netns.name,
+        &agent_kc,
+        NODE,
+        &cgroup.path,
+        &pins.path,
+        "100ms",
+        &[],
+        Duration::from_secs(300),
+    );
+    let pin_dir = pins.path.clone();
+    let kc = admin_kc.clone();
+    let result = std::thread::spawn(move || {
+        rt().block_on(measure(&kc, &pin_dir, services, samples))
+    })
+    .join()
+    .unwrap();
+    drop(agent);
+    PropagationResult { setup_s, ..result }
+}
+
+async fn client(kubeconfig: &std::path::Path) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+fn json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+fn pod_ip(svc: usize, pod: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 250, svc as u8, pod as u8 + 1)
+}
+
+/// The namespace, the Node, `services` selectorless services with a slice
+/// of 10 endpoints each, and the pod-backed ones (2 ready pods each).
+async fn create_objects(kubeconfig: &std::path::Path, services: usize) {
+    let c = client(kubeconfig).await;
+    let pp = PostParams::default();
+    Api::<Namespace>::all(c.clone())
+        .create(&pp, &json(serde_json::json!({"metadata": {"name": NS}})))
+        .await
+        .unwrap();
+    Api::<Node>::all(c.clone())
+        .create(&pp, &json(serde_json::json!({"metadata": {"name": NODE}})))
+        .await
+        .unwrap();
+    // The namespace's default ServiceAccount must exist before pods.
+    let sa = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(c.clone(), NS);
+    while sa.get_opt("default").await.unwrap().is_none() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let svcs = Api::<Service>::namespaced(c.clone(), NS);
+    let slices = Api::<EndpointSlice>::namespaced(c.clone(), NS);
+    futures::stream::iter(0..services)
+        .map(|i| {
+            let (svcs, slices, pp) = (svcs.clone(), slices.clone(), pp.clone());
+            async move {
+                let name = format!("bulk-{i}");
+                svcs.create(&pp, &json(serde_json::json!({
+                    "metadata": {"name": name},
+                    "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+                })))
+                .await
+                .unwrap();
+                let endpoints: Vec<_> = (0..10)
+                    .map(|e| {
+                        let ip = Ipv4Addr::from(0x0a80_0000u32 + (i as u32) * 16 + e);
+                        serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}, "nodeName": "elsewhere"})
+                    })
+                    .collect();
+                slices.create(&pp, &json(serde_json::json!({
+                    "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
+                    "addressType": "IPv4",
+                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                    "endpoints": endpoints
+                })))
+                .await
+                .unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    let pods = Api::<Pod>::namespaced(c.clone(), NS);
+    for s in 0..MEASURED + BACKGROUND {
+        let name = format!("churn-{s}");
+        svcs.create(&pp, &json(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+        })))
+        .await
+        .unwrap();
+        for p in 0..2 {
+            let pod = format!("{name}-{p}");
+            pods.create(&pp, &json(serde_json::json!({
+                "metadata": {"name": pod, "labels": {"app": name}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10", "ports": [{"containerPort": 8080}]}]}
+            })))
+            .await
+            .unwrap();
+            set_ready(&pods, &pod, pod_ip(s, p), true).await;
+        }
+    }
+}
+
+async fn set_ready(pods: &Api<Pod>, name: &str, ip: Ipv4Addr, ready: bool) {
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "podIP": ip.to_string(),
+        "podIPs": [{"ip": ip.to_string()}],
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]
+    }});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// Active backends of a ClusterIP:80/TCP in LB4_SERVICES (None: absent).
+fn map_count(map: &BpfHashMap<aya::maps::MapData, Service4Key, ServiceValue>, ip: Ipv4Addr) -> Option<u16> {
+    let key = Service4Key::new(u32::from(ip).to_be(), 80u16.to_be(), libc::IPPROTO_TCP as u8, SCOPE_ALL, 0);
+    map.get(&key, 0).ok().map(|v| v.count)
+}
+
+/// Ready endpoint counts of the churn services' slices as the bench's own
+/// watch sees them: (service, ready count, when).
+type SliceLog = Arc<Mutex<Vec<(String, usize, Instant)>>>;
+
+async fn measure(kubeconfig: &std::path::Path, pin_dir: &std::path::Path, services: usize, samples: usize) -> PropagationResult {
+    let c = client(kubeconfig).await;
+    let svcs = Api::<Service>::namespaced(c.clone(), NS);
+    let pods = Api::<Pod>::namespaced(c.clone(), NS);
+    let map: BpfHashMap<_, Service4Key, ServiceValue> =
+        BpfHashMap::try_from(lb::maps::bpf::open_pinned(pin_dir, "LB4_SERVICES").unwrap()).unwrap();
+
+    let mut ips = HashMap::new();
+    for s in 0..MEASURED {
+        let svc = svcs.get(&format!("churn-{s}")).await.unwrap();
+        let ip: Ipv4Addr = svc.spec.unwrap().cluster_ip.unwrap().parse().unwrap();
+        ips.insert(s, ip);
+    }
+    // Everything in the maps: the last bulk service and every measured one
+    // with both pods.
+    let last: Ipv4Addr = svcs.get(&format!("bulk-{}", services - 1)).await.unwrap()
+        .spec.unwrap().cluster_ip.unwrap().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !(map_count(&map, last) == Some(10) && ips.values().all(|ip| map_count(&map, *ip) == Some(2))) {
+        assert!(Instant::now() < deadline, "the agent never had every service in its maps");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The bench's own view of the churn slices.
+    let log: SliceLog = Arc::default();
+    let watch = {
+        let log = log.clone();
+        let api = Api::<EndpointSlice>::namespaced(c.clone(), NS);
+        tokio::spawn(async move {
+            let cfg = watcher::Config::default().labels("kubernetes.io/service-name");
+            let mut s = watcher(api, cfg).applied_objects().boxed();
+            while let Ok(Some(slice)) = s.try_next().await {
+                let Some(svc) = slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).cloned() else { continue };
+                if !svc.starts_with("churn-") {
+                    continue;
+                }
+                let ready = slice.endpoints.iter().filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true)).count();
+                log.lock().unwrap().push((svc, ready, Instant::now()));
+            }
+        })
+    };
+    // Background churn: other pods flip readiness continuously (~10/s).
+    let churned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let background = {
+        let (pods, churned) = (pods.clone(), churned.clone());
+        tokio::spawn(async move {
+            let mut ready = vec![true; BACKGROUND * 2];
+            for n in 0usize.. {
+                let i = n % (BACKGROUND * 2);
+                ready[i] = !ready[i];
+                let (s, p) = (MEASURED + i / 2, i % 2);
+                set_ready(&pods, &format!("churn-{s}-{p}"), pod_ip(s, p), ready[i]).await;
+                churned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let (mut to_slice, mut slice_to_map, mut to_map) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ready = vec![[true; 2]; MEASURED];
+    for i in 0..samples {
+        let s = i % MEASURED;
+        let p = (i / MEASURED) % 2;
+        ready[s][p] = !ready[s][p];
+        let want = ready[s].iter().filter(|r| **r).count();
+        let name = format!("churn-{s}");
+        let t0 = Instant::now();
+        set_ready(&pods, &format!("{name}-{p}"), pod_ip(s, p), ready[s][p]).await;
+        let ip = ips[&s];
+        let deadline = t0 + Duration::from_secs(60);
+        let mapped = loop {
+            // An empty service keeps its master entry with count 0.
+            if usize::from(map_count(&map, ip).unwrap_or(0)) == want {
+                break Instant::now();
+            }
+            assert!(Instant::now() < deadline, "{name}: the map never showed {want} backends");
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        };
+        let seen = log
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(svc, n, t)| *svc == name && *n == want && *t >= t0)
+            .map(|(_, _, t)| *t)
+            .unwrap_or(mapped);
+        to_slice.push(seen - t0);
+        slice_to_map.push(mapped.saturating_duration_since(seen));
+        to_map.push(mapped - t0);
+        // Let the change settle before the next one (samples are one by one).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    background.abort();
+    let background_changes = churned.load(std::sync::atomic::Ordering::Relaxed);
+    watch.abort();
+    let q = |mut v: Vec<Duration>| {
+        v.sort();
+        [percentile(&v, 0.5), percentile(&v, 0.99)]
+    };
+    PropagationResult {
+        services,
+        samples,
+        to_slice: q(to_slice),
+        slice_to_map: q(slice_to_map),
+        to_map: q(to_map),
+        setup_s: 0.0,
+        background_changes,
+    }
+}
