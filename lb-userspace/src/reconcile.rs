@@ -17,6 +17,7 @@ use std::{
 };
 
 use lb_common::maps as names;
+use smallvec::SmallVec;
 
 use crate::{
     collections::{HashMap, HashSet},
@@ -110,7 +111,8 @@ pub fn refusal_summary(refused: &[(ServiceName, ServiceError)]) -> String {
     out
 }
 
-/// A long reconcile (a full sync of a big cluster) says how far it got this often.
+/// A long reconcile (a full sync of a big cluster) says how far it got this
+/// often, unless told otherwise.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// What one reconcile did.
@@ -130,8 +132,10 @@ pub struct Reconciler<M: LbMaps> {
     target: Model,
     /// Master key → the service that owns that frontend.
     owners: HashMap<SvcKey, ServiceName>,
-    /// Service → master keys it owns.
-    owned: BTreeMap<ServiceName, Vec<SvcKey>>,
+    /// Service → master keys it owns (one frontend inline: most services
+    /// have one port and one address, and a heap block per service was
+    /// memory scattered through the heap at 100 000 services).
+    owned: HashMap<ServiceName, SmallVec<[SvcKey; 1]>>,
     /// Services that were refused and wait for a retry.
     pending: BTreeSet<ServiceName>,
     needs_full_sync: bool,
@@ -140,6 +144,7 @@ pub struct Reconciler<M: LbMaps> {
     removed_udp: Vec<(std::net::IpAddr, u16)>,
     /// Set from outside (a signal) to stop a long reconcile between services.
     cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    progress_every: Duration,
 }
 
 impl<M: LbMaps> Reconciler<M> {
@@ -154,12 +159,13 @@ impl<M: LbMaps> Reconciler<M> {
             ids,
             target: Model::default(),
             owners: HashMap::default(),
-            owned: BTreeMap::new(),
+            owned: HashMap::default(),
             pending: BTreeSet::new(),
             needs_full_sync: true,
             cfg: BuildConfig::default(),
             removed_udp: Vec::new(),
             cancel: None,
+            progress_every: PROGRESS_EVERY,
         })
     }
 
@@ -168,6 +174,12 @@ impl<M: LbMaps> Reconciler<M> {
     /// kept for the next run.
     pub fn with_cancel(mut self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
         self.cancel = Some(flag);
+        self
+    }
+
+    /// How often a long reconcile logs its progress.
+    pub fn with_progress_every(mut self, every: Duration) -> Self {
+        self.progress_every = every;
         self
     }
 
@@ -214,8 +226,15 @@ impl<M: LbMaps> Reconciler<M> {
 
     /// Converges to a complete model (services file, or a relist).
     pub fn reconcile(&mut self, model: &Model) -> Result<ReconcileStats, ReconcileError> {
-        let dirty = self.target.changed_services(model);
-        self.target = model.clone();
+        self.reconcile_model(model.clone())
+    }
+
+    /// `reconcile`, keeping `model` as the target instead of a copy of it
+    /// (at 100 000 services a copy is tens of megabytes).
+    pub fn reconcile_model(&mut self, mut model: Model) -> Result<ReconcileStats, ReconcileError> {
+        model.shrink_to_fit();
+        let dirty = self.target.changed_services(&model);
+        self.target = model;
         self.run(dirty)
     }
 
@@ -227,12 +246,14 @@ impl<M: LbMaps> Reconciler<M> {
         let mut dirty = BTreeSet::new();
         for (name, svc) in changes {
             let changed = match svc {
-                Some(s) => {
-                    self.target
-                        .services
-                        .insert(name.clone(), s.clone())
-                        .as_ref()
-                        != Some(&s)
+                Some(mut s) => {
+                    s.shrink_to_fit();
+                    if self.target.services.get(&name) == Some(&s) {
+                        false
+                    } else {
+                        self.target.services.insert(name.clone(), s);
+                        true
+                    }
                 }
                 None => self.target.services.remove(&name).is_some(),
             };
@@ -272,7 +293,7 @@ impl<M: LbMaps> Reconciler<M> {
                 self.pending.extend(dirty.iter().skip(done).cloned());
                 return Err(ReconcileError::Cancelled { done, total });
             }
-            if reported.elapsed() >= PROGRESS_EVERY {
+            if reported.elapsed() >= self.progress_every {
                 tracing::info!(done, total, full_sync = full, "reconciling");
                 reported = Instant::now();
             }
@@ -344,7 +365,7 @@ impl<M: LbMaps> Reconciler<M> {
         for k in &replaced {
             self.owners.remove(k);
         }
-        let keys: Vec<SvcKey> = desired.frontends.iter().map(|f| f.key).collect();
+        let keys: SmallVec<[SvcKey; 1]> = desired.frontends.iter().map(|f| f.key).collect();
         for k in &keys {
             self.owners.insert(*k, name.clone());
         }

@@ -119,7 +119,7 @@ mod tests {
         m.post(changes(&["b", "c"]));
         let p = m.take(Duration::ZERO).unwrap();
         assert!(p.full.is_some());
-        let names: Vec<_> = p.changes.keys().map(|n| n.name.clone()).collect();
+        let names: Vec<_> = p.changes.keys().map(|n| n.name().to_string()).collect();
         assert_eq!(names, ["b", "c"], "a is superseded by the full model");
         assert!(m.take(Duration::from_millis(10)).unwrap().is_empty());
         m.close();

@@ -19,6 +19,10 @@ use crate::{
     source::SourceEvent,
 };
 
+/// Changes to this many services at once count as a large batch (see
+/// `crate::sys::heap`).
+const LARGE_BATCH: usize = 1000;
+
 /// Refused services are retried this often without new input.
 pub const RETRY_EVERY: Duration = Duration::from_secs(10);
 
@@ -56,11 +60,14 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             self.note(note);
         }
         let observed = p.observed;
+        // A full model or a large batch leaves a peak of freed memory behind
+        // (the parse, the old target, the change lists).
+        let large = p.full.is_some() || p.changes.len() >= LARGE_BATCH;
         if let Some(model) = p.full {
             self.metrics.observed_change();
             // A complete view: the services that differ from the last one
             // are applied, the ones missing from it removed.
-            let r = self.reconciler.reconcile(&model);
+            let r = self.reconciler.reconcile_model(model);
             self.finish(r, observed);
         }
         if !p.changes.is_empty() {
@@ -75,6 +82,9 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             );
             let r = self.reconciler.retry();
             self.finish(r, None);
+        }
+        if large {
+            crate::sys::heap::release_free_memory();
         }
         let gone = self.reconciler.take_removed_udp();
         if !gone.is_empty() {

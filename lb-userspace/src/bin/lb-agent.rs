@@ -109,6 +109,9 @@ struct RunArgs {
     /// Gather Kubernetes changes this long before applying them.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration, env = "LB_MIN_SYNC_PERIOD")]
     min_sync_period: Duration,
+    /// How often a long reconcile logs how far it got.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, env = "LB_RECONCILE_PROGRESS_EVERY")]
+    reconcile_progress_every: Duration,
     /// cgroup v2 directory to attach the socket hooks to [default: the cgroup2 root from /proc/mounts].
     #[arg(long, value_name = "DIR", env = "LB_CGROUP")]
     cgroup: Option<PathBuf>,
@@ -543,7 +546,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_config(lb::desired::BuildConfig {
             maglev_m: args.maglev_table_size,
         })
-        .with_cancel(cancel.clone());
+        .with_cancel(cancel.clone())
+        .with_progress_every(args.reconcile_progress_every);
     info!(
         entries = reconciler.state().services.len(),
         backends = reconciler.state().backends.len(),

@@ -111,7 +111,7 @@ struct PortState {
 pub fn body(c: &Check, proxy_healthy: bool) -> String {
     format!(
         "{{\n\t\"service\": {{\n\t\t\"namespace\": {:?},\n\t\t\"name\": {:?}\n\t}},\n\t\"localEndpoints\": {},\n\t\"serviceProxyHealthy\": {}\n}}",
-        c.service.namespace, c.service.name, c.local_endpoints, proxy_healthy
+        c.service.namespace(), c.service.name(), c.local_endpoints, proxy_healthy
     )
 }
 

@@ -26,7 +26,7 @@
 //! Parsing is all-or-nothing: an invalid file never becomes a model, so the
 //! maps keep the last good state.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     fmt,
     net::IpAddr,
 };
@@ -170,49 +170,94 @@ fn parse_options() -> serde_saphyr::Options {
 }
 
 pub fn parse_with(text: &str, ctx: &FileContext) -> Result<Model, FileError> {
-    let file: ServicesFile = serde_saphyr::from_str_with_options(text, parse_options())
-        .map_err(|e| err("", format!("not a valid services file: {e}")))?;
-    to_model(&file, ctx)
+    // Each service is checked and turned into the model as soon as it is
+    // read, so the parser's per-service records are freed (and their memory
+    // reused) one at a time: the whole file parsed first held about 1 KiB per
+    // service at once and left the model scattered through it (see
+    // `crate::sys::heap`).
+    let mut converter = Converter::new(ctx);
+    let parsed = serde_saphyr::with_deserializer_from_str_with_options(text, parse_options(), |d| {
+        serde::de::DeserializeSeed::deserialize(StreamedFileSeed(&mut converter), d)
+    });
+    match parsed {
+        Ok(_) => converter.finish(),
+        // A service refused by the converter aborts the parse; its error
+        // names the field, which the parser's message would not.
+        Err(e) => Err(converter
+            .error
+            .take()
+            .unwrap_or_else(|| err("", format!("not a valid services file: {e}")))),
+    }
 }
 
 pub fn to_model(file: &ServicesFile, ctx: &FileContext) -> Result<Model, FileError> {
-    let mut model = Model::default();
-    // frontend (address, port, protocol) → owner, to refuse the same address:port in two services
-    let mut frontend_owner: BTreeMap<(IpAddr, u16, u8), String> = BTreeMap::new();
-    // backend address → (local, where it was first set): a backend is on this node or not, for every service
-    let mut locality: BTreeMap<IpAddr, (bool, String)> = BTreeMap::new();
+    let mut converter = Converter::new(ctx);
+    for spec in &file.services {
+        converter.add(spec)?;
+    }
+    converter.finish()
+}
 
-    for (i, spec) in file.services.iter().enumerate() {
+/// Turns service specs into the model one at a time, with the checks that
+/// span services (one owner per frontend, one locality per backend address).
+struct Converter<'a> {
+    ctx: &'a FileContext,
+    model: Model,
+    /// Specs seen so far (the index of the next one).
+    index: usize,
+    /// frontend (address, port, protocol) → (index, name) of its service.
+    frontend_owner: crate::collections::HashMap<(IpAddr, u16, u8), (usize, ServiceName)>,
+    /// backend address → (local, service index, backend index) where first set.
+    locality: crate::collections::HashMap<IpAddr, (bool, usize, usize)>,
+    /// The error that stopped a streamed parse.
+    error: Option<FileError>,
+}
+
+impl<'a> Converter<'a> {
+    fn new(ctx: &'a FileContext) -> Self {
+        Self {
+            ctx,
+            model: Model::default(),
+            index: 0,
+            frontend_owner: Default::default(),
+            locality: Default::default(),
+            error: None,
+        }
+    }
+
+    fn add(&mut self, spec: &ServiceSpec) -> Result<(), FileError> {
+        let i = self.index;
+        self.index += 1;
         let at = format!("services[{i}]");
         for (j, b) in spec.backends.iter().enumerate() {
             let Ok(address) = b.address.trim().parse::<IpAddr>() else {
                 continue;
             };
-            let here = format!("{at}.backends[{j}]");
-            match locality.get(&address) {
-                Some((local, first)) if *local != b.local => {
+            match self.locality.get(&address) {
+                Some((local, fi, fj)) if *local != b.local => {
                     return Err(err(
-                        format!("{here}.local"),
+                        format!("{at}.backends[{j}].local"),
                         format!(
-                            "{address} is local: {local} in {first}; a backend is on this node or not for every service, make them agree"
+                            "{address} is local: {local} in services[{fi}].backends[{fj}]; a backend is on this node or not for every service, make them agree"
                         ),
                     ))
                 }
                 Some(_) => {}
                 None => {
-                    locality.insert(address, (b.local, here));
+                    self.locality.insert(address, (b.local, i, j));
                 }
             }
         }
-        let name = ServiceName::new(spec.namespace.clone(), spec.name.clone());
-        let service = to_service(&at, spec, ctx)?;
+        let name = ServiceName::new(&spec.namespace, &spec.name);
+        let mut service = to_service(&at, spec, self.ctx)?;
+        service.shrink_to_fit();
         for fe in &service.frontends {
             let key = (fe.address, fe.port, fe.protocol.number());
-            if let Some(prev) = frontend_owner.insert(key, format!("{at} ({name})")) {
+            if let Some((pi, prev)) = self.frontend_owner.insert(key, (i, name.clone())) {
                 return Err(err(
                     at.clone(),
                     format!(
-                        "{}:{}/{} is already a frontend of {prev}; give each service its own address or port",
+                        "{}:{}/{} is already a frontend of services[{pi}] ({prev}); give each service its own address or port",
                         fe.address,
                         fe.port,
                         fe.protocol.as_str()
@@ -220,14 +265,86 @@ pub fn to_model(file: &ServicesFile, ctx: &FileContext) -> Result<Model, FileErr
                 ));
             }
         }
-        if model.services.insert(name.clone(), service).is_some() {
+        if self.model.services.insert(name.clone(), service).is_some() {
             return Err(err(
                 format!("{at}.name"),
                 format!("service {name} is defined twice; rename one or merge them"),
             ));
         }
+        Ok(())
     }
-    Ok(model)
+
+    fn finish(self) -> Result<Model, FileError> {
+        Ok(self.model)
+    }
+}
+
+/// The top level of a services file, read with each service handed to a
+/// `Converter` as it is parsed (same fields and errors as `ServicesFile`).
+struct StreamedFile;
+struct StreamedFileSeed<'c, 'a>(&'c mut Converter<'a>);
+struct StreamedServices<'c, 'a>(&'c mut Converter<'a>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for StreamedFileSeed<'_, '_> {
+    type Value = StreamedFile;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<StreamedFile, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for StreamedFileSeed<'_, '_> {
+    type Value = StreamedFile;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a services file (a mapping with `services`)")
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<StreamedFile, E> {
+        // An empty document: no services.
+        Ok(StreamedFile)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<StreamedFile, A::Error> {
+        let mut seen = false;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "services" if seen => {
+                    return Err(serde::de::Error::duplicate_field("services"))
+                }
+                "services" => {
+                    seen = true;
+                    map.next_value_seed(StreamedServices(&mut *self.0))?;
+                }
+                other => return Err(serde::de::Error::unknown_field(other, &["services"])),
+            }
+        }
+        Ok(StreamedFile)
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for StreamedServices<'_, '_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for StreamedServices<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of services")
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        // `services:` with nothing after it.
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(spec) = seq.next_element::<ServiceSpec>()? {
+            if let Err(e) = self.0.add(&spec) {
+                let message = e.to_string();
+                self.0.error = Some(e);
+                return Err(serde::de::Error::custom(message));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service, FileError> {
@@ -554,6 +671,29 @@ services:
     #[test]
     fn empty_file_is_an_empty_model() {
         assert_eq!(parse("services: []").unwrap(), Model::default());
+        assert_eq!(parse("services:").unwrap(), Model::default());
+        assert_eq!(parse("").unwrap(), Model::default());
+        assert_eq!(parse("{}").unwrap(), Model::default());
+    }
+
+    #[test]
+    fn the_streamed_parse_refuses_what_the_whole_file_parse_refuses() {
+        let e = parse("servics: []").unwrap_err();
+        assert!(e.message.contains("unknown field `servics`"), "{e}");
+        let e = parse("services: []\nservices: []").unwrap_err();
+        assert!(e.message.contains("services"), "{e}");
+        let e = parse("services: {name: a}").unwrap_err();
+        assert!(e.message.contains("not a valid services file"), "{e}");
+        // The converter's own error, with its field, stops the parse at the
+        // service it refuses (the third one is never looked at).
+        let e = parse(
+            "services:\n- {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\n\
+             - {name: b, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\n\
+             - {name: c, clusterIPs: [nonsense], ports: [{port: 80}]}",
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "services[1]");
+        assert!(e.message.contains("already a frontend of services[0] (default/a)"), "{e}");
     }
 
     fn bad(yaml: &str) -> FileError {

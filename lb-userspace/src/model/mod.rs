@@ -33,29 +33,111 @@ impl Model {
         changed
     }
 
+    /// Gives back the spare capacity of every service's vectors: a model
+    /// is built by pushing (a `Vec` of one frontend holds room for four) and
+    /// then kept for as long as it is the target.
+    pub fn shrink_to_fit(&mut self) {
+        for svc in self.services.values_mut() {
+            svc.shrink_to_fit();
+        }
+    }
+
     pub fn frontend_count(&self) -> usize {
         self.services.values().map(|s| s.frontends.len()).sum()
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// `namespace/name`, in one shared allocation: the reconciler keeps a name
+/// per service in several indexes (target, owners, pending), and at 100 000
+/// services two `String`s per copy were a third of the agent's memory. A
+/// clone is a reference count; the text is `namespace/name` (neither part can
+/// hold a `/`: both are DNS labels or subdomains).
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ServiceName {
-    pub namespace: String,
-    pub name: String,
+    text: std::sync::Arc<str>,
+    /// Where the namespace ends in `text`.
+    split: u32,
 }
 
 impl ServiceName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
+        let (namespace, name) = (namespace.as_ref(), name.as_ref());
+        let mut text = String::with_capacity(namespace.len() + 1 + name.len());
+        text.push_str(namespace);
+        text.push('/');
+        text.push_str(name);
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
+            text: text.into(),
+            split: namespace.len() as u32,
         }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.text[..self.split as usize]
+    }
+
+    pub fn name(&self) -> &str {
+        &self.text[self.split as usize + 1..]
+    }
+
+    /// `namespace/name`.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl Ord for ServiceName {
+    /// By namespace, then name (not by the joined text, where `a-b/x`
+    /// would sort before `a/x`).
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.namespace(), self.name()).cmp(&(other.namespace(), other.name()))
+    }
+}
+
+impl PartialOrd for ServiceName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Debug for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceName")
+            .field("namespace", &self.namespace())
+            .field("name", &self.name())
+            .finish()
     }
 }
 
 impl fmt::Display for ServiceName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
+        f.write_str(&self.text)
+    }
+}
+
+/// Serialized as `{namespace, name}`, as before the names were joined.
+#[derive(Serialize, Deserialize)]
+struct ServiceNameParts<'a> {
+    #[serde(borrow)]
+    namespace: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    name: std::borrow::Cow<'a, str>,
+}
+
+impl Serialize for ServiceName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ServiceNameParts {
+            namespace: self.namespace().into(),
+            name: self.name().into(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ServiceName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let p = ServiceNameParts::deserialize(d)?;
+        Ok(ServiceName::new(p.namespace, p.name))
     }
 }
 
@@ -72,6 +154,16 @@ pub struct Service {
 }
 
 impl Service {
+    pub fn shrink_to_fit(&mut self) {
+        self.frontends.shrink_to_fit();
+        for fe in &mut self.frontends {
+            fe.backends.shrink_to_fit();
+            if let Some(p) = fe.port_name.as_mut() {
+                p.shrink_to_fit();
+            }
+        }
+    }
+
     /// Distinct addresses of this node's ready endpoints, over every
     /// frontend (what kube-proxy's health check counts).
     pub fn local_ready_endpoints(&self) -> usize {
