@@ -23,6 +23,9 @@ mod workload;
 
 use std::path::PathBuf;
 
+#[global_allocator]
+static ALLOC: memory::CountingAlloc = memory::CountingAlloc;
+
 use clap::{Parser, Subcommand};
 use profile::Profile;
 
@@ -87,6 +90,14 @@ fn main() {
     if wants("propagation") {
         eprintln!("lb-bench: propagation delay on a real control plane (pod readiness → map entry)");
         r.propagation = propagation::run(&p);
+    }
+    if wants("memory") {
+        eprintln!("lb-bench: where the agent's heap goes");
+        r.breakdown = p
+            .memory_breakdown
+            .iter()
+            .map(|&(n, e)| memory::breakdown(n, e))
+            .collect();
     }
     if wants("connect") {
         eprintln!("lb-bench: connect through a service address");

@@ -67,3 +67,117 @@ pub fn measure(services: usize, pid: u32, pin_dir: &Path) -> Memory {
         biggest: maps.into_iter().take(4).collect(),
     }
 }
+
+/// Counts the bench process's live heap bytes, so the breakdown below can
+/// say which structure holds what (RSS cannot: it mixes the heap with free
+/// pages not yet returned and with the binary).
+pub struct CountingAlloc;
+
+static LIVE: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+static PEAK: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; the counters
+// are plain atomics and allocate nothing.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        let p = unsafe { std::alloc::System.alloc(l) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(l.size() as isize, Relaxed) + l.size() as isize;
+            PEAK.fetch_max(now, Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        LIVE.fetch_sub(l.size() as isize, Relaxed);
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        let q = unsafe { std::alloc::System.realloc(p, l, new) };
+        if !q.is_null() {
+            let now = LIVE.fetch_add(new as isize - l.size() as isize, Relaxed) + new as isize
+                - l.size() as isize;
+            PEAK.fetch_max(now, Relaxed);
+        }
+        q
+    }
+}
+
+use std::sync::atomic::Ordering::Relaxed;
+
+fn live() -> isize {
+    LIVE.load(Relaxed)
+}
+
+/// Live heap bytes of the agent's long-lived structures after a standalone
+/// start: the services file parsed (as the agent does) and reconciled into
+/// maps that keep nothing, so only the reconciler's own state remains.
+#[derive(Clone, Debug, Default)]
+pub struct Breakdown {
+    pub services: usize,
+    pub backends: usize,
+    pub parse_peak: u64,
+    /// The target model (names, frontends, backends).
+    pub model: u64,
+    /// The mirror of the maps (entries and their indexes).
+    pub mirror: u64,
+    /// Ids, owners and the rest of the reconciler.
+    pub indexes: u64,
+    pub total: u64,
+}
+
+struct NullMaps;
+impl lb::maps::LbMaps for NullMaps {
+    fn apply(&mut self, _: &lb::maps::MapOp) -> Result<(), lb::maps::MapWriteError> {
+        Ok(())
+    }
+    fn dump(&self) -> anyhow::Result<lb::maps::MapState> {
+        Ok(Default::default())
+    }
+    fn capacity(&self) -> lb::maps::Capacity {
+        lb::maps::Capacity {
+            services: u32::MAX,
+            backends: u32::MAX,
+            revnat: u32::MAX,
+            maglev: u32::MAX,
+        }
+    }
+}
+
+pub fn breakdown(services: usize, endpoints: usize) -> Breakdown {
+    let text = crate::workload::Workload::new(services, endpoints, &[]).services_yaml();
+    let before = live();
+    PEAK.store(before, Relaxed);
+    let model = lb::model::file::parse_with(&text, &Default::default()).expect("bench services file");
+    let parse_peak = (PEAK.load(Relaxed) - before) as u64;
+    drop(text);
+    let start = live();
+    let mut r = lb::reconcile::Reconciler::restore(NullMaps).expect("null maps");
+    r.reconcile_model(model).expect("reconcile into null maps");
+    let total = (live() - start) as u64;
+    // Measured as copies: a copy is as big as the original, give or take
+    // the spare capacity of its tables (the names are shared, so the model
+    // is measured from an empty one).
+    let b = live();
+    let mirror = r.state().clone();
+    let mirror_bytes = (live() - b) as u64;
+    drop(mirror);
+    let b = live();
+    let mut m = lb::model::Model::default();
+    for (name, svc) in &r.target().services {
+        m.services.insert(
+            lb::model::ServiceName::new(name.namespace(), name.name()),
+            svc.clone(),
+        );
+    }
+    let model_bytes = (live() - b) as u64;
+    drop(m);
+    Breakdown {
+        services,
+        backends: services * endpoints,
+        parse_peak,
+        model: model_bytes,
+        mirror: mirror_bytes,
+        indexes: total.saturating_sub(model_bytes + mirror_bytes),
+        total,
+    }
+}

@@ -31,6 +31,8 @@ pub struct Profile {
     pub maglev_backends: Vec<usize>,
     /// Connect scales at which agent and map memory are read.
     pub memory_at: Vec<usize>,
+    /// (services, endpoints each) whose heap is broken down in process.
+    pub memory_breakdown: Vec<(usize, usize)>,
     /// Largest scale at which kube-proxy's layouts are loaded at all:
     /// loading them grows faster than linearly (nft -f of 10 000 services ×
     /// 10 endpoints takes over a minute here), so beyond these the report
@@ -66,6 +68,7 @@ impl Profile {
                 maglev_sizes: vec![16_381, 65_537],
                 maglev_backends: vec![10, 100, 1_000],
                 memory_at: vec![10_000, 100_000],
+                memory_breakdown: vec![(10_000, 2), (100_000, 2), (100_000, 10)],
                 iptables_max_services: 100_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 10_000,
@@ -88,6 +91,7 @@ impl Profile {
                 maglev_sizes: vec![16_381, 65_537],
                 maglev_backends: vec![10, 100, 1_000],
                 memory_at: vec![10_000],
+                memory_breakdown: vec![(10_000, 2), (10_000, 10)],
                 iptables_max_services: 10_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 1_000,
@@ -110,6 +114,7 @@ impl Profile {
                 maglev_sizes: vec![251],
                 maglev_backends: vec![10],
                 memory_at: vec![10],
+                memory_breakdown: vec![(100, 2), (100, 10)],
                 iptables_max_services: 100,
                 nftables_max_services: 100,
                 kube_proxy_control_max: 100,
