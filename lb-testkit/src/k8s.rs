@@ -22,7 +22,8 @@ use std::{
 
 use crate::{agent::free_port, netns::Netns};
 
-/// The address the apiserver advertises (on a dummy device of its namespace).
+/// The address the apiserver advertises (on the `lo` of its namespace: this
+/// kernel has no dummy devices).
 pub const ADVERTISE: &str = "10.255.0.1";
 pub const SERVICE_CIDRS: &str = "10.96.0.0/16,fd00:96::/112";
 

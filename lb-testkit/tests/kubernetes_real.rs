@@ -90,9 +90,12 @@ fn set_ready(cp: &ControlPlane, ns: &str, name: &str, ips: &[&str], ready: bool)
         "--type=merge",
         "-p",
         &format!(
-            r#"{{"status":{{"phase":"Running","podIP":"{}","podIPs":[{}],"conditions":[{{"type":"Ready","status":"{status}"}}]}}}}"#,
+            r#"{{"status":{{"phase":"Running","podIP":"{}","podIPs":[{}],"conditions":[{{"type":"Ready","status":"{status}","lastTransitionTime":"{}"}}]}}}}"#,
             ips[0],
-            pod_ips.join(",")
+            pod_ips.join(","),
+            // As a kubelet writes it: the EndpointSlice controller stamps
+            // slices with it (last-change-trigger-time).
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         ),
     ]);
 }
@@ -232,11 +235,36 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
     assert_eq!(served(&w, &target, 40).len(), 2);
 
     // Not ready: out of the maps (no terminating state for a live pod).
+    // (A second apart: a Ready condition's lastTransitionTime, which the
+    // controller's trigger stamp comes from, has whole seconds.)
+    std::thread::sleep(Duration::from_millis(1100));
     set_ready(&shared_cp(), &ns, "web-2", &[&b(1)], false);
     assert!(backends_in_maps(1));
     assert_eq!(served(&w, &target, 20), BTreeSet::from(["b1".to_string()]));
+    std::thread::sleep(Duration::from_millis(1100));
     set_ready(&shared_cp(), &ns, "web-2", &[&b(1)], true);
     assert!(backends_in_maps(2));
+    // Both flips were timed from the EndpointSlice controller's trigger
+    // stamp (the Pod write) to the maps, as kube-proxy's
+    // network_programming_duration_seconds; the stamps from before the
+    // agent started are not.
+    let programmed = |what: &str| -> f64 {
+        let (_, metrics) = agent.http_get("/metrics");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("lb_network_programming_duration_seconds_{what} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no network programming {what}:\n{metrics}"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || programmed("count") >= 2.0),
+        "count {}; slices:\n{}",
+        programmed("count"),
+        shared_cp().kubectl(&["-n", &ns, "get", "endpointslices", "-o", "yaml"])
+    );
+    let (count, sum) = (programmed("count"), programmed("sum"));
+    assert!(count <= 4.0, "{count} changes timed, two flips made");
+    assert!(sum > 0.0 && sum / count < 10.0, "mean {} s", sum / count);
 
     // A rolling replacement under load: web-3 comes up, then each old pod
     // is deleted (terminating while no kubelet confirms it, then gone).

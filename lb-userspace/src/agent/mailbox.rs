@@ -7,7 +7,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Condvar, Mutex},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use crate::{
@@ -26,6 +26,8 @@ pub struct Pending {
     pub notes: Vec<SourceEvent>,
     /// When the oldest of these changes was observed (propagation delay).
     pub observed: Option<Instant>,
+    /// When they were made upstream (network programming latency).
+    pub triggers: Vec<SystemTime>,
 }
 
 impl Pending {
@@ -35,14 +37,26 @@ impl Pending {
 
     fn add(&mut self, ev: SourceEvent) {
         match ev {
-            SourceEvent::Full { model, observed } => {
+            SourceEvent::Full {
+                model,
+                observed,
+                triggers,
+            } => {
                 self.full = Some(model);
                 self.changes.clear();
                 self.observed.get_or_insert(observed);
+                // Replaced changes are programmed by the full model: their
+                // trigger times stay.
+                self.triggers.extend(triggers);
             }
-            SourceEvent::Changes { changes, observed } => {
+            SourceEvent::Changes {
+                changes,
+                observed,
+                triggers,
+            } => {
                 self.changes.extend(changes);
                 self.observed.get_or_insert(observed);
+                self.triggers.extend(triggers);
             }
             note @ (SourceEvent::Error { .. } | SourceEvent::Warning { .. }) => {
                 self.notes.push(note)
@@ -104,6 +118,7 @@ mod tests {
                 .map(|n| (ServiceName::new("default", *n), None))
                 .collect(),
             observed: Instant::now(),
+            triggers: Vec::new(),
         }
     }
 
@@ -114,6 +129,7 @@ mod tests {
         m.post(SourceEvent::Full {
             model: Model::default(),
             observed: Instant::now(),
+            triggers: Vec::new(),
         });
         m.post(changes(&["b"]));
         m.post(changes(&["b", "c"]));

@@ -35,7 +35,14 @@ pub struct Worker<M: LbMaps> {
     /// Where the refused services are written for `lbctl status`.
     pub status_file: Option<PathBuf>,
     pub retry_every: Duration,
+    /// Upstream change times not yet in the maps (network programming
+    /// latency is observed when a reconcile succeeds).
+    pub unprogrammed: Vec<std::time::SystemTime>,
 }
+
+/// At most this many trigger times wait for a successful reconcile; beyond
+/// it the oldest are dropped (a long outage must not grow memory).
+const MAX_UNPROGRAMMED: usize = 10_000;
 
 impl<M: LbMaps + Send + 'static> Worker<M> {
     pub fn spawn(self, mailbox: Arc<Mailbox>) -> std::thread::JoinHandle<()> {
@@ -60,6 +67,12 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             self.note(note);
         }
         let observed = p.observed;
+        self.unprogrammed.extend(p.triggers);
+        if self.unprogrammed.len() > MAX_UNPROGRAMMED {
+            let extra = self.unprogrammed.len() - MAX_UNPROGRAMMED;
+            self.unprogrammed.drain(..extra);
+        }
+        let mut ok = true;
         // A full model or a large batch leaves a peak of freed memory behind
         // (the parse, the old target, the change lists).
         let large = p.full.is_some() || p.changes.len() >= LARGE_BATCH;
@@ -68,12 +81,12 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             // A complete view: the services that differ from the last one
             // are applied, the ones missing from it removed.
             let r = self.reconciler.reconcile_model(model);
-            self.finish(r, observed);
+            ok &= self.finish(r, observed);
         }
         if !p.changes.is_empty() {
             self.metrics.observed_change();
             let r = self.reconciler.reconcile_changes(p.changes);
-            self.finish(r, observed);
+            ok &= self.finish(r, observed);
         }
         if idle && !self.reconciler.pending().is_empty() {
             info!(
@@ -81,7 +94,11 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
                 "retrying refused services"
             );
             let r = self.reconciler.retry();
-            self.finish(r, None);
+            ok &= self.finish(r, None);
+        }
+        if ok && !self.unprogrammed.is_empty() {
+            self.metrics
+                .network_programmed(&std::mem::take(&mut self.unprogrammed));
         }
         if large {
             crate::sys::heap::release_free_memory();
@@ -114,7 +131,12 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         }
     }
 
-    fn finish(&self, result: Result<ReconcileStats, ReconcileError>, observed: Option<Instant>) {
+    /// Reports a reconcile's outcome; true when everything was applied.
+    fn finish(
+        &self,
+        result: Result<ReconcileStats, ReconcileError>,
+        observed: Option<Instant>,
+    ) -> bool {
         let r = &self.reconciler;
         let target = r.target();
         match result {
@@ -136,6 +158,7 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
                     "reconciled"
                 );
                 self.write_status(&[]);
+                true
             }
             Err(ReconcileError::Refused(refused)) => {
                 // The details first, so whoever reads the warning finds them.
@@ -146,11 +169,16 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
                 let summary = crate::reconcile::refusal_summary(&refused);
                 warn!("{summary}");
                 self.metrics.reconcile_failed(summary);
+                false
             }
-            Err(e @ ReconcileError::Cancelled { .. }) => info!("{e}"),
+            Err(e @ ReconcileError::Cancelled { .. }) => {
+                info!("{e}");
+                false
+            }
             Err(e) => {
                 warn!("reconcile failed: {e}");
                 self.metrics.reconcile_failed(e.to_string());
+                false
             }
         }
     }
@@ -160,6 +188,8 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             return;
         };
         let status = AgentStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            layout: lb_common::maps::LAYOUT_VERSION,
             refused: refused
                 .iter()
                 .map(|(n, e)| RefusedService {
@@ -185,6 +215,11 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
 /// What the agent leaves for `lbctl status` beside the maps.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct AgentStatus {
+    /// The agent's release and map layout (for `lbctl version`).
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub layout: u32,
     pub refused: Vec<RefusedService>,
 }
 

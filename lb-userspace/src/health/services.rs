@@ -259,7 +259,7 @@ mod tests {
             ),
         );
         model.services.insert(ServiceName::new("ns", "no-hc"), svc(None, &[(4, BackendState::Active)]));
-        assert!(t.observe(&SourceEvent::Full { model, observed: Instant::now() }));
+        assert!(t.observe(&SourceEvent::Full { model, observed: Instant::now(), triggers: vec![] }));
         assert_eq!(
             t.checks(),
             BTreeMap::from([(31000, Check { service: a.clone(), local_endpoints: 2 })])
@@ -267,9 +267,10 @@ mod tests {
         let same = SourceEvent::Changes {
             changes: vec![(a.clone(), Some(svc(Some(31000), &[(1, BackendState::Active), (2, BackendState::Active)])))],
             observed: Instant::now(),
+            triggers: vec![],
         };
         assert!(!t.observe(&same), "nothing a health check answers changed");
-        let gone = SourceEvent::Changes { changes: vec![(a, None)], observed: Instant::now() };
+        let gone = SourceEvent::Changes { changes: vec![(a, None)], observed: Instant::now(), triggers: vec![] };
         assert!(t.observe(&gone));
         assert!(t.checks().is_empty());
     }

@@ -47,6 +47,7 @@ pub struct SourceErrorLabels {
 pub struct Metrics {
     pub reconcile_duration: Histogram,
     pub propagation_delay: Histogram,
+    pub network_programming: Histogram,
     pub reconciles: Family<ResultLabels, Counter>,
     pub map_writes: Counter,
     pub services: Gauge,
@@ -89,6 +90,8 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
             // 100 µs .. ~50 s
             propagation_delay: Histogram::new(exponential_buckets(1e-4, 2.0, 20)),
+            // 1 ms .. ~9 min
+            network_programming: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
             reconciles: Family::default(),
             map_writes: Counter::default(),
             services: Gauge::default(),
@@ -117,6 +120,13 @@ impl Metrics {
             "propagation_delay_seconds",
             "Time from a change being observed (file event, apiserver event) to the maps being updated",
             m.propagation_delay.clone(),
+        );
+        registry.register(
+            "network_programming_duration_seconds",
+            "Time from the change upstream (a Pod or Service write, from the EndpointSlice's \
+             endpoints.kubernetes.io/last-change-trigger-time) to the maps holding it: \
+             kube-proxy's network programming latency (Kubernetes mode)",
+            m.network_programming.clone(),
         );
         registry.register(
             "reconciles",
@@ -226,6 +236,16 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Changes made upstream at `triggers` are now in the maps.
+    pub fn network_programmed(&self, triggers: &[std::time::SystemTime]) {
+        let now = std::time::SystemTime::now();
+        for t in triggers {
+            // A clock behind the controller's counts as zero, not negative.
+            let d = now.duration_since(*t).unwrap_or_default();
+            self.network_programming.observe(d.as_secs_f64());
+        }
     }
 
     pub fn reconciled(

@@ -93,7 +93,11 @@ pub async fn run(
     let mut observed = std::time::Instant::now();
     loop {
         let event = match load(&path, &ctx) {
-            Ok(model) => SourceEvent::Full { model, observed },
+            Ok(model) => SourceEvent::Full {
+                model,
+                observed,
+                triggers: Vec::new(),
+            },
             Err(e) => SourceEvent::Error {
                 source: "file",
                 reason: match e {

@@ -4,7 +4,7 @@
 pub mod file;
 pub mod kubernetes;
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use crate::model::{Model, Service, ServiceName};
 
@@ -12,11 +12,19 @@ use crate::model::{Model, Service, ServiceName};
 pub enum SourceEvent {
     /// The complete set of services (a services file, a Kubernetes initial
     /// list or relist): services not in it are removed.
-    Full { model: Model, observed: Instant },
+    Full {
+        model: Model,
+        observed: Instant,
+        /// When the changes in it were made upstream, where the source knows
+        /// (EndpointSlices' last-change-trigger-time): the start of
+        /// kube-proxy's network programming latency.
+        triggers: Vec<SystemTime>,
+    },
     /// Some services changed; `None` means the service is gone.
     Changes {
         changes: Vec<(ServiceName, Option<Service>)>,
         observed: Instant,
+        triggers: Vec<SystemTime>,
     },
     /// The source could not be read or gave invalid input; the maps keep
     /// their state. `source` ("file", "kubernetes") and `reason` are short

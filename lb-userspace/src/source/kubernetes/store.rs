@@ -13,6 +13,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    time::SystemTime,
 };
 
 use k8s_openapi::api::{
@@ -158,6 +159,24 @@ pub struct Store {
     published: HashMap<ServiceName, Service>,
     warnings: Vec<Warning>,
     eligible: Option<bool>,
+    /// When this store started: trigger times before it are not ours to
+    /// measure (kube-proxy's endpointsChangeTracker.trackerStartTime).
+    started: SystemTime,
+    /// `last-change-trigger-time`s of slices changed since the last take.
+    triggers: Vec<SystemTime>,
+}
+
+/// The EndpointSlice controller's stamp of when the change that produced a
+/// slice happened (a Pod or Service write), kube-proxy's start point for
+/// `network_programming_duration_seconds`.
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+fn trigger_time(s: &EndpointSlice) -> Option<&str> {
+    s.metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_TRIGGER_TIME)
+        .map(String::as_str)
 }
 
 /// The node label topology hints are matched against.
@@ -199,7 +218,38 @@ impl Store {
             published: HashMap::new(),
             warnings: Vec::new(),
             eligible: None,
+            started: SystemTime::now(),
+            triggers: Vec::new(),
         }
+    }
+
+    /// Trigger times of the slice changes output so far (taken once): the
+    /// agent measures from each to the moment the maps hold the change.
+    pub fn take_triggers(&mut self) -> Vec<SystemTime> {
+        std::mem::take(&mut self.triggers)
+    }
+
+    /// Notes `new`'s trigger time when it is not the one the stored version
+    /// of the slice has, and not older than the store.
+    fn note_trigger(&mut self, new: &EndpointSlice) {
+        let Some(text) = trigger_time(new) else {
+            return;
+        };
+        let old = self.stored_slice(&slice_key(new)).and_then(trigger_time);
+        if old == Some(text) {
+            return;
+        }
+        // RFC 3339 in UTC, as the controller writes it (time.RFC3339Nano).
+        if let Ok(t) = humantime::parse_rfc3339_weak(text) {
+            if t >= self.started {
+                self.triggers.push(t);
+            }
+        }
+    }
+
+    fn stored_slice(&self, key: &(String, String)) -> Option<&EndpointSlice> {
+        let owner = self.slice_owner.get(key)?;
+        self.slices.get(owner)?.get(&key.1)
     }
 
     /// Every list has completed at least once.
@@ -241,7 +291,10 @@ impl Store {
 
     pub fn on_slice(&mut self, ev: Event<EndpointSlice>) {
         match ev {
-            Event::Apply(s) => self.put_slice(s),
+            Event::Apply(s) => {
+                self.note_trigger(&s);
+                self.put_slice(s)
+            }
             Event::Delete(s) => {
                 let key = slice_key(&s);
                 if let Some(owner) = self.slice_owner.remove(&key) {
@@ -259,6 +312,13 @@ impl Store {
                 .push(s),
             Event::InitDone => {
                 let items = self.slice_relist.buffer.take().unwrap_or_default();
+                // A relist after a broken watch carries the changes the
+                // watch missed: their trigger times count too.
+                if self.slice_relist.synced {
+                    for s in &items {
+                        self.note_trigger(s);
+                    }
+                }
                 self.slices.clear();
                 self.slice_owner.clear();
                 for s in items {
@@ -572,6 +632,45 @@ mod tests {
 
     fn n(name: &str) -> ServiceName {
         ServiceName::new("default", name)
+    }
+
+    fn stamped(mut s: EndpointSlice, at: SystemTime) -> EndpointSlice {
+        s.metadata.annotations = Some(
+            [(
+                ANNOTATION_TRIGGER_TIME.to_string(),
+                humantime::format_rfc3339_nanos(at).to_string(),
+            )]
+            .into(),
+        );
+        s
+    }
+
+    #[test]
+    fn trigger_times_are_taken_once_per_new_stamp_and_never_from_before_the_start() {
+        let before = SystemTime::now() - std::time::Duration::from_secs(60);
+        let mut s = synced(
+            vec![svc("a", "10.96.0.1", &[])],
+            vec![stamped(slice("a-1", "a", &["10.244.0.1"]), before)],
+        );
+        assert!(s.take_triggers().is_empty(), "the initial list is not a change of ours to time");
+        s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.2"]), before)));
+        assert!(s.take_triggers().is_empty(), "a change made before the agent started");
+        let t = SystemTime::now();
+        s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.3"]), t)));
+        let got = s.take_triggers();
+        assert_eq!(got.len(), 1);
+        let skew = got[0].duration_since(t).unwrap_or_else(|e| e.duration());
+        assert!(skew < std::time::Duration::from_millis(1), "parsed back to {got:?}, wrote {t:?}");
+        assert!(s.take_triggers().is_empty(), "taken once");
+        // The same stamp again (a label edit, a resync) is not a new change.
+        s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.3"]), t)));
+        assert!(s.take_triggers().is_empty());
+        // A relist that brings a change the watch missed counts it.
+        let later = SystemTime::now() + std::time::Duration::from_millis(5);
+        s.on_slice(Event::Init);
+        s.on_slice(Event::InitApply(stamped(slice("a-1", "a", &["10.244.0.4"]), later)));
+        s.on_slice(Event::InitDone);
+        assert_eq!(s.take_triggers().len(), 1);
     }
 
     #[test]

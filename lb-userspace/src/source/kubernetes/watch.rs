@@ -93,8 +93,8 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
                     if tx.send(SourceEvent::Warning { source: "kubernetes", reason: w.reason, message: w.message }).await.is_err() { return }
                 }
                 let event = match store.take_output() {
-                    Some(Output::Full(model)) => SourceEvent::Full { model, observed },
-                    Some(Output::Changes(changes)) => SourceEvent::Changes { changes, observed },
+                    Some(Output::Full(model)) => SourceEvent::Full { model, observed, triggers: store.take_triggers() },
+                    Some(Output::Changes(changes)) => SourceEvent::Changes { changes, observed, triggers: store.take_triggers() },
                     None => continue,
                 };
                 if tx.send(event).await.is_err() {
