@@ -94,6 +94,13 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     let setup_s = setup_started.elapsed().as_secs_f64();
     eprintln!("lb-bench:   {services} services × 10 endpoints created in {setup_s:.0} s");
 
+    // Each service: a frontend, 10 slots and its address marker; each
+    // endpoint a backend (the defaults hold about 5 000 such services).
+    let sizes = [
+        format!("--map-size-services={}", ((services + MEASURED + BACKGROUND) * 12 + 1_024).next_power_of_two()),
+        format!("--map-size-backends={}", ((services + MEASURED + BACKGROUND) * 10 + 1_024).next_power_of_two()),
+    ];
+    let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
     let agent = Agent::start_kubernetes_with(
         &cp.netns.name,
         &agent_kc,
@@ -101,7 +108,7 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
         &cgroup.path,
         &pins.path,
         "100ms",
-        &[],
+        &sizes,
         Duration::from_secs(300),
     );
     let pin_dir = pins.path.clone();

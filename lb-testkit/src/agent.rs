@@ -410,7 +410,7 @@ impl Agent {
 
     /// Packets counted for a drop reason (egress), from `lbctl drops`.
     pub fn drops(&self, reason: &str) -> u64 {
-        self.lbctl_json(&["drops"])
+        self.lbctl_json(&["drops", "--all"])
             .as_array()
             .unwrap()
             .iter()

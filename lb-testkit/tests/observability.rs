@@ -73,6 +73,13 @@ fn each_drop_reason_is_counted_streamed_by_monitor_and_exported_as_metric() {
 
     assert_eq!(agent.drops("no-backend"), 1);
     assert_eq!(agent.drops("no-service-port"), 1);
+    // The table shows what happened, not every counter at zero.
+    let table = agent.lbctl(&["drops"]);
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(rows.iter().all(|r| r.ends_with(" 1")), "{table}");
+    let all = agent.lbctl(&["drops", "--all"]);
+    assert!(all.lines().count() > 10 && all.contains(" 0\n"), "{all}");
 
     let (code, body) = agent.http_get("/metrics");
     assert_eq!(code, 200);

@@ -49,6 +49,10 @@ use tracing::{error, info, warn};
 )]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
+    /// Log lines as text (coloured only on a terminal, and never with
+    /// NO_COLOR set) or as JSON objects for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "LB_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
@@ -59,6 +63,8 @@ struct Cli {
 enum Command {
     /// Install the data path and follow the source (the default).
     Run(RunArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion { shell: clap_complete::Shell },
     /// Detach every program and remove every pinned map and link.
     Uninstall {
         #[arg(long, default_value_os_t = datapath::pins::default_pin_dir())]
@@ -210,7 +216,14 @@ struct RunArgs {
     event_rate: u32,
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
     // Records from the eBPF programs (target lb_ebpf::...) are filtered at the
     // source by --bpf-log-level / `lbctl config set bpf-log-level`; let all of
     // them through here unless LB_LOG says otherwise.
@@ -218,11 +231,23 @@ fn main() -> anyhow::Result<()> {
     if !filter.contains("lb_ebpf") {
         filter.push_str(",lb_ebpf=trace");
     }
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            // Colour codes only for a person at a terminal (https://no-color.org).
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            builder.with_ansi(colour).init()
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     match cli.command {
         Some(Command::CleanupKubeProxy {
             service_cidr,
@@ -260,9 +285,37 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Some(Command::Completion { shell }) => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(shell, &mut Cli::command(), "lb-agent", &mut std::io::stdout());
+            Ok(())
+        }
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
     }
+}
+
+/// Standalone mode: NodePorts listen on the devices' addresses (filtered
+/// like kube-proxy's --nodeport-addresses).
+fn file_context(
+    args: &RunArgs,
+    devices: &[String],
+) -> anyhow::Result<lb::model::file::FileContext> {
+    let mut nodeport_addresses = Vec::new();
+    for dev in devices {
+        if let Some(a) = sys::netdev::ipv4_address(dev)? {
+            let ip = std::net::IpAddr::V4(a);
+            if args.nodeport_addresses.is_empty()
+                || args.nodeport_addresses.iter().any(|a| match a {
+                    NodePortAddr::Cidr(c) => c.contains(&ip),
+                    NodePortAddr::Primary => true,
+                })
+            {
+                nodeport_addresses.push(ip);
+            }
+        }
+    }
+    Ok(lb::model::file::FileContext { nodeport_addresses })
 }
 
 enum Mode {
@@ -498,6 +551,20 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.socket_lb_host_namespace_only && cfg.pod_devices.is_none() {
         warn!("--socket-lb-host-namespace-only without --pod-devices: pods' own sockets are not translated and nothing translates their packets either; pods will not reach services");
     }
+    if let Mode::File(path) = &mode {
+        // "Keep the last good state" needs one: with nothing pinned, a
+        // missing or invalid file is a mistake to stop at, not an empty
+        // load balancer that looks like success.
+        if !datapath::pins::has_state(&cfg.pin_dir) {
+            source::file::load(path, &file_context(&args, &devices)?).with_context(|| {
+                format!(
+                    "no load-balancer state is pinned in {} to keep serving, so the agent stops; \
+                     fix the services file and start again",
+                    cfg.pin_dir.display()
+                )
+            })?;
+        }
+    }
     let report = datapath::install(&cfg)?;
     info!(pin_dir = %cfg.pin_dir.display(), maps_reused = report.maps_reused, "data path installed");
     let mut config = RuntimeConfig::open(&cfg.pin_dir)?;
@@ -586,6 +653,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         on_removed_udp: terminate_stale_udp(args.pin_dir.clone(), metrics.clone()),
         status_file: Some(lb::agent::status_file(&cfg.pin_dir)),
         retry_every: lb::agent::worker::RETRY_EVERY,
+        unprogrammed: Vec::new(),
     }
     .spawn(mailbox.clone());
 
@@ -625,23 +693,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let (reload_tx, reload_rx) = mpsc::channel(1);
         match mode {
             Mode::File(path) => {
-                // NodePorts listen on the devices' addresses (filtered like
-                // kube-proxy's --nodeport-addresses).
-                let mut nodeport_addresses = Vec::new();
-                for dev in &devices {
-                    if let Some(a) = sys::netdev::ipv4_address(dev)? {
-                        let ip = std::net::IpAddr::V4(a);
-                        if args.nodeport_addresses.is_empty()
-                            || args.nodeport_addresses.iter().any(|a| match a {
-                                NodePortAddr::Cidr(c) => c.contains(&ip),
-                                NodePortAddr::Primary => true,
-                            })
-                        {
-                            nodeport_addresses.push(ip);
-                        }
-                    }
-                }
-                let ctx = lb::model::file::FileContext { nodeport_addresses };
+                let ctx = file_context(&args, &devices)?;
                 tokio::spawn(source::file::run(path, ctx, tx, reload_rx));
             }
             Mode::Kubernetes(watch_cfg) => {

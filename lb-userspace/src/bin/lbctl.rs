@@ -46,8 +46,17 @@ enum Command {
         #[command(subcommand)]
         command: BackendCommand,
     },
-    /// Drop counters by reason and direction.
-    Drops,
+    /// Drop counters by reason and direction (the non-zero ones).
+    Drops {
+        /// Every counter, zeros included.
+        #[arg(long)]
+        all: bool,
+    },
+    /// This lbctl's release and map layout, the data path's and the agent's;
+    /// fails when they do not match.
+    Version,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion { shell: clap_complete::Shell },
     /// Kernel features, attached programs and map fill.
     Status,
     /// Stream drop (and, when asked, translation) events as they happen.
@@ -139,6 +148,23 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let out = cli.output;
+    if let Command::Completion { shell } = cli.command {
+        use clap::CommandFactory as _;
+        clap_complete::generate(shell, &mut Cli::command(), "lbctl", &mut std::io::stdout());
+        return Ok(());
+    }
+    if let Command::Version = cli.command {
+        // Works without root: it reads directory names and the status file.
+        let r = cli::version::gather(&cli.pin_dir);
+        match out {
+            Output::Table => print!("{}", cli::version::render(&r)),
+            Output::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        }
+        if !r.problems().is_empty() {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     if let Command::Status = cli.command {
         // Status works without root and without pins: it says what is missing.
         let status = cli::status::gather(&cli.pin_dir);
@@ -182,9 +208,15 @@ fn run() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
             }
         }
-        Command::Drops => {
-            let counts = lb::maps::bpf::read_drops(&cli.pin_dir)?;
+        Command::Drops { all } => {
+            let mut counts = lb::maps::bpf::read_drops(&cli.pin_dir)?;
+            if !all {
+                counts.retain(|c| c.packets > 0);
+            }
             match out {
+                Output::Table if counts.is_empty() => {
+                    println!("No drops counted (--all shows every counter).")
+                }
                 Output::Table => print!("{}", cli::drops::render_table(&counts)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&counts)?),
             }
@@ -240,7 +272,7 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Command::Monitor { kind, count } => monitor(&cli.pin_dir, kind, count, out)?,
-        Command::Status => unreachable!(),
+        Command::Status | Command::Version | Command::Completion { .. } => unreachable!(),
     }
     Ok(())
 }

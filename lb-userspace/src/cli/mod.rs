@@ -6,6 +6,7 @@ pub mod drops;
 pub mod maglev;
 pub mod service_list;
 pub mod status;
+pub mod version;
 
 /// Output format of every lbctl command.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -26,6 +26,12 @@ pub fn default_pin_dir() -> PathBuf {
     PathBuf::from(format!("/sys/fs/bpf/lb/v{}", names::LAYOUT_VERSION))
 }
 
+/// Whether an agent has pinned its maps in `pin_dir` before (the data path
+/// holds a state that a restart keeps serving).
+pub fn has_state(pin_dir: &Path) -> bool {
+    pin_dir.join(names::LB4_SERVICES).exists()
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSizes {
     pub services: u32,
