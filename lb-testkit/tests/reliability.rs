@@ -308,10 +308,35 @@ fn pins_are_root_only_and_metrics_listen_on_loopback_by_default() {
         let mode = e.metadata().unwrap().permissions().mode() & 0o077;
         assert_eq!(mode, 0, "{} is readable by others", e.path().display());
     }
-    let help = std::process::Command::new(lb_testkit::sibling_bin("lb-agent"))
-        .arg("--help")
-        .output()
+    drop(_agent);
+
+    // An agent started without --metrics-address: what it actually binds
+    // (the kit always passes a free port, so 9967 is this test's alone).
+    let log = std::env::temp_dir().join(format!("{}-default-metrics.log", w.tag));
+    let mut child = std::process::Command::new(lb_testkit::sibling_bin("lb-agent"))
+        .args(["--services", w.services.to_str().unwrap()])
+        .arg("--cgroup")
+        .arg(&w.cgroup.path)
+        .arg("--pin-dir")
+        .arg(&w.pins.path)
+        .args(["--healthz-address", "off", "--devices", "none"])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
         .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    assert!(help.contains("[default: 127.0.0.1:9967]"), "{help}");
+    let listening = || {
+        let out = std::process::Command::new("ss").args(["-Hltn"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let bound = lb_testkit::wait_until(Duration::from_secs(20), || listening().contains(":9967 "));
+    let sockets = listening();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(bound, "nothing listens on :9967\n{sockets}\n{text}");
+    let on_9967: Vec<&str> = sockets.lines().filter(|l| l.contains(":9967 ")).collect();
+    assert!(
+        on_9967.iter().all(|l| l.contains("127.0.0.1:9967 ")),
+        "metrics reachable beyond loopback: {on_9967:?}"
+    );
 }
