@@ -227,12 +227,22 @@ impl Agent {
 
     /// GET with the reply's headers, from the agent's network namespace.
     pub fn http_request_at(&self, addr: std::net::SocketAddr, path: &str) -> HttpReply {
+        self.try_http_request_at(addr, path)
+            .unwrap_or_else(|e| panic!("connecting to {addr}: {e}\n{}", self.log_text()))
+    }
+
+    /// Like `http_request_at`, with a refused connection as an error.
+    pub fn try_http_request_at(
+        &self,
+        addr: std::net::SocketAddr,
+        path: &str,
+    ) -> std::io::Result<HttpReply> {
         let path = path.to_string();
         match self.netns.clone() {
-            None => http_request(addr, &path),
+            None => try_http_request(addr, &path),
             Some(ns) => std::thread::spawn(move || {
                 crate::netns::enter(&ns).expect("entering the agent's namespace");
-                http_request(addr, &path)
+                try_http_request(addr, &path)
             })
             .join()
             .unwrap(),
@@ -481,9 +491,13 @@ impl HttpReply {
 
 /// GET over HTTP/1.1 (the agent's servers; they answer with Content-Length).
 pub fn http_request(addr: std::net::SocketAddr, path: &str) -> HttpReply {
+    try_http_request(addr, path).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
+}
+
+/// `http_request`, with a failed connect as an error.
+pub fn try_http_request(addr: std::net::SocketAddr, path: &str) -> std::io::Result<HttpReply> {
     use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(addr)
-        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
@@ -505,5 +519,5 @@ pub fn http_request(addr: std::net::SocketAddr, path: &str) -> HttpReply {
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     // The servers answer with Content-Length, not chunked: the body is as is.
-    HttpReply { code, headers, body: body.to_string() }
+    Ok(HttpReply { code, headers, body: body.to_string() })
 }

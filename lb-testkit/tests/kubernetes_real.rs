@@ -262,9 +262,12 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
         programmed("count"),
         shared_cp().kubectl(&["-n", &ns, "get", "endpointslices", "-o", "yaml"])
     );
+    // No upper bound on the count: the agent watches every namespace of the
+    // control plane the tests share, so other tests' slice changes made
+    // after it started are timed too. (That stamps from before the start are
+    // not is the store's unit test.)
     let (count, sum) = (programmed("count"), programmed("sum"));
-    assert!(count <= 4.0, "{count} changes timed, two flips made");
-    assert!(sum > 0.0 && sum / count < 10.0, "mean {} s", sum / count);
+    assert!(sum > 0.0 && sum / count < 10.0, "mean {} s over {count}", sum / count);
 
     // A rolling replacement under load: web-3 comes up, then each old pod
     // is deleted (terminating while no kubelet confirms it, then gone).
@@ -500,8 +503,12 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     let node = unique("node-health");
     let other = format!("{node}-other");
     let b = |i: usize| Topology::backend_ip(i).to_string();
+    // A control plane of its own: every agent serves the health-check ports
+    // of all services, and the shared control plane's agents share one
+    // network namespace (one node's ports), so another test's agent would
+    // hold this port.
+    let cp = ControlPlane::start(&unique("k8shealth"));
     let hc_port: u16 = {
-        let cp = shared_cp();
         setup(&cp, &ns, &node, "192.168.77.6");
         cp.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {other}}}\n"));
         service(&cp, &ns, "web", "  type: LoadBalancer\n  externalTrafficPolicy: Local\n");
@@ -511,7 +518,9 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
             .parse()
             .expect("the apiserver allocates a healthCheckNodePort")
     };
-    let agent = start_agent(&shared_cp(), &w, &node, &[]);
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let agent = Agent::start_kubernetes_in(&cp.netns.name, &kc, &node, &w.cgroup.path, &w.pins.path, &[]);
     let hc: std::net::SocketAddr = ([127, 0, 0, 1], hc_port).into();
 
     // The proxy health server.
@@ -538,9 +547,15 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     assert_eq!(body["service"]["name"], "web");
 
     // One local endpoint: 200, kube-proxy's exact body.
-    ready_pod(&shared_cp(), &ns, "web-1", &node, "web", &[&b(0)]);
+    ready_pod(&cp, &ns, "web-1", &node, "web", &[&b(0)]);
+    // The port stays open throughout: a load balancer's probe is never
+    // refused while the service keeps its healthCheckNodePort.
     assert!(
-        wait_until(Duration::from_secs(30), || agent.http_request_at(hc, "/healthz").code == 200),
+        wait_until(Duration::from_secs(30), || {
+            let r = agent.try_http_request_at(hc, "/healthz");
+            assert!(r.is_ok(), "port {hc_port} refused: {r:?}\n{}", agent.log_text());
+            r.unwrap().code == 200
+        }),
         "{}",
         agent.log_text()
     );
@@ -553,7 +568,7 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
 
     // The cluster autoscaler marks the node for deletion: /healthz sends
     // load balancers away, /livez (the agent itself) stays fine.
-    shared_cp().kubectl(&[
+    cp.kubectl(&[
         "taint", "node", &node, "ToBeDeletedByClusterAutoscaler=1:NoSchedule",
     ]);
     assert!(
@@ -564,11 +579,11 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     let (_, body) = agent.healthz_get("/healthz");
     assert!(body.contains("\"nodeEligible\":false"), "{body}");
     assert_eq!(agent.healthz_get("/livez").0, 200);
-    shared_cp().kubectl(&["taint", "node", &node, "ToBeDeletedByClusterAutoscaler-"]);
+    cp.kubectl(&["taint", "node", &node, "ToBeDeletedByClusterAutoscaler-"]);
     assert!(wait_until(Duration::from_secs(30), || agent.healthz_get("/healthz").0 == 200));
 
     // Back to Cluster: no health check any more, the port closes.
-    shared_cp().kubectl(&[
+    cp.kubectl(&[
         "-n", &ns, "patch", "svc", "web", "--type=merge", "-p",
         r#"{"spec":{"externalTrafficPolicy":"Cluster"}}"#,
     ]);
