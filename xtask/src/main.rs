@@ -21,9 +21,10 @@ tasks:
           (unit, real-kernel integration, a real control plane; needs root)
   testbed build the Kubernetes test bed (testbed/: apiserver, controller manager, kubectl from
           the upstream Go modules) into target/testbed
-  cluster up|down|status
+  cluster up [--node]|down|status
           a real control plane (etcd, kube-apiserver, kube-controller-manager) in a network
-          namespace of its own, with kubeconfigs in target/cluster
+          namespace of its own, with kubeconfigs in target/cluster; --node adds the scheduler,
+          a kubelet with containerd, the agent as its DaemonSet pod and CoreDNS
   bench   setup, release build, then benchmarks side by side with kube-proxy's rule layouts;
           writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
 ";
@@ -99,7 +100,8 @@ fn build() -> anyhow::Result<()> {
 
 /// The Kubernetes test bed: one Go binary with etcd, the apiserver, the
 /// controller manager, the scheduler, the kubelet and kubectl, from the
-/// upstream modules pinned in testbed/go.mod. Go's build cache makes the
+/// upstream modules pinned in testbed/go.mod, and the image tools of
+/// testbed/images. Go's build cache makes the
 /// rebuilds quick; a cold build takes several minutes on two cores.
 fn testbed() -> anyhow::Result<()> {
     let go = ["go", "/usr/local/go/bin/go"]
@@ -110,7 +112,10 @@ fn testbed() -> anyhow::Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let version = "v1.35.8";
     let mut ldflags = String::from("-s -w");
-    for p in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+    for p in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
         ldflags.push_str(&format!(
             " -X {p}.gitVersion={version} -X {p}.gitMajor=1 -X {p}.gitMinor=35 -X {p}.gitTreeState=clean -X {p}.buildDate=1970-01-01T00:00:00Z"
         ));
@@ -128,6 +133,25 @@ fn testbed() -> anyhow::Result<()> {
     let kubectl = out_dir.join("kubectl");
     let _ = std::fs::remove_file(&kubectl);
     std::os::unix::fs::symlink("lbtestbed", &kubectl)?;
+    // The node's images are assembled here (no registry is reachable):
+    // lbimage (go-containerregistry) and the pod sandbox's pause, a module
+    // of their own so that go-containerregistry's requirements do not move
+    // the Kubernetes modules' versions.
+    // CoreDNS (kube-dns of the test node) likewise: its client-go is its own.
+    for (out, module, pkg) in [
+        ("lbimage", "testbed/images", "."),
+        ("pause", "testbed/images", "./pause"),
+        ("coredns", "testbed/coredns", "."),
+    ] {
+        let mut c = cmd(go, &["build", "-trimpath", "-ldflags", "-s -w", "-o"]);
+        c.arg(out_dir.join(out))
+            .arg(pkg)
+            .current_dir(root().join(module))
+            .env("CGO_ENABLED", "0")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=readonly");
+        run(c)?;
+    }
     eprintln!("xtask: test bed built in {:.0?}", started.elapsed());
     Ok(())
 }

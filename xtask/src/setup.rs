@@ -28,6 +28,12 @@ const APT_PACKAGES: &[&str] = &[
     "python3-venv",
     // The north-south tests turn GRO on for node devices, as a real NIC has it.
     "ethtool",
+    // The real node of the Kubernetes tests (lb-testkit `node`): the container
+    // runtime, the CNI bridge plugin, and a userland for the test pods' image.
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
 ];
 
 /// Validates deploy/ manifests against the Kubernetes schemas, offline.
