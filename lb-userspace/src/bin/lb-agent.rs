@@ -67,7 +67,7 @@ enum Command {
     Completion { shell: clap_complete::Shell },
     /// Detach every program and remove every pinned map and link.
     Uninstall {
-        #[arg(long, default_value_os_t = datapath::pins::default_pin_dir())]
+        #[arg(long, default_value_os_t = datapath::pins::default_pin_dir(), env = "LB_PIN_DIR")]
         pin_dir: PathBuf,
     },
     /// Remove kube-proxy's leftovers from this node once kube-proxy is
@@ -122,7 +122,7 @@ struct RunArgs {
     #[arg(long, value_name = "DIR", env = "LB_CGROUP")]
     cgroup: Option<PathBuf>,
     /// Where maps and links are pinned (on bpffs).
-    #[arg(long, value_name = "DIR", default_value_os_t = datapath::pins::default_pin_dir())]
+    #[arg(long, value_name = "DIR", default_value_os_t = datapath::pins::default_pin_dir(), env = "LB_PIN_DIR")]
     pin_dir: PathBuf,
     /// Capacity of LB4/6_SERVICES (one entry per frontend plus one per backend slot) and LB4/6_REVNAT.
     #[arg(long, default_value_t = MapSizes::default().services)]
@@ -287,7 +287,12 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Completion { shell }) => {
             use clap::CommandFactory as _;
-            clap_complete::generate(shell, &mut Cli::command(), "lb-agent", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "lb-agent",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Some(Command::Run(args)) => run(args),
@@ -356,11 +361,19 @@ fn external_devices(
     client: Option<&kube::Client>,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<Vec<String>> {
-    let given: Vec<String> = args.devices.iter().filter(|d| !d.is_empty()).cloned().collect();
+    let given: Vec<String> = args
+        .devices
+        .iter()
+        .filter(|d| !d.is_empty())
+        .cloned()
+        .collect();
     let special = given.iter().find(|d| *d == "none" || *d == "auto");
     if let Some(word) = special {
         if given.len() > 1 {
-            bail!("--devices: '{word}' cannot be listed with devices ({})", given.join(","));
+            bail!(
+                "--devices: '{word}' cannot be listed with devices ({})",
+                given.join(",")
+            );
         }
     }
     let auto = match special.map(String::as_str) {
@@ -373,7 +386,9 @@ fn external_devices(
         return Ok(Vec::new());
     }
     let internal = match (mode, client) {
-        (Mode::Kubernetes(cfg), Some(client)) => rt.block_on(node_internal_ips(client, &cfg.node_name)),
+        (Mode::Kubernetes(cfg), Some(client)) => {
+            rt.block_on(node_internal_ips(client, &cfg.node_name))
+        }
         _ => Vec::new(),
     };
     let found = sys::netdev::detect_external_devices(&internal)?;
@@ -589,10 +604,26 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     config.set(CFG_SNAT_PORT_MIN, args.snat_port_range.0 as u32)?;
     config.set(CFG_SNAT_PORT_MAX, args.snat_port_range.1 as u32)?;
     for (index, flag, d) in [
-        (CFG_CT_TCP_S, "--conntrack-timeout-tcp", args.conntrack_timeout_tcp),
-        (CFG_CT_TCP_SYN_S, "--conntrack-timeout-tcp-syn", args.conntrack_timeout_tcp_syn),
-        (CFG_CT_CLOSING_S, "--conntrack-timeout-tcp-fin", args.conntrack_timeout_tcp_fin),
-        (CFG_CT_UDP_S, "--conntrack-timeout-udp", args.conntrack_timeout_udp),
+        (
+            CFG_CT_TCP_S,
+            "--conntrack-timeout-tcp",
+            args.conntrack_timeout_tcp,
+        ),
+        (
+            CFG_CT_TCP_SYN_S,
+            "--conntrack-timeout-tcp-syn",
+            args.conntrack_timeout_tcp_syn,
+        ),
+        (
+            CFG_CT_CLOSING_S,
+            "--conntrack-timeout-tcp-fin",
+            args.conntrack_timeout_tcp_fin,
+        ),
+        (
+            CFG_CT_UDP_S,
+            "--conntrack-timeout-udp",
+            args.conntrack_timeout_udp,
+        ),
     ] {
         let secs = d.as_secs();
         if secs == 0 || secs > u32::MAX as u64 {

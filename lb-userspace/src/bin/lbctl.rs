@@ -25,7 +25,7 @@ use lb_common::config::CFG_TRACE;
 )]
 struct Cli {
     /// Where the agent pinned its maps.
-    #[arg(long, global = true, default_value_os_t = datapath::pins::default_pin_dir())]
+    #[arg(long, global = true, default_value_os_t = datapath::pins::default_pin_dir(), env = "LB_PIN_DIR")]
     pin_dir: PathBuf,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
