@@ -115,7 +115,9 @@ impl Agent {
         pin_dir: &Path,
         extra_args: &[&str],
     ) -> Self {
-        Self::start_kubernetes_with(netns, kubeconfig, node, cgroup, pin_dir, "20ms", extra_args, STARTUP)
+        Self::start_kubernetes_with(
+            netns, kubeconfig, node, cgroup, pin_dir, "20ms", extra_args, STARTUP,
+        )
     }
 
     /// Like `start_kubernetes_in`, with the agent's --min-sync-period and
@@ -284,7 +286,11 @@ impl Agent {
         self.child = Some(child);
         let ready = self.ready_log;
         let ok = self.wait_for_log(ready, 1, self.startup_timeout);
-        assert!(ok, "lb-agent did not log {ready:?}; log:\n{}", self.log_text());
+        assert!(
+            ok,
+            "lb-agent did not log {ready:?}; log:\n{}",
+            self.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {
@@ -331,13 +337,7 @@ impl Agent {
         ready_log: &'static str,
         timeout: Duration,
     ) -> Self {
-        let mut agent = Self::unspawned(
-            file_source(services),
-            cgroup,
-            pin_dir,
-            extra_args,
-            None,
-        );
+        let mut agent = Self::unspawned(file_source(services), cgroup, pin_dir, extra_args, None);
         agent.startup_timeout = timeout;
         agent.ready_log = ready_log;
         agent.spawn();
@@ -519,5 +519,9 @@ pub fn try_http_request(addr: std::net::SocketAddr, path: &str) -> std::io::Resu
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
     // The servers answer with Content-Length, not chunked: the body is as is.
-    Ok(HttpReply { code, headers, body: body.to_string() })
+    Ok(HttpReply {
+        code,
+        headers,
+        body: body.to_string(),
+    })
 }

@@ -104,7 +104,15 @@ fn service(cp: &ControlPlane, ns: &str, name: &str, extra_spec: &str) -> String 
     cp.apply(&format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n{extra_spec}"
     ));
-    cp.kubectl(&["-n", ns, "get", "svc", name, "-o", "jsonpath={.spec.clusterIP}"])
+    cp.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "svc",
+        name,
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
 }
 
 /// The frontends of `lbctl service list`, as "address:port" → backends.
@@ -161,12 +169,22 @@ fn start_agent(cp: &ControlPlane, w: &World, node: &str, extra: &[&str]) -> Agen
 fn with_only_its_shipped_rbac_over_tls_the_agent_serves_a_clusterip_from_real_endpointslices() {
     let w = World::new("k8sreal_rbac", 2);
     let _servers = w.tcp_servers(8080, false);
-    let (ns, node) = (unique("rbac").to_lowercase().replace('_', "-"), unique("node-rbac"));
+    let (ns, node) = (
+        unique("rbac").to_lowercase().replace('_', "-"),
+        unique("node-rbac"),
+    );
     let ip = {
         let cp = shared_cp();
         setup(&cp, &ns, &node, "192.168.77.1");
         let ip = service(&cp, &ns, "web", "");
-        ready_pod(&cp, &ns, "web-1", &node, "web", &[&Topology::backend_ip(0).to_string()]);
+        ready_pod(
+            &cp,
+            &ns,
+            "web-1",
+            &node,
+            "web",
+            &[&Topology::backend_ip(0).to_string()],
+        );
         ip
     };
     let agent = {
@@ -185,7 +203,8 @@ fn with_only_its_shipped_rbac_over_tls_the_agent_serves_a_clusterip_from_real_en
             ("nodes", "[get list watch]"),
         ] {
             assert!(
-                can.lines().any(|l| l.starts_with(res) && l.trim_end().ends_with(verbs)),
+                can.lines()
+                    .any(|l| l.starts_with(res) && l.trim_end().ends_with(verbs)),
                 "{res} {verbs}:\n{can}"
             );
         }
@@ -201,7 +220,11 @@ fn with_only_its_shipped_rbac_over_tls_the_agent_serves_a_clusterip_from_real_en
         agent.log_text()
     );
     assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
-    assert!(!agent.log_text().contains("Forbidden"), "{}", agent.log_text());
+    assert!(
+        !agent.log_text().contains("Forbidden"),
+        "{}",
+        agent.log_text()
+    );
 }
 
 /// Readiness from the status subresource drives the maps through the real
@@ -252,7 +275,9 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
         let (_, metrics) = agent.http_get("/metrics");
         metrics
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("lb_network_programming_duration_seconds_{what} ")))
+            .find_map(|l| {
+                l.strip_prefix(&format!("lb_network_programming_duration_seconds_{what} "))
+            })
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no network programming {what}:\n{metrics}"))
     };
@@ -267,7 +292,11 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
     // after it started are timed too. (That stamps from before the start are
     // not is the store's unit test.)
     let (count, sum) = (programmed("count"), programmed("sum"));
-    assert!(sum > 0.0 && sum / count < 10.0, "mean {} s over {count}", sum / count);
+    assert!(
+        sum > 0.0 && sum / count < 10.0,
+        "mean {} s over {count}",
+        sum / count
+    );
 
     // A rolling replacement under load: web-3 comes up, then each old pod
     // is deleted (terminating while no kubelet confirms it, then gone).
@@ -275,7 +304,11 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
     let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let load = {
         let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
-        let (cg, client, target) = (w.cgroup.path.clone(), w.topo.client.name.clone(), target.clone());
+        let (cg, client, target) = (
+            w.cgroup.path.clone(),
+            w.topo.client.name.clone(),
+            target.clone(),
+        );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 for a in lb_testkit::probe::run(&cg, &client, "tcp", &target, 50) {
@@ -299,7 +332,15 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
         drop(cp);
         std::thread::sleep(Duration::from_millis(500));
         let cp = shared_cp();
-        cp.kubectl(&["-n", &ns, "delete", "pod", old, "--grace-period=0", "--force"]);
+        cp.kubectl(&[
+            "-n",
+            &ns,
+            "delete",
+            "pod",
+            old,
+            "--grace-period=0",
+            "--force",
+        ]);
     }
     assert!(backends_in_maps(1), "{}", agent.log_text());
     std::thread::sleep(Duration::from_millis(500));
@@ -334,15 +375,35 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
             "  type: NodePort\n  externalTrafficPolicy: Local\n  internalTrafficPolicy: Local\n",
         );
         ready_pod(&cp, &ns, "np-1", &node, "np", &[&b0]);
-        service(&cp, &ns, "lb", "  type: LoadBalancer\n  sessionAffinity: ClientIP\n  externalIPs: [198.51.100.7]\n");
+        service(
+            &cp,
+            &ns,
+            "lb",
+            "  type: LoadBalancer\n  sessionAffinity: ClientIP\n  externalIPs: [198.51.100.7]\n",
+        );
         ready_pod(&cp, &ns, "lb-1", &node, "lb", &[&b0]);
         cp.kubectl(&[
-            "-n", &ns, "patch", "svc", "lb", "--subresource=status", "--type=merge", "-p",
+            "-n",
+            &ns,
+            "patch",
+            "svc",
+            "lb",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
             r#"{"status":{"loadBalancer":{"ingress":[{"ip":"203.0.113.77"}]}}}"#,
         ]);
         service(&cp, &ns, "dual", "  ipFamilyPolicy: RequireDualStack\n");
         ready_pod(&cp, &ns, "dual-1", &node, "dual", &[&b0, &b0v6]);
-        let dual = cp.kubectl(&["-n", &ns, "get", "svc", "dual", "-o", "jsonpath={.spec.clusterIPs[1]}"]);
+        let dual = cp.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            "svc",
+            "dual",
+            "-o",
+            "jsonpath={.spec.clusterIPs[1]}",
+        ]);
         service(&cp, &ns, "headless", "  clusterIP: None\n");
         cp.apply(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: ext, namespace: {ns}}}\nspec: {{type: ExternalName, externalName: example.org}}\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: other-proxy\n  namespace: {ns}\n  labels: {{service.kubernetes.io/service-proxy-name: someone-else}}\nspec:\n  selector: {{app: np}}\n  ports: [{{port: 81}}]\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: manual, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 82, targetPort: 9090}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: manual-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: manual}}\naddressType: IPv4\nports: [{{name: http, port: 9090, protocol: TCP}}]\nendpoints: [{{addresses: [\"{b0}\"], conditions: {{ready: true}}}}]\n"
@@ -351,9 +412,24 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
     };
     // NodePorts on the Node's InternalIP (`primary`), not on every local
     // address of the namespace the agent runs in.
-    let agent = start_agent(&shared_cp(), &w, &node, &["--nodeport-addresses", "primary"]);
+    let agent = start_agent(
+        &shared_cp(),
+        &w,
+        &node,
+        &["--nodeport-addresses", "primary"],
+    );
     let cp = shared_cp();
-    let get = |name: &str, path: &str| cp.kubectl(&["-n", &ns, "get", "svc", name, "-o", &format!("jsonpath={path}")]);
+    let get = |name: &str, path: &str| {
+        cp.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            "svc",
+            name,
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    };
     let np_port = get("np", "{.spec.ports[0].nodePort}");
     let lb_ip = get("lb", "{.spec.clusterIP}");
     let manual_ip = get("manual", "{.spec.clusterIP}");
@@ -386,12 +462,23 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         );
     }
     // Skipped: headless, ExternalName, another proxy's service.
-    assert!(!have.iter().any(|(h, _, _)| h.starts_with(&format!("{headless_missing}:81"))), "{have:?}");
-    assert!(!have.iter().any(|(h, _, _)| h.ends_with(":81")), "service-proxy-name: {have:?}");
+    assert!(
+        !have
+            .iter()
+            .any(|(h, _, _)| h.starts_with(&format!("{headless_missing}:81"))),
+        "{have:?}"
+    );
+    assert!(
+        !have.iter().any(|(h, _, _)| h.ends_with(":81")),
+        "service-proxy-name: {have:?}"
+    );
     // The named target port resolved to the pod's containerPort (8080), and
     // the hand-made slice's port (9090).
     let list = agent.lbctl(&["service", "list"]);
-    assert!(list.contains(&format!("{b0}:8080")) && list.contains(&format!("{b0}:9090")), "{list}");
+    assert!(
+        list.contains(&format!("{b0}:8080")) && list.contains(&format!("{b0}:9090")),
+        "{list}"
+    );
     // Affinity on the LoadBalancer service's frontends.
     let json = agent.lbctl_json(&["service", "list"]);
     let lb = json
@@ -400,7 +487,10 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         .iter()
         .find(|s| s["frontend"]["address"] == "203.0.113.77")
         .unwrap();
-    assert_eq!(lb["affinity_timeout_s"], 10800, "ClientIP, the default 3 h: {lb}");
+    assert_eq!(
+        lb["affinity_timeout_s"], 10800,
+        "ClientIP, the default 3 h: {lb}"
+    );
     // eTP Local: the NodePort has its node-local view too.
     assert!(
         json.as_array()
@@ -456,10 +546,18 @@ fn after_an_apiserver_restart_the_agent_follows_new_changes() {
     let node = "node-restart";
     setup(&cp, ns, node, "192.168.77.5");
     let ip = service(&cp, ns, "web", "");
-    ready_pod(&cp, ns, "web-1", node, "web", &[&Topology::backend_ip(0).to_string()]);
+    ready_pod(
+        &cp,
+        ns,
+        "web-1",
+        node,
+        "web",
+        &[&Topology::backend_ip(0).to_string()],
+    );
     k8s::install_manifests(&cp);
     let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
-    let agent = Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
+    let agent =
+        Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
     let target = format!("{ip}:80");
     assert!(wait_until(Duration::from_secs(30), || frontends(&agent)
         .iter()
@@ -467,7 +565,14 @@ fn after_an_apiserver_restart_the_agent_follows_new_changes() {
     cp.restart_apiserver();
     // Meanwhile the data path served on: nothing was withdrawn.
     assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
-    ready_pod(&cp, ns, "web-2", node, "web", &[&Topology::backend_ip(1).to_string()]);
+    ready_pod(
+        &cp,
+        ns,
+        "web-2",
+        node,
+        "web",
+        &[&Topology::backend_ip(1).to_string()],
+    );
     assert!(
         wait_until(Duration::from_secs(60), || frontends(&agent)
             .iter()
@@ -510,17 +615,39 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     let cp = ControlPlane::start(&unique("k8shealth"));
     let hc_port: u16 = {
         setup(&cp, &ns, &node, "192.168.77.6");
-        cp.apply(&format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {other}}}\n"));
-        service(&cp, &ns, "web", "  type: LoadBalancer\n  externalTrafficPolicy: Local\n");
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {other}}}\n"
+        ));
+        service(
+            &cp,
+            &ns,
+            "web",
+            "  type: LoadBalancer\n  externalTrafficPolicy: Local\n",
+        );
         // The remote endpoint exists from the start: it must not count.
         ready_pod(&cp, &ns, "web-remote", &other, "web", &[&b(1)]);
-        cp.kubectl(&["-n", &ns, "get", "svc", "web", "-o", "jsonpath={.spec.healthCheckNodePort}"])
-            .parse()
-            .expect("the apiserver allocates a healthCheckNodePort")
+        cp.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            "svc",
+            "web",
+            "-o",
+            "jsonpath={.spec.healthCheckNodePort}",
+        ])
+        .parse()
+        .expect("the apiserver allocates a healthCheckNodePort")
     };
     k8s::install_manifests(&cp);
     let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
-    let agent = Agent::start_kubernetes_in(&cp.netns.name, &kc, &node, &w.cgroup.path, &w.pins.path, &[]);
+    let agent = Agent::start_kubernetes_in(
+        &cp.netns.name,
+        &kc,
+        &node,
+        &w.cgroup.path,
+        &w.pins.path,
+        &[],
+    );
     let hc: std::net::SocketAddr = ([127, 0, 0, 1], hc_port).into();
 
     // The proxy health server.
@@ -528,7 +655,10 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     assert_eq!(code, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["nodeEligible"], true, "{body}");
-    assert!(json["lastUpdated"].as_str().unwrap().starts_with("20"), "{body}");
+    assert!(
+        json["lastUpdated"].as_str().unwrap().starts_with("20"),
+        "{body}"
+    );
 
     // No local endpoint: 503, weight 0.
     assert!(
@@ -538,7 +668,11 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     );
     let r = agent.http_request_at(hc, "/");
     assert_eq!(r.code, 503, "{r:?}");
-    assert_eq!(r.header("x-load-balancing-endpoint-weight"), Some("0"), "{r:?}");
+    assert_eq!(
+        r.header("x-load-balancing-endpoint-weight"),
+        Some("0"),
+        "{r:?}"
+    );
     assert_eq!(r.header("content-type"), Some("application/json"));
     let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(body["localEndpoints"], 0);
@@ -553,7 +687,11 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     assert!(
         wait_until(Duration::from_secs(30), || {
             let r = agent.try_http_request_at(hc, "/healthz");
-            assert!(r.is_ok(), "port {hc_port} refused: {r:?}\n{}", agent.log_text());
+            assert!(
+                r.is_ok(),
+                "port {hc_port} refused: {r:?}\n{}",
+                agent.log_text()
+            );
             r.unwrap().code == 200
         }),
         "{}",
@@ -569,10 +707,14 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     // The cluster autoscaler marks the node for deletion: /healthz sends
     // load balancers away, /livez (the agent itself) stays fine.
     cp.kubectl(&[
-        "taint", "node", &node, "ToBeDeletedByClusterAutoscaler=1:NoSchedule",
+        "taint",
+        "node",
+        &node,
+        "ToBeDeletedByClusterAutoscaler=1:NoSchedule",
     ]);
     assert!(
-        wait_until(Duration::from_secs(30), || agent.healthz_get("/healthz").0 == 503),
+        wait_until(Duration::from_secs(30), || agent.healthz_get("/healthz").0
+            == 503),
         "{}",
         agent.log_text()
     );
@@ -580,11 +722,20 @@ fn health_servers_follow_node_eligibility_and_local_endpoints_like_kube_proxy() 
     assert!(body.contains("\"nodeEligible\":false"), "{body}");
     assert_eq!(agent.healthz_get("/livez").0, 200);
     cp.kubectl(&["taint", "node", &node, "ToBeDeletedByClusterAutoscaler-"]);
-    assert!(wait_until(Duration::from_secs(30), || agent.healthz_get("/healthz").0 == 200));
+    assert!(wait_until(Duration::from_secs(30), || agent
+        .healthz_get("/healthz")
+        .0
+        == 200));
 
     // Back to Cluster: no health check any more, the port closes.
     cp.kubectl(&[
-        "-n", &ns, "patch", "svc", "web", "--type=merge", "-p",
+        "-n",
+        &ns,
+        "patch",
+        "svc",
+        "web",
+        "--type=merge",
+        "-p",
         r#"{"spec":{"externalTrafficPolicy":"Cluster"}}"#,
     ]);
     assert!(
@@ -621,10 +772,16 @@ fn prefer_same_zone_keeps_cluster_traffic_in_the_nodes_zone_through_real_hints()
     // The controller's hints, as written.
     let cp = shared_cp();
     wait(&cp, "zone hints on the slice", || {
-        cp
-            .kubectl(&["-n", &ns, "get", "endpointslices", "-o", "jsonpath={.items[*].endpoints[*].hints.forZones[*].name}"])
-            .split_whitespace()
-            .count()
+        cp.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            "endpointslices",
+            "-o",
+            "jsonpath={.items[*].endpoints[*].hints.forZones[*].name}",
+        ])
+        .split_whitespace()
+        .count()
             == 2
     });
     let agent = start_agent(&cp, &w, &node, &[]);
@@ -641,7 +798,15 @@ fn prefer_same_zone_keeps_cluster_traffic_in_the_nodes_zone_through_real_hints()
     assert_eq!(served(&w, &target, 30), BTreeSet::from(["b1".to_string()]));
 
     // The zone-a endpoint goes: no hint is for zone-a, topology is off.
-    shared_cp().kubectl(&["-n", &ns, "delete", "pod", "web-a", "--grace-period=0", "--force"]);
+    shared_cp().kubectl(&[
+        "-n",
+        &ns,
+        "delete",
+        "pod",
+        "web-a",
+        "--grace-period=0",
+        "--force",
+    ]);
     assert!(
         wait_until(Duration::from_secs(30), || frontends(&agent)
             .iter()
@@ -670,14 +835,25 @@ fn devices_unset_in_kubernetes_mode_are_the_default_route_and_internal_ip_device
     setup(&cp, &ns, &node, "192.168.79.2");
     // The node: uplink x0 (default route) to the control plane's namespace;
     // y0 holds the InternalIP; z0 is a third device nothing points at.
-    let (x1, cpns) = (format!("lbdx{}", std::process::id() % 100000), cp.netns.name.clone());
-    host.ip(&["link", "add", "x0", "type", "veth", "peer", "name", &x1, "netns", &cpns]);
+    let (x1, cpns) = (
+        format!("lbdx{}", std::process::id() % 100000),
+        cp.netns.name.clone(),
+    );
+    host.ip(&[
+        "link", "add", "x0", "type", "veth", "peer", "name", &x1, "netns", &cpns,
+    ]);
     host.ip(&["addr", "add", "192.168.78.2/30", "dev", "x0"]);
     host.ip(&["link", "set", "x0", "up"]);
-    lb_testkit::run("ip", &["-n", &cpns, "addr", "add", "192.168.78.1/30", "dev", &x1]);
+    lb_testkit::run(
+        "ip",
+        &["-n", &cpns, "addr", "add", "192.168.78.1/30", "dev", &x1],
+    );
     lb_testkit::run("ip", &["-n", &cpns, "link", "set", &x1, "up"]);
     host.ip(&["route", "add", "default", "via", "192.168.78.1"]);
-    for (a, b, addr) in [("y0", "y1", "192.168.79.2/24"), ("z0", "z1", "192.168.80.2/24")] {
+    for (a, b, addr) in [
+        ("y0", "y1", "192.168.79.2/24"),
+        ("z0", "z1", "192.168.80.2/24"),
+    ] {
         host.ip(&["link", "add", a, "type", "veth", "peer", "name", b]);
         host.ip(&["addr", "add", addr, "dev", a]);
         host.ip(&["link", "set", a, "up"]);
@@ -707,11 +883,20 @@ fn devices_unset_in_kubernetes_mode_are_the_default_route_and_internal_ip_device
     tc.sort();
     assert_eq!(
         tc,
-        ["tc-egress@x0", "tc-egress@y0", "tc-ingress@x0", "tc-ingress@y0"],
+        [
+            "tc-egress@x0",
+            "tc-egress@y0",
+            "tc-ingress@x0",
+            "tc-ingress@y0"
+        ],
         "{status:#}\n{}",
         agent.log_text()
     );
-    assert!(agent.log_text().contains("external devices detected"), "{}", agent.log_text());
+    assert!(
+        agent.log_text().contains("external devices detected"),
+        "{}",
+        agent.log_text()
+    );
 }
 
 /// A watch that fell behind a compaction: while the agent is frozen a
@@ -732,7 +917,8 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
     ready_pod(&cp, ns, "old-1", node, "old", &[&b(0)]);
     k8s::install_manifests(&cp);
     let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
-    let agent = Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
+    let agent =
+        Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
     let old = format!("{old_ip}:80");
     assert!(wait_until(Duration::from_secs(30), || frontends(&agent)
         .iter()
@@ -770,10 +956,19 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
     let (_, metrics) = agent.http_get("/metrics");
     let expired: f64 = metrics
         .lines()
-        .filter(|l| l.starts_with("lb_source_errors_total") && l.contains("reason=\"watch-expired\""))
+        .filter(|l| {
+            l.starts_with("lb_source_errors_total") && l.contains("reason=\"watch-expired\"")
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert!(expired >= 1.0, "no 410 counted:\n{metrics}\n{}", agent.log_text());
+    assert!(
+        expired >= 1.0,
+        "no 410 counted:\n{metrics}\n{}",
+        agent.log_text()
+    );
     assert_eq!(served(&w, &new, 10), BTreeSet::from(["b2".to_string()]));
-    assert!(w.probe("tcp", &old, 3).iter().all(|a| !a.ok), "the deleted ClusterIP must not answer");
+    assert!(
+        w.probe("tcp", &old, 3).iter().all(|a| !a.ok),
+        "the deleted ClusterIP must not answer"
+    );
 }

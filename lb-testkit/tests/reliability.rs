@@ -270,10 +270,9 @@ fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_wo
     // lbctl status names it, with the map and the flag.
     let status = agent.lbctl_json(&["status"]);
     assert_eq!(status["refused"][0]["service"], "default/b", "{status}");
-    assert!(status["refused"][0]["error"]
-        .as_str()
-        .unwrap()
-        .contains("LB4_SERVICES would need 8 entries but holds at most 6: raise --map-size-services"));
+    assert!(status["refused"][0]["error"].as_str().unwrap().contains(
+        "LB4_SERVICES would need 8 entries but holds at most 6: raise --map-size-services"
+    ));
     // Nothing of b was written; a works as before.
     let list = agent.lbctl(&["service", "list"]);
     assert!(!list.contains(VIPS[1]), "{list}");
@@ -324,7 +323,10 @@ fn pins_are_root_only_and_metrics_listen_on_loopback_by_default() {
         .spawn()
         .unwrap();
     let listening = || {
-        let out = std::process::Command::new("ss").args(["-Hltn"]).output().unwrap();
+        let out = std::process::Command::new("ss")
+            .args(["-Hltn"])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let bound = lb_testkit::wait_until(Duration::from_secs(20), || listening().contains(":9967 "));
