@@ -55,7 +55,7 @@ fn spawner() -> &'static Mutex<mpsc::Sender<(Command, mpsc::Sender<io::Result<Ch
     })
 }
 
-fn spawn(mut cmd: Command) -> Child {
+pub(crate) fn spawn(mut cmd: Command) -> Child {
     use std::os::unix::process::CommandExt as _;
     // SAFETY: prctl is async-signal-safe; run between fork and exec.
     unsafe {
@@ -81,10 +81,35 @@ pub struct ControlPlane {
     pub netns: Netns,
 }
 
+/// What runs beside etcd and the apiserver.
+#[derive(Default, Clone)]
+pub struct Options {
+    /// Node names to write kubelet client certificates and kubeconfigs for
+    /// (`pki/kubelet-<node>.kubeconfig`).
+    pub nodes: Vec<String>,
+    /// Run a real node's worth of control plane: every default controller
+    /// (DaemonSets, Deployments, node lifecycle, ...) and kube-scheduler.
+    /// Without it only the controllers Services need run, and pods must name
+    /// their node.
+    pub workloads: bool,
+}
+
+/// The controllers Service tests need (no scheduler, no workload controllers).
+const SERVICE_CONTROLLERS: &str = "serviceaccount-controller,serviceaccount-token-controller,\
+     endpointslice-controller,endpointslice-mirroring-controller,endpoints-controller,\
+     namespace-controller,garbage-collector-controller,\
+     root-ca-certificate-publisher-controller,service-cidr-controller";
+
 impl ControlPlane {
     /// Starts etcd, the apiserver and the controller manager; returns once
     /// the apiserver is ready and the default ServiceAccount exists.
     pub fn start(tag: &str) -> Self {
+        Self::start_with(tag, &Options::default())
+    }
+
+    /// Like `start`, with a scheduler, more controllers and node credentials
+    /// as `opts` asks.
+    pub fn start_with(tag: &str, opts: &Options) -> Self {
         let bin = testbed_bin();
         let netns = Netns::create(&format!("lbt-{tag}-cp"));
         // On lo: this kernel has no dummy devices; the apiserver only asks
@@ -114,10 +139,16 @@ impl ControlPlane {
                 ADVERTISE,
                 "--service-ips",
                 "10.96.0.1,fd00:96::1",
+                "--nodes",
+                &opts.nodes.join(","),
             ])
             .output()
             .expect("lbtestbed certs");
-        assert!(out.status.success(), "certs: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "certs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let p = |f: &str| pki.join(f).display().to_string();
         cp.run(
             "etcd",
@@ -144,7 +175,10 @@ impl ControlPlane {
                 &format!("--tls-cert-file={}", p("apiserver.crt")),
                 &format!("--tls-private-key-file={}", p("apiserver.key")),
                 &format!("--client-ca-file={}", p("ca.crt")),
-                &format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
+                &format!(
+                    "--kubelet-client-certificate={}",
+                    p("apiserver-kubelet-client.crt")
+                ),
                 &format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,NodeRestriction",
@@ -153,13 +187,17 @@ impl ControlPlane {
                 &format!("--service-account-signing-key-file={}", p("sa.key")),
                 &format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
                 "--allow-privileged=true",
+                // Node names do not resolve here: exec/logs go to the InternalIP.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 // Watch caches on (the default); bookmarks are sent to
                 // clients that ask for them.
             ],
         );
-        cp.wait("the apiserver to be ready", Duration::from_secs(180), |cp| {
-            cp.kubectl_ok(&["get", "--raw", "/readyz"])
-        });
+        cp.wait(
+            "the apiserver to be ready",
+            Duration::from_secs(180),
+            |cp| cp.kubectl_ok(&["get", "--raw", "/readyz"]),
+        );
         let kc = p("controller-manager.kubeconfig");
         cp.run(
             "controller-manager",
@@ -175,15 +213,37 @@ impl ControlPlane {
                 "--use-service-account-credentials",
                 &format!("--service-account-private-key-file={}", p("sa.key")),
                 &format!("--root-ca-file={}", p("ca.crt")),
-                "--controllers=serviceaccount-controller,serviceaccount-token-controller,\
-                 endpointslice-controller,endpointslice-mirroring-controller,endpoints-controller,\
-                 namespace-controller,garbage-collector-controller,\
-                 root-ca-certificate-publisher-controller,service-cidr-controller",
+                &format!(
+                    "--controllers={}",
+                    if opts.workloads {
+                        "*"
+                    } else {
+                        SERVICE_CONTROLLERS
+                    }
+                ),
             ],
         );
-        cp.wait("the default ServiceAccount", Duration::from_secs(120), |cp| {
-            cp.kubectl_ok(&["-n", "default", "get", "serviceaccount", "default"])
-        });
+        if opts.workloads {
+            let kc = p("scheduler.kubeconfig");
+            let port = free_port();
+            cp.run(
+                "scheduler",
+                &[
+                    "kube-scheduler",
+                    &format!("--kubeconfig={kc}"),
+                    &format!("--authentication-kubeconfig={kc}"),
+                    &format!("--authorization-kubeconfig={kc}"),
+                    "--bind-address=127.0.0.1",
+                    &format!("--secure-port={port}"),
+                    "--leader-elect=false",
+                ],
+            );
+        }
+        cp.wait(
+            "the default ServiceAccount",
+            Duration::from_secs(120),
+            |cp| cp.kubectl_ok(&["-n", "default", "get", "serviceaccount", "default"]),
+        );
         cp
     }
 
@@ -216,7 +276,10 @@ impl ControlPlane {
                 }
             }
             if let Some((name, status)) = exited {
-                panic!("{name} exited with {status} waiting for {what}:\n{}", self.logs());
+                panic!(
+                    "{name} exited with {status} waiting for {what}:\n{}",
+                    self.logs()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -261,6 +324,14 @@ impl ControlPlane {
         self.kubectl_cmd(args)
             .output()
             .is_ok_and(|o| o.status.success())
+    }
+
+    /// `kubectl ARGS` as the cluster admin: stdout, or None when it failed.
+    pub fn kubectl_try(&self, args: &[&str]) -> Option<String> {
+        let out = self.kubectl_cmd(args).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// `kubectl ARGS` as the cluster admin; panics with stderr on failure.
@@ -329,7 +400,11 @@ impl ControlPlane {
             .args(["etcd-compact", "--endpoint", &self.etcd_url])
             .output()
             .expect("lbtestbed etcd-compact");
-        assert!(out.status.success(), "etcd-compact: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "etcd-compact: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
@@ -363,7 +438,10 @@ impl Drop for ControlPlane {
             let _ = c.wait();
         }
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
+            // Killed processes may still be flushing: retry for a moment.
+            crate::wait_until(Duration::from_secs(10), || {
+                std::fs::remove_dir_all(&self.dir).is_ok() || !self.dir.exists()
+            });
         }
     }
 }
@@ -373,7 +451,11 @@ fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for i in 0..4 {
             if i <= chunk.len() {

@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod dataplane;
 pub mod k8s;
 pub mod netns;
+pub mod node;
 pub mod packets;
 pub mod pods;
 pub mod probe;

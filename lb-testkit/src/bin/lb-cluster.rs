@@ -4,6 +4,10 @@
 //!                       (lb-testkit `k8s::ControlPlane`) in a network namespace
 //!                       of their own, install deploy/kubernetes, write
 //!                       kubeconfigs to target/cluster/, and return
+//!   lb-cluster up --node
+//!                       the same with the scheduler, every controller and a
+//!                       real node (containerd, kubelet: lb-testkit `node`),
+//!                       the agent running as the DaemonSet's pod, and CoreDNS
 //!   lb-cluster down     stop it and remove its namespace
 //!   lb-cluster status   is it up, and how to use it
 //!
@@ -29,22 +33,22 @@ fn pid() -> Option<i32> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: lb-cluster up|down|status");
+    eprintln!("usage: lb-cluster up [--node]|down|status");
     std::process::exit(2)
 }
 
 fn main() {
     let arg = std::env::args().nth(1).unwrap_or_else(|| usage());
     match arg.as_str() {
-        "up" => up(),
+        "up" => up(std::env::args().nth(2).as_deref() == Some("--node")),
         "down" => down(),
         "status" => status(),
-        "serve" => serve(),
+        "serve" => serve(std::env::args().nth(2).as_deref() == Some("--node")),
         _ => usage(),
     }
 }
 
-fn up() {
+fn up(node: bool) {
     if let Some(p) = pid() {
         println!("already up (pid {p})");
         status();
@@ -56,6 +60,7 @@ fn up() {
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.arg("serve")
+        .args(node.then_some("--node"))
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
@@ -69,7 +74,7 @@ fn up() {
         });
     }
     let mut child = cmd.spawn().expect("starting lb-cluster serve");
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + Duration::from_secs(600);
     while !dir.join("ready").exists() {
         if let Ok(Some(s)) = child.try_wait() {
             eprintln!(
@@ -80,7 +85,10 @@ fn up() {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            eprintln!("the control plane did not come up in 5 minutes; see {}", dir.join("serve.log").display());
+            eprintln!(
+                "the cluster did not come up in 10 minutes; see {}",
+                dir.join("serve.log").display()
+            );
             std::process::exit(1);
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -88,11 +96,29 @@ fn up() {
     status();
 }
 
-fn serve() {
+fn serve(with_node: bool) {
+    use lb_testkit::{k8s, node};
     let dir = state_dir();
     std::fs::write(dir.join("pid"), std::process::id().to_string()).unwrap();
-    let cp = lb_testkit::k8s::ControlPlane::start("cluster");
-    lb_testkit::k8s::install_manifests(&cp);
+    let opts = k8s::Options {
+        nodes: vec!["lb-node".to_string()],
+        workloads: with_node,
+    };
+    let cp = k8s::ControlPlane::start_with("cluster", &opts);
+    // With a node, the agent runs as the DaemonSet's pod there; without,
+    // the manifests only provide its RBAC for an agent started by hand.
+    let node = with_node.then(|| node::Node::start(&cp, "lb-node", "cluster"));
+    let pins = match &node {
+        Some(n) => {
+            let pins = node::install_agent(&cp, n);
+            cp.apply(&node::kube_dns());
+            Some(pins)
+        }
+        None => {
+            k8s::install_manifests(&cp);
+            None
+        }
+    };
     std::fs::copy(cp.admin_kubeconfig(), dir.join("admin.kubeconfig")).unwrap();
     let agent = cp.service_account_kubeconfig("kube-system", "lb-agent");
     std::fs::copy(agent, dir.join("lb-agent.kubeconfig")).unwrap();
@@ -109,8 +135,16 @@ fn serve() {
         let mut sig = 0;
         libc::sigwait(&set, &mut sig);
     }
+    drop(node);
+    drop(pins);
     drop(cp);
-    for f in ["pid", "ready", "netns", "admin.kubeconfig", "lb-agent.kubeconfig"] {
+    for f in [
+        "pid",
+        "ready",
+        "netns",
+        "admin.kubeconfig",
+        "lb-agent.kubeconfig",
+    ] {
         let _ = std::fs::remove_file(dir.join(f));
     }
 }

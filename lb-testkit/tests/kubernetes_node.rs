@@ -1,0 +1,278 @@
+//! A real node without kube-proxy: the test bed's control plane (with the
+//! scheduler and every default controller), containerd, runc, the CNI
+//! bridge plugin and the kubelet; the agent installed as docs/install.md
+//! says (`kubectl apply -k` over deploy/kubernetes, its image imported into
+//! containerd) and running as the DaemonSet's pod. Pods reach Services only
+//! through it: the node's namespace has a blackhole route for the service
+//! ranges, so a connect nobody translates fails.
+//!
+//! One node, in the control plane's network namespace (see `lb_testkit::node`).
+use std::{process::Command, time::Duration};
+
+use lb_testkit::{
+    k8s::{ControlPlane, Options, ADVERTISE},
+    node::{install_agent, kube_dns, Node, BUSYBOX_IMAGE},
+    unique,
+};
+
+const BACKENDS: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+        - name: httpd
+          image: BUSYBOX
+          command: [sh, -c, "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+          readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+    - {name: client, image: BUSYBOX, command: [sleep, "100000"]}
+"#;
+
+/// `kubectl exec client -- sh -c SCRIPT`.
+fn in_client(cp: &ControlPlane, script: &str) -> String {
+    cp.kubectl(&["exec", "client", "--", "sh", "-c", script])
+}
+
+/// One HTTP/1.0 GET of `/` from HOST PORT in the client pod: the body's
+/// last line, or FAILED. (nc, not wget: Debian's static busybox wget
+/// crashes in its resolver, even on numeric addresses.)
+fn get(host: &str, port: &str) -> String {
+    format!(
+        "out=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {host} {port} | tail -n 1); \
+         if [ -n \"$out\" ]; then echo \"$out\"; else echo FAILED; fi"
+    )
+}
+
+/// Fetches from HOST PORT `n` times in the client pod: the answers (each
+/// backend answers its pod name) and the number of failed fetches.
+fn fetch_many(cp: &ControlPlane, host: &str, port: &str, n: usize) -> (Vec<String>, usize) {
+    let out = in_client(
+        cp,
+        &format!(
+            "i=0; while [ $i -lt {n} ]; do {}; i=$((i+1)); done",
+            get(host, port)
+        ),
+    );
+    let lines: Vec<String> = out.lines().map(str::to_string).collect();
+    let failed = lines.iter().filter(|l| *l == "FAILED").count();
+    (lines, failed)
+}
+
+#[test]
+fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_deploy_and_a_rolling_update_loses_nothing(
+) {
+    let tag = unique("node");
+    let node_name = "lbtest-node";
+    let cp = ControlPlane::start_with(
+        &tag,
+        &Options {
+            nodes: vec![node_name.to_string()],
+            workloads: true,
+        },
+    );
+    let node = Node::start(&cp, node_name, &tag);
+    let pins = install_agent(&cp, &node);
+    // The DaemonSet's pod attached to the node's pods' cgroup and pinned there.
+    assert!(
+        lb::datapath::pins::has_state(&pins.0),
+        "nothing pinned in {}",
+        pins.0.display()
+    );
+    let attached = Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(node.unified_cgroup())
+        .output()
+        .unwrap();
+    let attached = String::from_utf8_lossy(&attached.stdout);
+    assert!(
+        attached.contains("connect4"),
+        "no connect4 hook on the node's cgroup:\n{attached}"
+    );
+
+    cp.apply(&kube_dns());
+    cp.apply(&BACKENDS.replace("BUSYBOX", BUSYBOX_IMAGE));
+    cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "deploy/coredns",
+        "--timeout=180s",
+    ]);
+    cp.kubectl(&["rollout", "status", "deploy/web", "--timeout=180s"]);
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/client",
+        "--timeout=120s",
+    ]);
+    let cluster_ip = cp.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let node_port = cp.kubectl(&[
+        "get",
+        "svc",
+        "web",
+        "-o",
+        "jsonpath={.spec.ports[0].nodePort}",
+    ]);
+    let pods = cp.kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        "app=web",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ]);
+    let pods: Vec<&str> = pods.split_whitespace().collect();
+    assert_eq!(pods.len(), 3);
+
+    // The agent has all three in its maps: lbctl in the agent's container
+    // (it finds the pins from the ConfigMap's LB_PIN_DIR, as an operator
+    // would run it).
+    let frontend = format!("{cluster_ip}:80/TCP");
+    let lbctl = |args: &[&str]| {
+        let mut full = vec![
+            "-n",
+            "kube-system",
+            "exec",
+            "ds/lb-agent",
+            "-c",
+            "agent",
+            "--",
+            "lbctl",
+        ];
+        full.extend_from_slice(args);
+        cp.kubectl_try(&full).unwrap_or_default()
+    };
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || {
+            lbctl(&["service", "get", &frontend])
+                .matches("(active)")
+                .count()
+                == 3
+        }),
+        "{}",
+        lbctl(&["service", "list"])
+    );
+
+    // ClusterIP and NodePort (the node's InternalIP), each answered by every
+    // backend and never failing.
+    for (host, port) in [(cluster_ip.as_str(), "80"), (ADVERTISE, node_port.as_str())] {
+        let url = format!("{host}:{port}");
+        let (answers, failed) = fetch_many(&cp, host, port, 60);
+        assert_eq!(failed, 0, "{url}: {answers:?}");
+        for p in &pods {
+            assert!(
+                answers.iter().any(|a| a == p),
+                "{url}: backend {p} never answered: {answers:?}"
+            );
+        }
+        assert!(
+            answers.iter().all(|a| pods.contains(&a.as_str())),
+            "{url}: {answers:?}"
+        );
+    }
+    // Names through CoreDNS, itself a pod that watches the apiserver through
+    // the `kubernetes` ClusterIP and answers on the kube-dns ClusterIP (UDP):
+    // both translated by the agent.
+    let resolved = in_client(&cp, "nslookup web.default.svc.cluster.local");
+    assert!(resolved.contains(cluster_ip.trim()), "nslookup: {resolved}");
+    let resolved = in_client(&cp, "nslookup kubernetes.default.svc.cluster.local");
+    assert!(resolved.contains("10.96.0.1"), "nslookup: {resolved}");
+    // A short name through the pod's search path, then HTTP to its ClusterIP.
+    let (answers, failed) = fetch_many(&cp, "web", "80", 20);
+    assert_eq!(failed, 0, "web:80: {answers:?}");
+
+    // The apiserver through the `kubernetes` Service (10.96.0.1:443): a TCP
+    // connection opens (TLS needs a client; the open is the translation).
+    let opened = in_client(
+        &cp,
+        "echo | nc -w 2 10.96.0.1 443 >/dev/null 2>&1; echo rc=$?",
+    );
+    assert!(opened.contains("rc=0"), "kubernetes ClusterIP: {opened}");
+
+    // A rolling update of the agent under traffic: the kernel keeps
+    // translating while the pod is replaced.
+    let mut load = Command::new(lb_testkit::k8s::testbed_bin());
+    load.args(["kubectl", "--kubeconfig"])
+        .arg(cp.admin_kubeconfig())
+        .args(["exec", "client", "--", "sh", "-c"])
+        .arg(format!(
+            "ok=0; failed=0; end=$(( $(date +%s) + 25 )); while [ $(date +%s) -lt $end ]; do \
+             r=$({}); if [ \"$r\" = FAILED ]; then failed=$((failed+1)); else ok=$((ok+1)); fi; done; \
+             echo ok=$ok failed=$failed",
+            get(&cluster_ip, "80")
+        ))
+        .stdout(std::process::Stdio::piped());
+    lb_testkit::netns::exec_in(&mut load, &cp.netns.name).unwrap();
+    let load = load.spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let before = cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=lb-agent",
+        "-o",
+        "jsonpath={.items[*].metadata.uid}",
+    ]);
+    cp.kubectl(&["-n", "kube-system", "rollout", "restart", "ds/lb-agent"]);
+    cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "ds/lb-agent",
+        "--timeout=120s",
+    ]);
+    let after = cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=lb-agent",
+        "-o",
+        "jsonpath={.items[*].metadata.uid}",
+    ]);
+    assert_ne!(before, after, "the agent's pod was not replaced");
+    let out = load.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let count = |k: &str| -> u64 {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {text:?}"))
+    };
+    assert!(
+        count("ok=") > 50,
+        "too little traffic during the update: {text}"
+    );
+    assert_eq!(
+        count("failed="),
+        0,
+        "requests failed while the agent was replaced: {text}"
+    );
+    drop(node);
+    drop(pins);
+}
