@@ -39,6 +39,7 @@ impl Drop for Netns {
 /// afterwards by this thread live there.
 pub fn enter(name: &str) -> io::Result<()> {
     let f = File::open(format!("/run/netns/{name}"))?;
+    // SAFETY: an open namespace file; moves only the calling thread, as documented above.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -52,6 +53,7 @@ pub fn exec_in(cmd: &mut std::process::Command, name: &str) -> io::Result<()> {
     use std::os::unix::process::CommandExt as _;
     let f = File::open(format!("/run/netns/{name}"))?;
     // The file moves into the hook, so it stays open until the spawn.
+    // SAFETY: setns(2) is async-signal-safe, all the hook does between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) != 0 {

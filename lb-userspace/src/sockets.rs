@@ -138,6 +138,7 @@ pub fn terminate_udp(pin_dir: &Path, gone: &[(IpAddr, u16)]) -> anyhow::Result<R
             scope
                 .spawn(|| -> std::io::Result<Vec<SockId>> {
                     let f = std::fs::File::open(&ns)?;
+                    // SAFETY: an open namespace file; only this scoped thread moves, and it ends with the scope.
                     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                         return Err(std::io::Error::last_os_error());
                     }

@@ -283,6 +283,7 @@ fn monitor(
     count: Option<usize>,
     out: Output,
 ) -> anyhow::Result<()> {
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -331,6 +332,7 @@ fn monitor(
 }
 
 fn check_access(pin_dir: &std::path::Path) -> anyhow::Result<()> {
+    // SAFETY: geteuid(2) cannot fail and takes no arguments.
     if unsafe { libc::geteuid() } != 0 {
         bail!("lbctl reads BPF maps and needs root (try sudo lbctl ...)");
     }

@@ -27,6 +27,7 @@ pub fn monotonic_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    // SAFETY: `ts` is a valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -53,6 +54,7 @@ impl EventReader {
                 if item.len() < std::mem::size_of::<Event>() {
                     continue;
                 }
+                // SAFETY: the length was checked above; Event is plain old data (lb-common, repr(C)), any bytes are a valid value.
                 let raw: Event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                 if raw.ktime_ns < self.since_ns {
                     continue;
@@ -67,6 +69,7 @@ impl EventReader {
                 revents: 0,
             };
             let timeout = Duration::from_millis(200).as_millis() as i32;
+            // SAFETY: `pfd` is one valid pollfd.
             let r = unsafe { libc::poll(&mut pfd, 1, timeout) };
             if r < 0 {
                 let e = std::io::Error::last_os_error();

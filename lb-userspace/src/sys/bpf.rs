@@ -46,6 +46,7 @@ impl Attr {
 }
 
 fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a zero-padded bpf_attr of the size passed, alive for the call; every pointer in it was set by the caller to a live buffer.
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -67,6 +68,7 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let mut attr = Attr::new();
     attr.put_u64(0, c.as_ptr() as u64); // pathname
     let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    // SAFETY: BPF_OBJ_GET returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
@@ -96,6 +98,7 @@ pub fn cgroup_link_info(link: BorrowedFd<'_>) -> io::Result<CgroupLinkInfo> {
     attr.put_u64(8, info.as_mut_ptr() as u64); // info
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     let bytes: &[u8] =
+        // SAFETY: views the initialised `info` buffer as bytes, for its own size and lifetime.
         unsafe { std::slice::from_raw_parts(info.as_ptr().cast(), std::mem::size_of_val(&info)) };
     let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().unwrap());

@@ -20,7 +20,9 @@ pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
 
 fn fs_magic(path: &Path) -> anyhow::Result<i64> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statfs is plain old data; all-zero is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path alive for the call; `st` is a valid out pointer.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("statfs {}", path.display()));
@@ -77,12 +79,14 @@ pub fn cgroup_id(path: &Path) -> anyhow::Result<u64> {
 /// The cookie of the caller's network namespace (SO_NETNS_COOKIE, Linux 5.14).
 pub fn own_netns_cookie() -> anyhow::Result<u64> {
     const SO_NETNS_COOKIE: libc::c_int = 71;
+    // SAFETY: socket(2) takes no pointers; the fd is closed below on every path.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error()).context("socket()");
     }
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of the sizes passed.
     let r = unsafe {
         libc::getsockopt(
             fd,
@@ -93,6 +97,7 @@ pub fn own_netns_cookie() -> anyhow::Result<u64> {
         )
     };
     let err = std::io::Error::last_os_error();
+    // SAFETY: `fd` is ours, opened above and not used after.
     unsafe { libc::close(fd) };
     if r != 0 {
         return Err(err).context("getsockopt(SO_NETNS_COOKIE): the kernel is older than 5.14; host-namespace-only socket LB needs it");

@@ -39,6 +39,7 @@ pub struct SockId {
 }
 
 fn socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes no pointers.
     let fd = unsafe {
         libc::socket(
             libc::AF_NETLINK,
@@ -49,6 +50,7 @@ fn socket() -> io::Result<OwnedFd> {
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: `fd` was just returned by socket() and is owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -86,6 +88,7 @@ fn request(kind: u16, flags: u16, family: u8, id: Option<&SockId>) -> Vec<u8> {
 }
 
 fn send(fd: &OwnedFd, msg: &[u8]) -> io::Result<()> {
+    // SAFETY: `msg` is valid for reads of msg.len() bytes; `fd` is open.
     let n = unsafe { libc::send(fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -117,6 +120,7 @@ pub fn udp_sockets(family: u8) -> io::Result<Vec<SockId>> {
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        // SAFETY: `buf` is valid for writes of buf.len() bytes; `fd` is open.
         let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n < 0 {
             return Err(io::Error::last_os_error());
@@ -165,6 +169,7 @@ pub fn destroy(id: &SockId) -> io::Result<()> {
         &request(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, id.family, Some(id)),
     )?;
     let mut buf = [0u8; 512];
+    // SAFETY: `buf` is valid for writes of buf.len() bytes; `fd` is open.
     let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
     if n < 0 {
         return Err(io::Error::last_os_error());
