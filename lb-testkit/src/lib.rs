@@ -16,6 +16,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod cgroup;
 pub mod cluster;
+pub mod conformance;
 pub mod dataplane;
 pub mod k8s;
 pub mod netns;

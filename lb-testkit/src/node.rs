@@ -43,6 +43,13 @@ pub const BUSYBOX_IMAGE: &str = "lbtest.local/busybox:1";
 pub const AGENT_IMAGE: &str = "ghcr.io/example/lb-agent:0.1.0";
 /// CoreDNS as built in testbed/coredns (kube-dns).
 pub const COREDNS_IMAGE: &str = "lbtest.local/coredns:v1.14.7";
+/// The upstream e2e suite's test image (test/utils/image/manifest.go of
+/// v1.35.8), built from the Kubernetes module, under its upstream name so
+/// that the suite finds it without a registry.
+pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
+/// The DNS tests' second prober, under its upstream name: the same userland
+/// (dig, getent, a shell) as agnhost's.
+pub const JESSIE_DNSUTILS_IMAGE: &str = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7";
 
 /// kube-dns: CoreDNS answering for cluster.local from the apiserver (which
 /// it reaches through the `kubernetes` ClusterIP, that is through the agent),
@@ -355,7 +362,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   {{"type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": true,
     "ipMasq": false, "hairpinMode": true,
     "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{POD_CIDR}"}}]],
-             "dataDir": "{ipam}"}}}}
+             "dataDir": "{ipam}"}}}},
+  {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
 ]}}
 "#,
                 ipam = dir.join("ipam").display(),
@@ -616,7 +624,8 @@ fn build_images(dir: &Path) -> Vec<(&'static str, PathBuf)> {
     let lbimage = tools.join("lbimage");
     let pause = tools.join("pause");
     let coredns = tools.join("coredns");
-    for tool in [&lbimage, &pause, &coredns] {
+    let agnhost = tools.join("agnhost");
+    for tool in [&lbimage, &pause, &coredns, &agnhost] {
         assert!(
             tool.exists(),
             "{} is not built: `cargo xtask testbed` builds it",
@@ -628,6 +637,7 @@ fn build_images(dir: &Path) -> Vec<(&'static str, PathBuf)> {
         Path::new(busybox).exists(),
         "{busybox} missing: apt-get install busybox-static"
     );
+    let porter = agnhost_sources().join("porter").display().to_string();
     let agent = crate::sibling_bin("lb-agent");
     let lbctl = crate::sibling_bin("lbctl");
     let specs: Vec<(&'static str, Vec<String>)> = vec![
@@ -641,6 +651,41 @@ fn build_images(dir: &Path) -> Vec<(&'static str, PathBuf)> {
         (
             BUSYBOX_IMAGE,
             vec![format!("--busybox={busybox}"), "--cmd=sh".into()],
+        ),
+        (
+            // As upstream's (Alpine with netcat-openbsd, curl, bind-tools):
+            // the suite runs `nc -v -t -w 2`, `nc -u`, `curl` and `nslookup`
+            // in its pods through `sh -x -c`.
+            AGNHOST_IMAGE,
+            vec![
+                format!("--file={}=/agnhost", agnhost.display()),
+                // porter's TLS ports, as upstream's Dockerfile adds them.
+                format!("--file={porter}/localhost.crt=/localhost.crt"),
+                format!("--file={porter}/localhost.key=/localhost.key"),
+                // dash as /bin/sh: busybox's sh runs its own applets before
+                // PATH, and its nc lacks -v/-t/-u.
+                "--file=/bin/dash=/bin/sh".into(),
+                "--file=/bin/nc.openbsd=/usr/bin/nc".into(),
+                "--file=/usr/bin/curl=/usr/bin/curl".into(),
+                "--file=/usr/bin/dig=/usr/bin/dig".into(),
+                "--file=/usr/bin/getent=/usr/bin/getent".into(),
+                "--with-libs".into(),
+                format!("--busybox={busybox}"),
+                "--entrypoint=/agnhost".into(),
+                "--cmd=pause".into(),
+            ],
+        ),
+        (
+            // The DNS tests' probe scripts: dig (+search, +tcp, PTR),
+            // getent hosts, test, seq, sleep through `sh -c`.
+            JESSIE_DNSUTILS_IMAGE,
+            vec![
+                "--file=/bin/dash=/bin/sh".into(),
+                "--file=/usr/bin/dig=/usr/bin/dig".into(),
+                "--file=/usr/bin/getent=/usr/bin/getent".into(),
+                "--with-libs".into(),
+                format!("--busybox={busybox}"),
+            ],
         ),
         (
             COREDNS_IMAGE,
@@ -750,4 +795,31 @@ patches:
         node.logs_of(cp)
     );
     pins
+}
+
+/// test/images/agnhost of the k8s.io/kubernetes module the test bed uses,
+/// in Go's module cache (`go mod download` put it there for the build).
+fn agnhost_sources() -> PathBuf {
+    let go = ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|g| {
+            Command::new(g)
+                .arg("version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("a Go toolchain (go on PATH or /usr/local/go/bin/go)");
+    let out = Command::new(go)
+        .args(["list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbed"))
+        .env("GOFLAGS", "-mod=readonly")
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("go list -m k8s.io/kubernetes");
+    assert!(
+        out.status.success(),
+        "go list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("test/images/agnhost")
 }

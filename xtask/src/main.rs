@@ -17,14 +17,19 @@ tasks:
   setup   install what is missing (apt packages, bpf-linker), mount bpffs
   build   setup, then build lb-agent, lbctl and the test tools
   demo    setup, build, then run the standalone demo (network namespaces, no real interface touched)
-  test    setup, build (the Rust workspace and the Kubernetes test bed), then run every test
-          (unit, real-kernel integration, a real control plane; needs root)
+  test    setup, build (the Rust workspace, the Kubernetes test bed and its e2e suite), then run
+          every test (unit, real-kernel integration, a real control plane and node, the upstream
+          Services conformance tests; needs root)
   testbed build the Kubernetes test bed (testbed/: apiserver, controller manager, kubectl from
           the upstream Go modules) into target/testbed
   cluster up [--node]|down|status
           a real control plane (etcd, kube-apiserver, kube-controller-manager) in a network
           namespace of its own, with kubeconfigs in target/cluster; --node adds the scheduler,
           a kubelet with containerd, the agent as its DaemonSet pod and CoreDNS
+  conformance [--focus REGEX] [--skip REGEX]
+          Kubernetes' own e2e tests (upstream e2e.test, v1.35.8) against a node of the test bed
+          with the agent in place of kube-proxy; default focus: the Services conformance tests;
+          writes docs/conformance.md
   bench   setup, release build, then benchmarks side by side with kube-proxy's rule layouts;
           writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
 ";
@@ -38,12 +43,18 @@ fn main() {
         Some("test") => setup::run()
             .and_then(|_| build())
             .and_then(|_| testbed())
+            .and_then(|_| e2e_suite())
             .and_then(|_| test(&args[1..])),
         Some("testbed") => testbed(),
         Some("cluster") => setup::run()
             .and_then(|_| build())
             .and_then(|_| testbed())
             .and_then(|_| cluster(&args[1..])),
+        Some("conformance") => setup::run()
+            .and_then(|_| build())
+            .and_then(|_| testbed())
+            .and_then(|_| e2e_suite())
+            .and_then(|_| conformance(&args[1..])),
         Some("bench") => setup::run().and_then(|_| bench(&args[1..])),
         _ => {
             eprint!("{USAGE}");
@@ -104,10 +115,7 @@ fn build() -> anyhow::Result<()> {
 /// testbed/images. Go's build cache makes the
 /// rebuilds quick; a cold build takes several minutes on two cores.
 fn testbed() -> anyhow::Result<()> {
-    let go = ["go", "/usr/local/go/bin/go"]
-        .into_iter()
-        .find(|g| Command::new(g).arg("version").output().is_ok_and(|o| o.status.success()))
-        .context("no Go toolchain found (go on PATH or /usr/local/go/bin/go): the Kubernetes test bed needs it")?;
+    let go = go()?;
     let out_dir = root().join("target/testbed");
     std::fs::create_dir_all(&out_dir)?;
     let version = "v1.35.8";
@@ -125,6 +133,15 @@ fn testbed() -> anyhow::Result<()> {
     let mut c = cmd(go, &["build", "-trimpath", "-ldflags", &ldflags, "-o"]);
     c.arg(&bin)
         .arg(".")
+        .current_dir(root().join("testbed"))
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=readonly");
+    run(c)?;
+    // agnhost, the e2e suite's test image program, from the same module.
+    let mut c = cmd(go, &["build", "-trimpath", "-ldflags", "-s -w", "-o"]);
+    c.arg(out_dir.join("agnhost"))
+        .arg("k8s.io/kubernetes/test/images/agnhost")
         .current_dir(root().join("testbed"))
         .env("CGO_ENABLED", "0")
         .env("GOTOOLCHAIN", "local")
@@ -154,6 +171,54 @@ fn testbed() -> anyhow::Result<()> {
     }
     eprintln!("xtask: test bed built in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The Go toolchain: on PATH, or where the machines have it.
+fn go() -> anyhow::Result<&'static str> {
+    ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|g| Command::new(g).arg("version").output().is_ok_and(|o| o.status.success()))
+        .context("no Go toolchain found (go on PATH or /usr/local/go/bin/go): the Kubernetes test bed needs it")
+}
+
+/// The upstream e2e suite (`testbed/e2e`: k8s.io/kubernetes/test/e2e with
+/// the sig-network tests) as one test binary, target/testbed/e2e.test.
+fn e2e_suite() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut c = cmd(
+        go()?,
+        &[
+            "test",
+            "-c",
+            "-vet=off",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+        ],
+    );
+    c.arg(root().join("target/testbed/e2e.test"))
+        .arg("./e2e")
+        .current_dir(root().join("testbed"))
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=readonly");
+    run(c)?;
+    eprintln!("xtask: e2e suite built in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn conformance(extra: &[String]) -> anyhow::Result<()> {
+    let mut args: Vec<&str> = extra.iter().map(String::as_str).collect();
+    if !args.contains(&"--report") {
+        args.extend(["--report", "docs/conformance.md"]);
+    }
+    let result = run(cmd(
+        &root().join("target/debug/lb-conformance").to_string_lossy(),
+        &args,
+    ));
+    setup::sweep_leftovers();
+    result
 }
 
 /// `cluster up` / `down` / `status`: the control plane of the tests, kept

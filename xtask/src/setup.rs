@@ -34,6 +34,11 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     "containernetworking-plugins",
     "busybox-static",
+    // The e2e suite's agnhost image carries their nc (-v -t -w, -u) and curl,
+    // and with jessie-dnsutils dig for the DNS tests.
+    "netcat-openbsd",
+    "curl",
+    "bind9-dnsutils",
 ];
 
 /// Validates deploy/ manifests against the Kubernetes schemas, offline.
@@ -210,6 +215,27 @@ pub fn sweep_leftovers() {
             }
         }
     }
+    // A test node's cgroup subtree (lb-testkit `node`), in every hierarchy:
+    // containers and shims outlive a killed test; kill them, then remove
+    // the subtree leaves first.
+    let node_trees: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|h| std::fs::read_dir(h.path()).into_iter().flatten().flatten())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("lbtest-node-"))
+        })
+        .collect();
+    for tree in &node_trees {
+        kill_cgroup_tree(tree);
+    }
+    for tree in &node_trees {
+        remove_cgroup_tree(tree);
+        found.push(format!("node cgroup {}", tree.display()));
+    }
     if let Ok(cgroups) = mounted("cgroup2") {
         for root in cgroups {
             if let Ok(entries) = std::fs::read_dir(&root) {
@@ -227,5 +253,34 @@ pub fn sweep_leftovers() {
             "xtask: removed leftovers of failed tests: {}",
             found.join(", ")
         );
+    }
+}
+
+/// SIGKILLs every process in the cgroup directory `dir` and below.
+fn kill_cgroup_tree(dir: &std::path::Path) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter(|l| !l.trim().is_empty()) {
+            let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+        }
+    }
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            kill_cgroup_tree(&e.path());
+        }
+    }
+}
+
+/// Removes the cgroup directory `dir` and its children, leaves first.
+fn remove_cgroup_tree(dir: &std::path::Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&e.path());
+        }
+    }
+    for _ in 0..50 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }

@@ -1,0 +1,115 @@
+//! lb-conformance: Kubernetes' own e2e tests (the upstream `e2e.test` of
+//! v1.35.8) against a one-node cluster of the test bed where lb-agent, run
+//! as its DaemonSet, replaces kube-proxy (lb-testkit `conformance`).
+//!
+//!   lb-conformance [--focus REGEX] [--skip REGEX] [--report FILE] [--timeout SECS]
+//!
+//! Default focus: the Services conformance tests. With --report, writes the
+//! results as Markdown (docs/conformance.md is the published one). Exits
+//! non-zero when a test failed.
+use std::time::Duration;
+
+use lb_testkit::conformance::{self, Cluster, Outcome};
+
+const DEFAULT_FOCUS: &str = r"\[sig-network\] Services .*\[Conformance\]";
+const DEFAULT_SKIP: &str = r"\[Serial\]|\[Disruptive\]";
+
+fn main() {
+    let mut focus = DEFAULT_FOCUS.to_string();
+    let mut skip = DEFAULT_SKIP.to_string();
+    let mut report = None;
+    let mut timeout = 7200u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| usage());
+        match a.as_str() {
+            "--focus" => focus = value(),
+            "--skip" => skip = value(),
+            "--report" => report = Some(value()),
+            "--timeout" => timeout = value().parse().unwrap_or_else(|_| usage()),
+            _ => usage(),
+        }
+    }
+    let started = std::time::Instant::now();
+    let cluster = Cluster::start(&lb_testkit::unique("conformance"));
+    let log = std::env::temp_dir().join(format!("lb-conformance-{}.log", std::process::id()));
+    let results = conformance::run(&cluster, &focus, &skip, &log, Duration::from_secs(timeout));
+    drop(cluster);
+    // The suite's own setup nodes ([SynchronizedBeforeSuite], ...) count
+    // when they fail; the tests are the [It] entries.
+    let ran: Vec<&Outcome> = results
+        .iter()
+        .filter(|o| o.status != "skipped" && (o.is_test() || o.status != "passed"))
+        .collect();
+    let failed: Vec<&Outcome> = ran
+        .iter()
+        .copied()
+        .filter(|o| o.status != "passed")
+        .collect();
+    for o in &ran {
+        println!("{:7} {:6.1}s  {}", o.status, o.seconds, o.name);
+        if let Some(f) = &o.failure {
+            println!("        {f}");
+        }
+    }
+    println!(
+        "{} ran, {} passed, {} failed ({} skipped by focus) in {:.0?}",
+        ran.len(),
+        ran.len() - failed.len(),
+        failed.len(),
+        results.iter().filter(|o| o.status == "skipped").count(),
+        started.elapsed()
+    );
+    if let Some(path) = report {
+        std::fs::write(&path, markdown(&ran, &focus, &skip)).unwrap();
+        println!("wrote {path}");
+    }
+    if !failed.is_empty() || ran.is_empty() {
+        std::process::exit(1);
+    }
+}
+
+fn markdown(ran: &[&Outcome], focus: &str, skip: &str) -> String {
+    let passed = ran.iter().filter(|o| o.status == "passed").count();
+    let mut s = format!(
+        "# Kubernetes conformance, without kube-proxy\n\n\
+         Written by `cargo xtask conformance` on {date} (`lb-conformance`): the upstream\n\
+         `e2e.test` of Kubernetes {ver}, built from the k8s.io/kubernetes module (`testbed/e2e`), run with\n\
+         `--provider=skeleton` against one node of the test bed: kube-apiserver, controllers,\n\
+         scheduler and kubelet {ver} from the same module, containerd/runc/CNI bridge from\n\
+         Debian, CoreDNS as kube-dns, **no kube-proxy**: lb-agent installed with `kubectl apply -k`\n\
+         over deploy/kubernetes runs as the DaemonSet's pod. Images are built here and imported\n\
+         (agnhost under its upstream name); nothing is pulled.\n\n\
+         Command: `cargo xtask conformance --focus '{focus}' --skip '{skip}'`.\n\n\
+         **{passed} of {n} passed.**\n\n\
+         | Test | Result | Seconds | Cause, for a failure |\n|---|---|---:|---|\n",
+        date = today(),
+        ver = conformance::VERSION,
+        n = ran.len(),
+    );
+    for o in ran {
+        s.push_str(&format!(
+            "| {} | {} | {:.0} | {} |\n",
+            o.name.trim_start_matches("[It] ").replace('|', "\\|"),
+            o.status,
+            o.seconds,
+            o.failure.as_deref().unwrap_or("").replace('|', "\\|")
+        ));
+    }
+    s
+}
+
+fn today() -> String {
+    let out = std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: lb-conformance [--focus REGEX] [--skip REGEX] [--report FILE] [--timeout SECS]"
+    );
+    std::process::exit(2)
+}

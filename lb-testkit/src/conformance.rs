@@ -1,0 +1,234 @@
+//! Kubernetes' own e2e tests against the test node: the upstream `e2e.test`
+//! binary (built from k8s.io/kubernetes v1.35.8 by `testbed/e2e`), run with
+//! the skeleton provider against a cluster with the agent in place of
+//! kube-proxy (`node::Node`, `node::install_agent`, CoreDNS as kube-dns).
+//! Images resolve to the ones the node imported (agnhost under its upstream
+//! name), so nothing is pulled.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    k8s::{ControlPlane, Options},
+    node::{self, AgentPins, Node},
+};
+
+/// One upstream test's outcome, from the suite's JUnit report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub name: String,
+    /// passed, failed, skipped (ginkgo's words; "pending" and others as is).
+    pub status: String,
+    pub seconds: f64,
+    /// The first line of the failure message, when it failed.
+    pub failure: Option<String>,
+}
+
+impl Outcome {
+    /// A test (ginkgo's `[It]`), not one of the suite's setup nodes.
+    pub fn is_test(&self) -> bool {
+        self.name.starts_with("[It] ")
+    }
+}
+
+/// The cluster the suite runs against: control plane with scheduler and
+/// every controller, one node, the agent as a DaemonSet pod, kube-dns.
+pub struct Cluster {
+    pub node: Node,
+    pub pins: AgentPins,
+    pub cp: ControlPlane,
+}
+
+impl Cluster {
+    pub fn start(tag: &str) -> Self {
+        let name = "lbtest-node";
+        let cp = ControlPlane::start_with(
+            tag,
+            &Options {
+                nodes: vec![name.to_string()],
+                workloads: true,
+            },
+        );
+        let node = Node::start(&cp, name, tag);
+        let pins = node::install_agent(&cp, &node);
+        cp.apply(&node::kube_dns());
+        cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deploy/coredns",
+            "--timeout=180s",
+        ]);
+        Self { node, pins, cp }
+    }
+}
+
+/// Where `cargo xtask conformance` builds the suite.
+pub fn e2e_bin() -> PathBuf {
+    let p = crate::sibling_bin_dir().join("../testbed/e2e.test");
+    assert!(
+        p.exists(),
+        "{} is not built: `cargo xtask testbed` builds it (testbed/e2e)",
+        p.display()
+    );
+    p
+}
+
+/// Runs the upstream tests matching `focus` (and not `skip`) against
+/// `cluster`; the suite's output goes to `log`. Returns every test the
+/// report lists (the skipped ones too).
+pub fn run(
+    cluster: &Cluster,
+    focus: &str,
+    skip: &str,
+    log: &Path,
+    timeout: Duration,
+) -> Vec<Outcome> {
+    let report = cluster.cp.dir.join("e2e-report");
+    let _ = std::fs::remove_dir_all(&report);
+    std::fs::create_dir_all(&report).unwrap();
+    let kubectl = crate::sibling_bin_dir().join("../testbed/kubectl");
+    let mut cmd = Command::new(e2e_bin());
+    cmd.arg(format!(
+        "--kubeconfig={}",
+        cluster.cp.admin_kubeconfig().display()
+    ))
+    .arg("--provider=skeleton")
+    .arg(format!("--kubectl-path={}", kubectl.display()))
+    .arg("--dns-domain=cluster.local")
+    .arg("--num-nodes=1")
+    .arg(format!("--report-dir={}", report.display()))
+    .arg(format!("--ginkgo.focus={focus}"))
+    .arg(format!("--ginkgo.skip={skip}"))
+    .arg("--ginkgo.no-color")
+    .arg("--ginkgo.v")
+    .arg(format!("--ginkgo.timeout={}s", timeout.as_secs()))
+    .env("KUBECONFIG", cluster.cp.admin_kubeconfig())
+    .stdout(std::fs::File::create(log).unwrap())
+    .stderr(std::fs::File::create(log.with_extension("stderr")).unwrap());
+    crate::netns::exec_in(&mut cmd, &cluster.cp.netns.name).unwrap();
+    let started = Instant::now();
+    let status = cmd.status().expect("running e2e.test");
+    eprintln!(
+        "e2e.test exited with {status} after {:.0?}; output in {}",
+        started.elapsed(),
+        log.display()
+    );
+    let junit = std::fs::read_dir(&report)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "xml"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no JUnit report in {}; see {}",
+                report.display(),
+                log.display()
+            )
+        });
+    parse_junit(&std::fs::read_to_string(junit).unwrap())
+}
+
+/// The `<testcase>` elements of ginkgo's JUnit report.
+pub fn parse_junit(xml: &str) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<testcase ") {
+        let after = &rest[start..];
+        let head_end = after.find('>').unwrap_or(after.len());
+        let head = &after[..head_end];
+        let self_closing = head.ends_with('/');
+        let body_end = if self_closing {
+            head_end
+        } else {
+            after.find("</testcase>").unwrap_or(after.len())
+        };
+        let body = &after[head_end.min(body_end)..body_end];
+        let attr = |name: &str| -> Option<String> {
+            let key = format!(" {name}=\"");
+            let i = head.find(&key)? + key.len();
+            let j = head[i..].find('"')? + i;
+            Some(unescape(&head[i..j]))
+        };
+        let name = attr("name").unwrap_or_default();
+        let failure = body.find("<failure").map(|i| {
+            let msg = &body[i..];
+            let text = msg
+                .find(" message=\"")
+                .map(|k| {
+                    let k = k + " message=\"".len();
+                    let e = msg[k..].find('"').map(|e| e + k).unwrap_or(msg.len());
+                    unescape(&msg[k..e])
+                })
+                .unwrap_or_default();
+            text.lines().next().unwrap_or("").to_string()
+        });
+        let status = attr("status").unwrap_or_else(|| {
+            if failure.is_some() {
+                "failed".into()
+            } else if body.contains("<skipped") {
+                "skipped".into()
+            } else {
+                "passed".into()
+            }
+        });
+        out.push(Outcome {
+            name,
+            status,
+            seconds: attr("time").and_then(|t| t.parse().ok()).unwrap_or(0.0),
+            failure,
+        });
+        rest = &after[body_end.max(1)..];
+    }
+    out
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&#34;", "\"")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&apos;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&#xA;", "\n")
+        .replace("&amp;", "&")
+}
+
+/// Kubernetes test-bed version the suite comes from.
+pub const VERSION: &str = "v1.35.8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn junit_cases_with_their_status_and_first_failure_line() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<testsuites><testsuite name="Kubernetes e2e suite">
+<testcase name="[sig-network] Services should serve a basic endpoint from pods  [Conformance]" classname="Kubernetes e2e suite" status="passed" time="12.5"></testcase>
+<testcase name="[sig-network] Services should be able to change the type &#34;ClusterIP&#34;" classname="Kubernetes e2e suite" status="failed" time="40.1"><failure message="timed out&#xA;more detail" type="failed">stack</failure></testcase>
+<testcase name="[sig-network] Services skipped one" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+</testsuite></testsuites>"#;
+        let got = parse_junit(xml);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].status, "passed");
+        assert_eq!(got[0].seconds, 12.5);
+        assert_eq!(got[0].failure, None);
+        assert_eq!(
+            got[1].name,
+            "[sig-network] Services should be able to change the type \"ClusterIP\""
+        );
+        assert_eq!(got[1].status, "failed");
+        assert_eq!(got[1].failure.as_deref(), Some("timed out"));
+        assert_eq!(got[2].status, "skipped");
+    }
+
+    #[test]
+    fn kubernetes_version_matches_the_test_bed() {
+        let gomod = include_str!("../../testbed/go.mod");
+        assert!(gomod.contains(&format!("k8s.io/kubernetes {VERSION}")));
+    }
+}
