@@ -88,7 +88,9 @@ fn main() {
         r.northsouth = northsouth::run(&p);
     }
     if wants("propagation") {
-        eprintln!("lb-bench: propagation delay on a real control plane (pod readiness → map entry)");
+        eprintln!(
+            "lb-bench: propagation delay on a real control plane (pod readiness → map entry)"
+        );
         r.propagation = propagation::run(&p);
     }
     if wants("memory") {

@@ -28,12 +28,20 @@ const VARIANTS: [(&str, &[&str]); 5] = [
     ("routing (no load balancer)", &[]),
     ("NodePort, SNAT, tc", &["--lb-mode", "snat"]),
     ("NodePort, DSR, tc", &["--lb-mode", "dsr"]),
-    ("NodePort, SNAT, XDP", &["--lb-mode", "snat", "--acceleration", "native"]),
-    ("NodePort, DSR, XDP", &["--lb-mode", "dsr", "--acceleration", "native"]),
+    (
+        "NodePort, SNAT, XDP",
+        &["--lb-mode", "snat", "--acceleration", "native"],
+    ),
+    (
+        "NodePort, DSR, XDP",
+        &["--lb-mode", "dsr", "--acceleration", "native"],
+    ),
 ];
 
 fn services(node: char) -> String {
-    let local = |ip: std::net::Ipv4Addr| (node == 'b' && POD_B.contains(&ip)) || (node == 'a' && ip == POD_A);
+    let local = |ip: std::net::Ipv4Addr| {
+        (node == 'b' && POD_B.contains(&ip)) || (node == 'a' && ip == POD_A)
+    };
     format!(
         "services:\n  - name: bulk\n    type: NodePort\n    clusterIPs: [10.96.0.3]\n    ports: [{{port: 80, targetPort: 9000, nodePort: 30090}}]\n    backends: [{{address: {b}, local: {l}}}]\n  - name: names\n    type: NodePort\n    clusterIPs: [10.96.0.2]\n    ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]\n    backends: [{{address: {b}, local: {l}}}]\n",
         b = POD_B[0],
@@ -90,8 +98,8 @@ pub fn run(p: &Profile) -> Vec<NsResult> {
                 )
             };
             let up = traffic::upload(&c.client.name, bulk, 5, ms).map(|t| t.mbit_per_s());
-            let down = traffic::download(&c.client.name, bulk, 6, None, Some(ms))
-                .map(|t| t.mbit_per_s());
+            let down =
+                traffic::download(&c.client.name, bulk, 6, None, Some(ms)).map(|t| t.mbit_per_s());
             let churn = traffic::churn_for(&c.client.name, names, ms);
             let s = &mut samples[i];
             s.0.push(up.unwrap_or(0.0));

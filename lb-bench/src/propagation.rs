@@ -81,7 +81,10 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     // namespace (the apiserver listens on its loopback).
     let rt = move || {
         lb_testkit::netns::enter(&netns).expect("entering the control plane's namespace");
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
     };
     let setup_started = Instant::now();
     {
@@ -97,8 +100,14 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     // Each service: a frontend, 10 slots and its address marker; each
     // endpoint a backend (the defaults hold about 5 000 such services).
     let sizes = [
-        format!("--map-size-services={}", ((services + MEASURED + BACKGROUND) * 12 + 1_024).next_power_of_two()),
-        format!("--map-size-backends={}", ((services + MEASURED + BACKGROUND) * 10 + 1_024).next_power_of_two()),
+        format!(
+            "--map-size-services={}",
+            ((services + MEASURED + BACKGROUND) * 12 + 1_024).next_power_of_two()
+        ),
+        format!(
+            "--map-size-backends={}",
+            ((services + MEASURED + BACKGROUND) * 10 + 1_024).next_power_of_two()
+        ),
     ];
     let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
     let agent = Agent::start_kubernetes_with(
@@ -113,18 +122,19 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     );
     let pin_dir = pins.path.clone();
     let kc = admin_kc.clone();
-    let result = std::thread::spawn(move || {
-        rt().block_on(measure(&kc, &pin_dir, services, samples))
-    })
-    .join()
-    .unwrap();
+    let result =
+        std::thread::spawn(move || rt().block_on(measure(&kc, &pin_dir, services, samples)))
+            .join()
+            .unwrap();
     drop(agent);
     PropagationResult { setup_s, ..result }
 }
 
 async fn client(kubeconfig: &std::path::Path) -> Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
     Client::try_from(cfg).unwrap()
 }
 
@@ -221,8 +231,17 @@ async fn set_ready(pods: &Api<Pod>, name: &str, ip: Ipv4Addr, ready: bool) {
 }
 
 /// Active backends of a ClusterIP:80/TCP in LB4_SERVICES (None: absent).
-fn map_count(map: &BpfHashMap<aya::maps::MapData, Service4Key, ServiceValue>, ip: Ipv4Addr) -> Option<u16> {
-    let key = Service4Key::new(u32::from(ip).to_be(), 80u16.to_be(), libc::IPPROTO_TCP as u8, SCOPE_ALL, 0);
+fn map_count(
+    map: &BpfHashMap<aya::maps::MapData, Service4Key, ServiceValue>,
+    ip: Ipv4Addr,
+) -> Option<u16> {
+    let key = Service4Key::new(
+        u32::from(ip).to_be(),
+        80u16.to_be(),
+        libc::IPPROTO_TCP as u8,
+        SCOPE_ALL,
+        0,
+    );
     map.get(&key, 0).ok().map(|v| v.count)
 }
 
@@ -230,7 +249,12 @@ fn map_count(map: &BpfHashMap<aya::maps::MapData, Service4Key, ServiceValue>, ip
 /// watch sees them: (service, ready count, when).
 type SliceLog = Arc<Mutex<Vec<(String, usize, Instant)>>>;
 
-async fn measure(kubeconfig: &std::path::Path, pin_dir: &std::path::Path, services: usize, samples: usize) -> PropagationResult {
+async fn measure(
+    kubeconfig: &std::path::Path,
+    pin_dir: &std::path::Path,
+    services: usize,
+    samples: usize,
+) -> PropagationResult {
     let c = client(kubeconfig).await;
     let svcs = Api::<Service>::namespaced(c.clone(), NS);
     let pods = Api::<Pod>::namespaced(c.clone(), NS);
@@ -245,11 +269,24 @@ async fn measure(kubeconfig: &std::path::Path, pin_dir: &std::path::Path, servic
     }
     // Everything in the maps: the last bulk service and every measured one
     // with both pods.
-    let last: Ipv4Addr = svcs.get(&format!("bulk-{}", services - 1)).await.unwrap()
-        .spec.unwrap().cluster_ip.unwrap().parse().unwrap();
+    let last: Ipv4Addr = svcs
+        .get(&format!("bulk-{}", services - 1))
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap()
+        .parse()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
-    while !(map_count(&map, last) == Some(10) && ips.values().all(|ip| map_count(&map, *ip) == Some(2))) {
-        assert!(Instant::now() < deadline, "the agent never had every service in its maps");
+    while !(map_count(&map, last) == Some(10)
+        && ips.values().all(|ip| map_count(&map, *ip) == Some(2)))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never had every service in its maps"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -262,11 +299,23 @@ async fn measure(kubeconfig: &std::path::Path, pin_dir: &std::path::Path, servic
             let cfg = watcher::Config::default().labels("kubernetes.io/service-name");
             let mut s = watcher(api, cfg).applied_objects().boxed();
             while let Ok(Some(slice)) = s.try_next().await {
-                let Some(svc) = slice.metadata.labels.as_ref().and_then(|l| l.get("kubernetes.io/service-name")).cloned() else { continue };
+                let Some(svc) = slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("kubernetes.io/service-name"))
+                    .cloned()
+                else {
+                    continue;
+                };
                 if !svc.starts_with("churn-") {
                     continue;
                 }
-                let ready = slice.endpoints.iter().filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true)).count();
+                let ready = slice
+                    .endpoints
+                    .iter()
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .count();
                 log.lock().unwrap().push((svc, ready, Instant::now()));
             }
         })
@@ -305,7 +354,10 @@ async fn measure(kubeconfig: &std::path::Path, pin_dir: &std::path::Path, servic
             if usize::from(map_count(&map, ip).unwrap_or(0)) == want {
                 break Instant::now();
             }
-            assert!(Instant::now() < deadline, "{name}: the map never showed {want} backends");
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the map never showed {want} backends"
+            );
             tokio::time::sleep(Duration::from_micros(500)).await;
         };
         let seen = log

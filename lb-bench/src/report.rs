@@ -556,24 +556,26 @@ impl Report {
              the services.\n\n\
              | Services | Backends | Agent RSS MiB | RSS per service | Maps MiB | Largest maps |\n|---:|---:|---:|---:|---:|---|\n",
         );
-        for m in mem {
-            let biggest: Vec<String> = m
-                .biggest
-                .iter()
-                .map(|(n, b, e)| format!("{n} {:.1} MiB ({e} entries)", *b as f64 / 1_048_576.0))
-                .collect();
-            let _ = writeln!(
-                o,
-                "| {} | {} | {:.1} | {:.0} B | {:.1} | {} |",
-                m.services,
-                m.services * 2,
-                m.agent_rss_kib as f64 / 1024.0,
-                m.agent_rss_kib as f64 * 1024.0 / m.services as f64,
-                m.maps_bytes as f64 / 1_048_576.0,
-                biggest.join(", ")
-            );
-        }
-        o.push('\n');
+            for m in mem {
+                let biggest: Vec<String> = m
+                    .biggest
+                    .iter()
+                    .map(|(n, b, e)| {
+                        format!("{n} {:.1} MiB ({e} entries)", *b as f64 / 1_048_576.0)
+                    })
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {:.1} | {:.0} B | {:.1} | {} |",
+                    m.services,
+                    m.services * 2,
+                    m.agent_rss_kib as f64 / 1024.0,
+                    m.agent_rss_kib as f64 * 1024.0 / m.services as f64,
+                    m.maps_bytes as f64 / 1_048_576.0,
+                    biggest.join(", ")
+                );
+            }
+            o.push('\n');
         }
         self.breakdown_table(o);
     }

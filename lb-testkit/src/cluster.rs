@@ -153,8 +153,18 @@ impl Cluster {
             // [node A] ── br0 ── [router] 10.255.0.1 ══ mtu ══ 10.255.0.2 [node B]
             let r = node("rt", "rt0", ROUTER);
             r.ip(&[
-                "link", "add", "rb0", "mtu", &mtu.to_string(), "type", "veth", "peer", "name",
-                "rb0", "netns", &b_ns.name,
+                "link",
+                "add",
+                "rb0",
+                "mtu",
+                &mtu.to_string(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "rb0",
+                "netns",
+                &b_ns.name,
             ]);
             r.ip(&["addr", "add", "10.255.0.1/30", "dev", "rb0"]);
             r.ip(&["link", "set", "rb0", "up"]);
@@ -207,7 +217,11 @@ impl Cluster {
         let xdp_links = if opts.xdp_ready {
             ["c0", "na0", "nb0"]
                 .iter()
-                .chain(if router.is_some() { &["rt0"][..] } else { &[][..] })
+                .chain(if router.is_some() {
+                    &["rt0"][..]
+                } else {
+                    &[][..]
+                })
                 .map(|port| crate::xdp_pass::attach(&hub.name, port))
                 .collect()
         } else {

@@ -54,7 +54,15 @@ fn route_pod(node: &Netns, pod: &Netns, host_end: &str, addr: Ipv4Addr) {
     node.ip(&["route", "add", &format!("{addr}/32"), "dev", host_end]);
     pod.ip(&["addr", "add", &format!("{addr}/32"), "dev", "eth0"]);
     pod.ip(&["link", "set", "eth0", "up"]);
-    pod.ip(&["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"]);
+    pod.ip(&[
+        "route",
+        "add",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+        "scope",
+        "link",
+    ]);
     pod.ip(&[
         "neigh",
         "add",
@@ -66,7 +74,15 @@ fn route_pod(node: &Netns, pod: &Netns, host_end: &str, addr: Ipv4Addr) {
         "nud",
         "permanent",
     ]);
-    pod.ip(&["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"]);
+    pod.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+    ]);
 }
 
 impl PodNode {

@@ -264,7 +264,12 @@ pub fn churn(netns: &str, target: SocketAddr, count: usize) -> Churn {
 
 /// Sequential connections for `for_ms` milliseconds (a rate measurement).
 pub fn churn_for(netns: &str, target: SocketAddr, for_ms: u64) -> Churn {
-    churn_until(netns, target, usize::MAX, Some(Duration::from_millis(for_ms)))
+    churn_until(
+        netns,
+        target,
+        usize::MAX,
+        Some(Duration::from_millis(for_ms)),
+    )
 }
 
 fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Duration>) -> Churn {
@@ -275,12 +280,13 @@ fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Dura
             if limit.is_some_and(|l| started.elapsed() >= l) {
                 break;
             }
-            let r = TcpStream::connect_timeout(&target, Duration::from_secs(3)).and_then(|mut s| {
-                s.set_read_timeout(Some(Duration::from_secs(3)))?;
-                let mut answer = String::new();
-                s.read_to_string(&mut answer)?;
-                Ok(answer)
-            });
+            let r =
+                TcpStream::connect_timeout(&target, Duration::from_secs(3)).and_then(|mut s| {
+                    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                    let mut answer = String::new();
+                    s.read_to_string(&mut answer)?;
+                    Ok(answer)
+                });
             match r {
                 Ok(a) if !a.trim().is_empty() => {
                     c.ok += 1;
@@ -309,14 +315,14 @@ fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Dura
 /// Sends `count` datagrams from one unconnected UDP socket (sendto each
 /// time, as QUIC or a resolver does) and returns who answered each one
 /// (None when no answer came).
-pub fn udp_from_one_socket(
-    netns: &str,
-    target: SocketAddr,
-    count: usize,
-) -> Vec<Option<String>> {
+pub fn udp_from_one_socket(netns: &str, target: SocketAddr, count: usize) -> Vec<Option<String>> {
     in_netns(netns, move || {
-        let s = UdpSocket::bind(if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })
-            .expect("bind");
+        let s = UdpSocket::bind(if target.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        })
+        .expect("bind");
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let mut buf = [0u8; 512];
         (0..count)

@@ -145,10 +145,16 @@ fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_nam
     assert_eq!(pod["serviceAccountName"], "lb-agent");
     // ClusterFirstWithHostNet would resolve through the kube-dns ClusterIP,
     // which only this agent translates: a fresh node could never start.
-    assert_eq!(pod["dnsPolicy"], "Default", "the node's resolver, not kube-dns");
+    assert_eq!(
+        pod["dnsPolicy"], "Default",
+        "the node's resolver, not kube-dns"
+    );
     let agent = &pod["containers"][0];
     let probe = &agent["livenessProbe"]["httpGet"];
-    assert_eq!((probe["path"].as_str(), probe["port"].as_u64()), (Some("/livez"), Some(10256)));
+    assert_eq!(
+        (probe["path"].as_str(), probe["port"].as_u64()),
+        (Some("/livez"), Some(10256))
+    );
     assert_eq!(agent["securityContext"]["privileged"], true);
     let env = agent["env"].as_array().unwrap();
     assert!(env

@@ -305,7 +305,10 @@ fn fragments_of_a_datagram_to_a_service_follow_its_first_fragment() {
     fix_ip_checksum(&mut later);
 
     let (rc, out) = dp.tc_ingress(&first);
-    assert_eq!(rc, TC_ACT_REDIRECT, "the first fragment goes to the backend");
+    assert_eq!(
+        rc, TC_ACT_REDIRECT,
+        "the first fragment goes to the backend"
+    );
     let (ip1, _) = etherparse::Ipv4Header::from_slice(&out[14..]).unwrap();
     assert_eq!(ip1.destination, [10, 244, 2, 20]);
     assert_eq!(ip1.source, NODE_IP.octets(), "SNAT");
@@ -586,17 +589,32 @@ fn a_packet_too_big_for_the_path_gets_frag_needed_back_quoting_it() {
     assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back out of ext0");
     let v = packets::inspect_icmp(&out);
     assert_eq!((v.ty, v.code), (3, 4));
-    assert_eq!(u16::from_be_bytes([v.rest[2], v.rest[3]]), 1400, "next-hop MTU");
-    assert_eq!(&v.rest[..2], &[0, 0], "RFC 1191: the unused half stays zero");
+    assert_eq!(
+        u16::from_be_bytes([v.rest[2], v.rest[3]]),
+        1400,
+        "next-hop MTU"
+    );
+    assert_eq!(
+        &v.rest[..2],
+        &[0, 0],
+        "RFC 1191: the unused half stays zero"
+    );
     assert_eq!((v.saddr, v.daddr), (NODE_IP, CLIENT_IP));
     assert_eq!((v.eth_dst, v.eth_src), (CLIENT_MAC, EXT0_MAC));
     assert_eq!(
-        (Ipv4Addr::from(v.quoted.source), Ipv4Addr::from(v.quoted.destination)),
+        (
+            Ipv4Addr::from(v.quoted.source),
+            Ipv4Addr::from(v.quoted.destination)
+        ),
         (CLIENT_IP, NODE_IP),
         "it quotes the packet as the client sent it"
     );
     assert_eq!(&v.quoted_l4[..4], &big[34..38], "the quoted ports");
-    assert_eq!(&v.quoted_l4[4..8], &big[38..42], "the quoted sequence number");
+    assert_eq!(
+        &v.quoted_l4[4..8],
+        &big[38..42],
+        "the quoted sequence number"
+    );
     // Right even if the skb still asks for a TCP checksum offload: the
     // offload would rewrite the word at csum_start + 16 with itself.
     assert_eq!(
@@ -703,7 +721,10 @@ fn a_routers_frag_needed_for_a_snat_flow_reaches_the_client_translated() {
     assert_eq!((v.saddr, v.daddr), (NODE_B_IP, CLIENT_IP));
     assert_eq!(v.eth_dst, CLIENT_MAC);
     assert_eq!(
-        (Ipv4Addr::from(v.quoted.source), Ipv4Addr::from(v.quoted.destination)),
+        (
+            Ipv4Addr::from(v.quoted.source),
+            Ipv4Addr::from(v.quoted.destination)
+        ),
         (CLIENT_IP, NODE_IP)
     );
     assert_eq!(
@@ -721,7 +742,14 @@ fn a_routers_frag_needed_for_a_snat_flow_reaches_the_client_translated() {
     let mut stray_quote = err[14 + 20 + 8..].to_vec();
     stray_quote[20..22].copy_from_slice(&1u16.to_be_bytes());
     let stray = packets::icmp_error(
-        NODE_B_MAC, EXT0_MAC, NODE_B_IP, NODE_IP, 3, 4, [0, 0, 5, 20], &stray_quote,
+        NODE_B_MAC,
+        EXT0_MAC,
+        NODE_B_IP,
+        NODE_IP,
+        3,
+        4,
+        [0, 0, 5, 20],
+        &stray_quote,
     );
     let (rc, out) = dp.tc_ingress(&stray);
     assert_eq!((rc, out), (TC_ACT_OK, stray));
@@ -749,7 +777,11 @@ fn a_local_backends_icmp_error_leaves_quoting_the_frontend() {
     let (rc, out) = dp.tc_egress(&err);
     assert_eq!(rc, TC_ACT_OK);
     let v = packets::inspect_icmp(&out);
-    assert_eq!((v.saddr, v.daddr), (NODE_IP, CLIENT_IP), "from the frontend");
+    assert_eq!(
+        (v.saddr, v.daddr),
+        (NODE_IP, CLIENT_IP),
+        "from the frontend"
+    );
     assert_eq!(Ipv4Addr::from(v.quoted.destination), NODE_IP);
     assert_eq!(u16::from_be_bytes([v.quoted_l4[2], v.quoted_l4[3]]), 30001);
 }
@@ -769,7 +801,14 @@ fn a_syn_on_a_closing_flows_tuple_starts_a_new_flow() {
     );
     assert_eq!(dp.tc_ingress(&syn_to(30002, 42300)).0, TC_ACT_REDIRECT);
     let fin = packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 42300, 30002, FIN | ACK, b"",
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        NODE_IP,
+        42300,
+        30002,
+        FIN | ACK,
+        b"",
     );
     assert_eq!(dp.tc_ingress(&fin).0, TC_ACT_REDIRECT);
     assert_ne!(dp.ct(&key).unwrap().flags & CT_F_CLOSING, 0, "closing");
@@ -793,7 +832,14 @@ fn a_closed_flows_snat_port_goes_to_a_new_flow_after_a_quiet_second() {
     assert_eq!(dp.tc_ingress(&syn_to(30002, 42401)).0, TC_ACT_SHOT);
     // Both sides close: the client's FIN, the backend's FIN to our port.
     let fin = packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 42400, 30002, FIN | ACK, b"",
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        NODE_IP,
+        42400,
+        30002,
+        FIN | ACK,
+        b"",
     );
     assert_eq!(dp.tc_ingress(&fin).0, TC_ACT_REDIRECT);
     let back_fin = packets::tcp(

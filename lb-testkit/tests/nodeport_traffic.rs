@@ -95,8 +95,7 @@ fn bulk_both_ways(c: &Cluster, port: u16, label: &str) {
     let target = SocketAddr::from((NODE_A, port));
     let (up, down) = traffic::both_ways(&c.client.name, target, 2000);
     let up = up.unwrap_or_else(|e| panic!("{}: {e}", report(&format!("{label}: upload"), c)));
-    let down =
-        down.unwrap_or_else(|e| panic!("{}: {e}", report(&format!("{label}: download"), c)));
+    let down = down.unwrap_or_else(|e| panic!("{}: {e}", report(&format!("{label}: download"), c)));
     eprintln!(
         "{label} :{port}: up {:.0} Mbit/s, down {:.0} Mbit/s",
         up.mbit_per_s(),
@@ -166,11 +165,7 @@ fn real_traffic(tag: &str, mode: &str, xdp: bool) {
     assert_eq!(churn.backends.get("b0"), Some(&20_000));
 
     // DNS over UDP through the LoadBalancer address.
-    let answers = traffic::udp_from_one_socket(
-        &client,
-        "203.0.113.40:53".parse().unwrap(),
-        20,
-    );
+    let answers = traffic::udp_from_one_socket(&client, "203.0.113.40:53".parse().unwrap(), 20);
     assert!(
         answers.iter().all(Option::is_some),
         "{answers:?}\n{}",
@@ -198,7 +193,6 @@ fn hybrid_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
     real_traffic("hybrid_tc", "hybrid", false);
 }
 
-
 #[test]
 fn snat_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
     real_traffic("snat_xdp", "snat", true);
@@ -220,19 +214,35 @@ fn hybrid_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
 /// tuple and the backend accepts the reuse (same timestamps clock).
 #[test]
 fn twenty_thousand_connections_reuse_a_five_thousand_port_snat_range_without_failures() {
-    let mut c = Cluster::with(&unique("snat_reuse4x"), &Options { gro: true, ..Default::default() });
+    let mut c = Cluster::with(
+        &unique("snat_reuse4x"),
+        &Options {
+            gro: true,
+            ..Default::default()
+        },
+    );
     let _b = backends(&c);
     lb_testkit::run(
         "ip",
         &[
-            "netns", "exec", &c.client.name, "sysctl", "-qw",
+            "netns",
+            "exec",
+            &c.client.name,
+            "sysctl",
+            "-qw",
             "net.ipv4.ip_local_port_range=40000 44999",
         ],
     );
     start_nodes(&mut c, &["--snat-port-range", "40000-44999"]);
     let churn = traffic::churn(&c.client.name, SocketAddr::from((NODE_A, 30081)), 20_000);
     eprintln!("{} connections in {:.1?}", churn.ok, churn.elapsed);
-    assert_eq!(churn.failed, 0, "{:?}\n{}", churn.errors, report("churn", &c));
+    assert_eq!(
+        churn.failed,
+        0,
+        "{:?}\n{}",
+        churn.errors,
+        report("churn", &c)
+    );
 }
 
 /// A path MTU below the client's: node A's own route to node B's pods is
@@ -252,7 +262,11 @@ fn a_narrower_path_from_node_a_gets_frag_needed_and_bulk_still_completes() {
         start_nodes(&mut c, &["--lb-mode", mode]);
         bulk_both_ways(&c, 30090, &format!("{mode}, path MTU 1400"));
         let sent = Cluster::counter(&c.a, lb_common::config::CNT_ICMP_SENT);
-        assert!(sent >= 1, "{mode}: node A sent no frag-needed\n{}", report("pmtu", &c));
+        assert!(
+            sent >= 1,
+            "{mode}: node A sent no frag-needed\n{}",
+            report("pmtu", &c)
+        );
     }
 }
 
@@ -271,7 +285,11 @@ fn a_routers_frag_needed_reaches_the_client_through_snat_and_bulk_completes() {
     start_nodes(&mut c, &[]);
     bulk_both_ways(&c, 30090, "snat via a 1400-byte router");
     let translated = Cluster::counter(&c.a, lb_common::config::CNT_ICMP_TRANSLATED);
-    assert!(translated >= 1, "no error translated\n{}", report("router pmtu", &c));
+    assert!(
+        translated >= 1,
+        "no error translated\n{}",
+        report("router pmtu", &c)
+    );
 }
 
 /// A UDP backend with nothing listening answers "port unreachable"; the
@@ -337,9 +355,11 @@ fn a_reused_client_tuple_within_the_closing_timeout_connects_and_lives() {
         b.write_all(&h).map_err(|e| format!("after idling: {e}"))?;
         let payload = vec![0u8; 0];
         b.write_all(&payload).map_err(|e| e.to_string())?;
-        b.shutdown(std::net::Shutdown::Write).map_err(|e| e.to_string())?;
+        b.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| e.to_string())?;
         let mut verdict = [0u8; 9];
-        b.read_exact(&mut verdict).map_err(|e| format!("no verdict: {e}"))?;
+        b.read_exact(&mut verdict)
+            .map_err(|e| format!("no verdict: {e}"))?;
         if verdict[0] != 1 {
             return Err("the server saw wrong bytes".into());
         }
@@ -365,17 +385,27 @@ fn conntrack_drains_after_traffic_stops() {
     start_nodes(
         &mut c,
         &[
-            "--conntrack-timeout-tcp-fin", "6s",
-            "--conntrack-timeout-udp", "6s",
-            "--conntrack-gc-interval", "1s",
+            "--conntrack-timeout-tcp-fin",
+            "6s",
+            "--conntrack-timeout-udp",
+            "6s",
+            "--conntrack-gc-interval",
+            "1s",
         ],
     );
     let churn = traffic::churn(&c.client.name, SocketAddr::from((NODE_A, 30081)), 500);
     assert_eq!(churn.failed, 0);
-    let answers = traffic::udp_from_one_socket(&c.client.name, "203.0.113.40:53".parse().unwrap(), 5);
+    let answers =
+        traffic::udp_from_one_socket(&c.client.name, "203.0.113.40:53".parse().unwrap(), 5);
     assert!(answers.iter().all(Option::is_some));
     let agent = c.a.agent.as_ref().unwrap();
-    let count = || agent.lbctl_json(&["ct", "list", "--all"]).as_array().unwrap().len();
+    let count = || {
+        agent
+            .lbctl_json(&["ct", "list", "--all"])
+            .as_array()
+            .unwrap()
+            .len()
+    };
     // Each connection has its two entries until the closing lifetime runs out.
     assert!(count() >= 1000, "every connection tracked");
     assert!(
@@ -384,7 +414,10 @@ fn conntrack_drains_after_traffic_stops() {
         agent.lbctl_json(&["ct", "list", "--all"])
     );
     let (_, metrics) = agent.http_get("/metrics");
-    assert!(metrics.contains("lb_conntrack_gc_deleted_total"), "{metrics}");
+    assert!(
+        metrics.contains("lb_conntrack_gc_deleted_total"),
+        "{metrics}"
+    );
 }
 
 /// `--acceleration best-effort` where native XDP cannot attach (node A's

@@ -54,7 +54,10 @@ fn agent_exit(args: &[&str], cgroup: &Path, pins: &Path, limit: Duration) -> (Op
 }
 
 fn lbctl(args: &[&str]) -> Output {
-    Command::new(sibling_bin("lbctl")).args(args).output().unwrap()
+    Command::new(sibling_bin("lbctl"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// "Keep the last good state" needs one. On a node with nothing pinned, a
@@ -74,12 +77,22 @@ fn with_nothing_pinned_a_missing_or_invalid_services_file_exits_non_zero_and_ins
         Duration::from_secs(20),
     );
     assert!(code.is_some_and(|c| c != 0), "exit {code:?}; log:\n{log}");
-    assert!(log.contains("cannot read services file") && log.contains(missing.to_str().unwrap()), "{log}");
+    assert!(
+        log.contains("cannot read services file") && log.contains(missing.to_str().unwrap()),
+        "{log}"
+    );
     assert!(log.contains("no load-balancer state is pinned"), "{log}");
-    assert!(!lb::datapath::pins::has_state(&pins.path), "nothing installed");
+    assert!(
+        !lb::datapath::pins::has_state(&pins.path),
+        "nothing installed"
+    );
 
     let invalid = std::env::temp_dir().join(format!("{tag}-bad.yaml"));
-    std::fs::write(&invalid, "services:\n  - name: web\n    clusterIPs: [10.96.0.10]\n    ports: [{port: 70000}]\n").unwrap();
+    std::fs::write(
+        &invalid,
+        "services:\n  - name: web\n    clusterIPs: [10.96.0.10]\n    ports: [{port: 70000}]\n",
+    )
+    .unwrap();
     let (code, log) = agent_exit(
         &["--services", invalid.to_str().unwrap()],
         &cgroup.path,
@@ -87,7 +100,10 @@ fn with_nothing_pinned_a_missing_or_invalid_services_file_exits_non_zero_and_ins
         Duration::from_secs(20),
     );
     assert!(code.is_some_and(|c| c != 0), "exit {code:?}; log:\n{log}");
-    assert!(log.contains("services[0].ports[0].port"), "names the field: {log}");
+    assert!(
+        log.contains("services[0].ports[0].port"),
+        "names the field: {log}"
+    );
 
     // A good start pins a state; a restart with the file gone keeps serving it.
     let good = std::env::temp_dir().join(format!("{tag}-good.yaml"));
@@ -101,8 +117,14 @@ fn with_nothing_pinned_a_missing_or_invalid_services_file_exits_non_zero_and_ins
         &pins.path,
         Duration::from_secs(5),
     );
-    assert_eq!(code, None, "still running after 5 s with its pinned state; log:\n{log}");
-    assert!(log.contains("cannot read services file"), "and loud about the file: {log}");
+    assert_eq!(
+        code, None,
+        "still running after 5 s with its pinned state; log:\n{log}"
+    );
+    assert!(
+        log.contains("cannot read services file"),
+        "and loud about the file: {log}"
+    );
     let list = lbctl(&["service", "list", "--pin-dir", pins.path.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("10.96.0.10:80"));
     let _ = std::fs::remove_file(&invalid);
@@ -115,9 +137,17 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_with_log_format_json() {
     let w = World::new("cli_logs", 1);
     w.write_services(SERVICES);
     let services = w.services.to_str().unwrap();
-    let (_, text) = agent_exit(&["--services", services], &w.cgroup.path, &w.pins.path, Duration::from_secs(4));
+    let (_, text) = agent_exit(
+        &["--services", services],
+        &w.cgroup.path,
+        &w.pins.path,
+        Duration::from_secs(4),
+    );
     assert!(text.contains("reconciled"), "{text}");
-    assert!(!text.contains('\x1b'), "colour codes in a log file:\n{text:?}");
+    assert!(
+        !text.contains('\x1b'),
+        "colour codes in a log file:\n{text:?}"
+    );
 
     let (_, json) = agent_exit(
         &["--services", services, "--log-format", "json"],
@@ -131,9 +161,13 @@ fn logs_are_plain_text_off_a_terminal_and_json_lines_with_log_format_json() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
     assert!(lines.len() > 3, "{json}");
-    assert!(lines.iter().all(|l| l["level"].is_string() && l["timestamp"].is_string()));
+    assert!(lines
+        .iter()
+        .all(|l| l["level"].is_string() && l["timestamp"].is_string()));
     assert!(
-        lines.iter().any(|l| l["fields"]["message"] == "reconciled" && l["fields"]["services"] == 1),
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "reconciled" && l["fields"]["services"] == 1),
         "{json}"
     );
 }
@@ -149,10 +183,19 @@ fn lbctl_version_matches_the_running_agent_and_fails_on_a_half_done_upgrade() {
     let out = lbctl(&["version", "--pin-dir", w.pins.path.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains(&format!("map layout v{layout} at {}", w.pins.path.display())), "{text}");
+    assert!(
+        text.contains(&format!(
+            "map layout v{layout} at {}",
+            w.pins.path.display()
+        )),
+        "{text}"
+    );
     let agent_line = text.lines().find(|l| l.starts_with("agent")).unwrap();
     assert!(
-        agent_line.contains(&format!("{} (map layout v{layout})", env!("CARGO_PKG_VERSION"))),
+        agent_line.contains(&format!(
+            "{} (map layout v{layout})",
+            env!("CARGO_PKG_VERSION")
+        )),
         "{text}"
     );
 
@@ -169,8 +212,14 @@ fn lbctl_version_matches_the_running_agent_and_fails_on_a_half_done_upgrade() {
     let out = lbctl(&["version", "--pin-dir", new.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains(&format!("pinned with map layout v{}", layout - 1)), "{text}");
-    assert!(text.contains(&format!("lb-agent uninstall --pin-dir {}", old.display())), "{text}");
+    assert!(
+        text.contains(&format!("pinned with map layout v{}", layout - 1)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("lb-agent uninstall --pin-dir {}", old.display())),
+        "{text}"
+    );
     drop(old_agent); // uninstalls v{layout-1}
     let _ = std::fs::remove_file(&services);
 }
@@ -180,14 +229,21 @@ fn lbctl_version_matches_the_running_agent_and_fails_on_a_half_done_upgrade() {
 #[test]
 fn shell_completions_are_valid_bash_for_lbctl_and_lb_agent() {
     for (bin, word) in [("lbctl", "maglev"), ("lb-agent", "cleanup-kube-proxy")] {
-        let out = Command::new(sibling_bin(bin)).args(["completion", "bash"]).output().unwrap();
+        let out = Command::new(sibling_bin(bin))
+            .args(["completion", "bash"])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{bin}");
         let script = String::from_utf8(out.stdout).unwrap();
         assert!(script.contains(word), "{bin}: {script}");
         let path = std::env::temp_dir().join(format!("{}.bash", unique(bin)));
         std::fs::write(&path, &script).unwrap();
         let check = Command::new("bash").arg("-n").arg(&path).output().unwrap();
-        assert!(check.status.success(), "{bin}: {}", String::from_utf8_lossy(&check.stderr));
+        assert!(
+            check.status.success(),
+            "{bin}: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -37,7 +37,13 @@ fn backends(n: &PodNode) -> Backends {
 
 fn start(n: &PodNode, extra: &[&str]) -> Agent {
     std::fs::write(&n.services, services(n)).unwrap();
-    Agent::start_in_netns(&n.node.name, &n.services, &n.cgroup.path, &n.pins.path, extra)
+    Agent::start_in_netns(
+        &n.node.name,
+        &n.services,
+        &n.cgroup.path,
+        &n.pins.path,
+        extra,
+    )
 }
 
 const MESH_SAFE: [&str; 3] = ["--socket-lb-host-namespace-only", "--pod-devices", "pv*"];
@@ -61,7 +67,11 @@ fn pod_reaches_the_clusterip(routed: bool, tag: &str) {
     }
     for a in probe::run(&n.cgroup.path, client, "udp", &format!("{DNS}:53"), 10) {
         assert!(a.ok, "{a:?}");
-        assert_eq!(a.reply_from.as_deref(), Some("10.96.0.53:53"), "the reply comes from the ClusterIP");
+        assert_eq!(
+            a.reply_from.as_deref(),
+            Some("10.96.0.53:53"),
+            "the reply comes from the ClusterIP"
+        );
         assert!(a.seen_client().unwrap().starts_with(&format!("{pod}:")));
     }
     let churn = traffic::churn(client, format!("{VIP}:80").parse().unwrap(), 3_000);
@@ -79,7 +89,10 @@ fn pod_reaches_the_clusterip(routed: bool, tag: &str) {
     );
     // lbctl status names the pod devices that carry the path.
     let status = agent.lbctl(&["status"]);
-    assert!(status.contains("tc-pod-ingress@pv1") && status.contains("tc-pod-egress@pv2"), "{status}");
+    assert!(
+        status.contains("tc-pod-ingress@pv1") && status.contains("tc-pod-egress@pv2"),
+        "{status}"
+    );
 }
 
 #[test]
@@ -121,7 +134,13 @@ fn without_host_namespace_only_the_socket_path_serves_the_pods() {
     let _b = backends(&n);
     let agent = start(&n, &[]);
     assert!(!agent.lbctl(&["status"]).contains("tc-pod-ingress"));
-    for a in probe::run(&n.cgroup.path, &n.pods[0].name, "tcp", &format!("{VIP}:80"), 5) {
+    for a in probe::run(
+        &n.cgroup.path,
+        &n.pods[0].name,
+        "tcp",
+        &format!("{VIP}:80"),
+        5,
+    ) {
         assert!(a.ok && a.backend() == Some("b0"), "{a:?}");
         assert_eq!(a.peer.as_deref(), Some("10.96.0.80:80"));
     }
@@ -142,9 +161,29 @@ fn a_mesh_proxy_sees_the_clusterip_and_its_own_connection_reaches_the_backend() 
     lb_testkit::run(
         "ip",
         &[
-            "netns", "exec", &pod, "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d",
-            VIP, "--dport", "80", "-m", "mark", "!", "--mark", &MARK.to_string(), "-j",
-            "REDIRECT", "--to-ports", "15001",
+            "netns",
+            "exec",
+            &pod,
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-d",
+            VIP,
+            "--dport",
+            "80",
+            "-m",
+            "mark",
+            "!",
+            "--mark",
+            &MARK.to_string(),
+            "-j",
+            "REDIRECT",
+            "--to-ports",
+            "15001",
         ],
     );
     // The sidecar: accept, read the original destination, dial it, relay.
@@ -158,7 +197,8 @@ fn a_mesh_proxy_sees_the_clusterip_and_its_own_connection_reaches_the_backend() 
         let original = original_dst(app.as_raw_fd());
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         s.set_mark(MARK).unwrap();
-        s.connect_timeout(&original.into(), Duration::from_secs(3)).unwrap();
+        s.connect_timeout(&original.into(), Duration::from_secs(3))
+            .unwrap();
         let mut upstream: TcpStream = s.into();
         let mut answer = String::new();
         upstream.read_to_string(&mut answer).unwrap();
@@ -209,9 +249,24 @@ fn a_pod_that_is_its_own_backend_reaches_itself_through_the_clusterip() {
         format!("services:\n  - name: web\n    clusterIPs: [{VIP}]\n    ports: [{{port: 80, targetPort: 8080}}]\n    backends: [{{address: {me}, local: true}}]\n"),
     )
     .unwrap();
-    let _agent = Agent::start_in_netns(&n.node.name, &n.services, &n.cgroup.path, &n.pins.path, &MESH_SAFE);
-    for a in probe::run(&n.cgroup.path, &n.pods[0].name, "tcp", &format!("{VIP}:80"), 5) {
+    let _agent = Agent::start_in_netns(
+        &n.node.name,
+        &n.services,
+        &n.cgroup.path,
+        &n.pins.path,
+        &MESH_SAFE,
+    );
+    for a in probe::run(
+        &n.cgroup.path,
+        &n.pods[0].name,
+        "tcp",
+        &format!("{VIP}:80"),
+        5,
+    ) {
         assert!(a.ok && a.backend() == Some("self"), "{a:?}");
-        assert!(a.seen_client().unwrap().starts_with(&format!("{VIP}:")), "{a:?}");
+        assert!(
+            a.seen_client().unwrap().starts_with(&format!("{VIP}:")),
+            "{a:?}"
+        );
     }
 }

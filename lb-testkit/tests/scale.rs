@@ -98,7 +98,10 @@ fn during_a_long_full_sync_the_agent_answers_probes_and_stops_within_a_second_of
     assert!([200, 503].contains(&code), "/healthz answered {code}");
     assert_eq!(mcode, 200);
     assert!(metrics.contains("lb_reconciles_total") || metrics.contains("lb_map_writes_total"));
-    assert!(answered < Duration::from_secs(2), "probes took {answered:?}");
+    assert!(
+        answered < Duration::from_secs(2),
+        "probes took {answered:?}"
+    );
     assert!(
         !agent.log_text().contains("\"reconciled\"") && !agent.log_text().contains(" reconciled "),
         "the sync was still running when probed"

@@ -315,7 +315,8 @@ fn host_namespace_only_translates_host_sockets_and_pods_reach_services_through_t
         agent.lbctl_json(&["config", "get"])["host-namespace-only"],
         "on"
     );
-    let before = lb_testkit::cluster_counter(&n.pins.path, lb_common::config::CNT_SOCK_TRANSLATIONS);
+    let before =
+        lb_testkit::cluster_counter(&n.pins.path, lb_common::config::CNT_SOCK_TRANSLATIONS);
     for a in lb_testkit::probe::run(&n.cgroup.path, &n.node.name, "tcp", &format!("{VIP}:80"), 3) {
         assert!(
             a.ok && a.backend() == Some("b1"),
@@ -326,7 +327,13 @@ fn host_namespace_only_translates_host_sockets_and_pods_reach_services_through_t
     assert_eq!(host - before, 3, "by socket LB");
     // A pod keeps the service address on its socket (socket LB leaves it
     // alone) and reaches the backend all the same, through its veth.
-    for a in lb_testkit::probe::run(&n.cgroup.path, &n.pods[0].name, "tcp", &format!("{VIP}:80"), 3) {
+    for a in lb_testkit::probe::run(
+        &n.cgroup.path,
+        &n.pods[0].name,
+        "tcp",
+        &format!("{VIP}:80"),
+        3,
+    ) {
         assert!(a.ok && a.backend() == Some("b1"), "{a:?}");
     }
     assert_eq!(

@@ -352,7 +352,11 @@ fn zone_hints_keep_cluster_traffic_in_this_nodes_zone_and_terminating_endpoints_
     let t = translate_all("topology-hints.yaml");
     assert_eq!(
         backends_of(svc(&t, "topo", "zoned"), "10.96.40.1"),
-        vec!["10.244.0.10 active", "10.244.1.11 terminating", "10.244.2.10 active"],
+        vec![
+            "10.244.0.10 active",
+            "10.244.1.11 terminating",
+            "10.244.2.10 active"
+        ],
         "zone-b's ready endpoint is left to zone-b's nodes"
     );
 }
@@ -360,13 +364,24 @@ fn zone_hints_keep_cluster_traffic_in_this_nodes_zone_and_terminating_endpoints_
 #[test]
 fn node_hints_win_over_zone_hints_when_one_is_for_this_node() {
     let t = translate_all("topology-hints.yaml");
-    assert_eq!(backends_of(svc(&t, "topo", "by-node"), "10.96.40.2"), vec!["10.244.0.20 active"]);
+    assert_eq!(
+        backends_of(svc(&t, "topo", "by-node"), "10.96.40.2"),
+        vec!["10.244.0.20 active"]
+    );
     // The same slice seen from a node without its own endpoint falls back
     // to the zone hints.
     let (services, slices) = load("topology-hints.yaml");
-    let by_node = services.iter().find(|s| s.metadata.name.as_deref() == Some("by-node")).unwrap();
-    let own = slices.iter().filter(|s| s.metadata.name.as_deref() == Some("by-node-1"));
-    let other = NodeContext { name: "node-z".into(), ..node() };
+    let by_node = services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("by-node"))
+        .unwrap();
+    let own = slices
+        .iter()
+        .filter(|s| s.metadata.name.as_deref() == Some("by-node-1"));
+    let other = NodeContext {
+        name: "node-z".into(),
+        ..node()
+    };
     let s = translate(by_node, own, &other).service.unwrap();
     assert_eq!(
         backends_of(&s, "10.96.40.2"),
@@ -378,13 +393,27 @@ fn node_hints_win_over_zone_hints_when_one_is_for_this_node() {
 #[test]
 fn hints_are_ignored_when_one_ready_endpoint_lacks_them_or_none_is_for_this_zone() {
     let t = translate_all("topology-hints.yaml");
-    assert_eq!(backends_of(svc(&t, "topo", "partial"), "10.96.40.3").len(), 2);
-    assert_eq!(backends_of(svc(&t, "topo", "elsewhere"), "10.96.40.4").len(), 2);
+    assert_eq!(
+        backends_of(svc(&t, "topo", "partial"), "10.96.40.3").len(),
+        2
+    );
+    assert_eq!(
+        backends_of(svc(&t, "topo", "elsewhere"), "10.96.40.4").len(),
+        2
+    );
     // A node without a zone label uses no zone hints.
     let (services, slices) = load("topology-hints.yaml");
-    let zoned = services.iter().find(|s| s.metadata.name.as_deref() == Some("zoned")).unwrap();
-    let own = slices.iter().filter(|s| s.metadata.name.as_deref() == Some("zoned-1"));
-    let unzoned = NodeContext { zone: String::new(), ..node() };
+    let zoned = services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("zoned"))
+        .unwrap();
+    let own = slices
+        .iter()
+        .filter(|s| s.metadata.name.as_deref() == Some("zoned-1"));
+    let unzoned = NodeContext {
+        zone: String::new(),
+        ..node()
+    };
     let s = translate(zoned, own, &unzoned).service.unwrap();
     assert_eq!(backends_of(&s, "10.96.40.1").len(), 4);
 }
@@ -403,7 +432,20 @@ fn internal_policy_local_ignores_hints_and_external_local_keeps_its_own_endpoint
         vec!["10.244.2.60 active"],
         "the ClusterIP follows the zone hints"
     );
-    let np = s.frontends.iter().find(|f| f.kind == FrontendKind::NodePort).unwrap();
-    let local: Vec<String> = np.backends.iter().filter(|b| b.local).map(|b| b.address.to_string()).collect();
-    assert_eq!(local, vec!["10.244.0.60"], "traffic from outside reaches this node's endpoint whatever its hint");
+    let np = s
+        .frontends
+        .iter()
+        .find(|f| f.kind == FrontendKind::NodePort)
+        .unwrap();
+    let local: Vec<String> = np
+        .backends
+        .iter()
+        .filter(|b| b.local)
+        .map(|b| b.address.to_string())
+        .collect();
+    assert_eq!(
+        local,
+        vec!["10.244.0.60"],
+        "traffic from outside reaches this node's endpoint whatever its hint"
+    );
 }

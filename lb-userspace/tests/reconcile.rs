@@ -586,7 +586,8 @@ fn a_maglev_service_without_backends_has_no_table_and_does_not_stop_the_sync() {
     svc.frontends[0].backends.clear();
     model.services.insert(name(12), svc);
     model.services.insert(name(13), other);
-    r.reconcile(&model).expect("an empty Maglev service reconciles");
+    r.reconcile(&model)
+        .expect("an empty Maglev service reconciles");
     assert!(r.state().maglev.is_empty(), "the table is gone");
     assert_eq!(r.pending().len(), 0);
     assert!(
@@ -610,7 +611,9 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
     let n = 3_000u32;
     let mut model = Model::default();
     for i in 0..n {
-        model.services.insert(name(i), service(i, 80, &[(i % 200) as u8]));
+        model
+            .services
+            .insert(name(i), service(i, 80, &[(i % 200) as u8]));
     }
     let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity {
         services: 900, // marker + master + slot: room for 300 of them

@@ -12,9 +12,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use lb_common::{
     config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
-    nodeport::{
-        ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_CLOSING, CT_F_ESTABLISHED,
-    },
+    nodeport::{ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_CLOSING, CT_F_ESTABLISHED},
 };
 
 use super::access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};

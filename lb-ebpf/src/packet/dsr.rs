@@ -11,15 +11,18 @@ use lb_common::{
     config::CNT_DSR_LEARNED,
     drop::DropReason,
     nodeport::{Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_REVERSE, DSR_OPT_LEN, DSR_OPT_TYPE},
-    service::{SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT, Service4Key, SCOPE_ALL},
+    service::{
+        Service4Key, SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+    },
 };
 
 use super::{
-    access::{store, ETH_HLEN, IP_CHECK, IP_TOT_LEN, IPPROTO_TCP, TCP_ACK, TCP_SYN},
+    access::{store, ETH_HLEN, IPPROTO_TCP, IP_CHECK, IP_TOT_LEN, TCP_ACK, TCP_SYN},
     csum::ipv4_csum,
     ct::{self, now},
+    drop_packet,
     parse::Flow,
-    drop_packet, Action, Hook,
+    Action, Hook,
 };
 use crate::{
     events::bump,
@@ -47,7 +50,11 @@ pub fn insert_option<C: Hook>(ctx: &C, f: &Flow, frontend: u32, fport: u16) -> b
     let new_len = ip_len + DSR_OPT_LEN as usize;
     let opt: [u8; 2] = [DSR_OPT_TYPE, DSR_OPT_LEN];
     let ok = store(ctx, ip, 0x40u8 | (new_len / 4) as u8)
-        && store(ctx, ip + IP_TOT_LEN, (f.tot_len + DSR_OPT_LEN as u16).to_be())
+        && store(
+            ctx,
+            ip + IP_TOT_LEN,
+            (f.tot_len + DSR_OPT_LEN as u16).to_be(),
+        )
         && store(ctx, ip + 20, opt)
         && store(ctx, ip + 22, fport)
         && store(ctx, ip + 24, frontend);
@@ -70,7 +77,11 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow) -> bool {
     let ip = ETH_HLEN;
     let new_len = ip_len - DSR_OPT_LEN as usize;
     let ok = store(ctx, ip, 0x40u8 | (new_len / 4) as u8)
-        && store(ctx, ip + IP_TOT_LEN, (f.tot_len - DSR_OPT_LEN as u16).to_be());
+        && store(
+            ctx,
+            ip + IP_TOT_LEN,
+            (f.tot_len - DSR_OPT_LEN as u16).to_be(),
+        );
     if !ok {
         return false;
     }

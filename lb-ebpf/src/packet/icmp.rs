@@ -20,8 +20,9 @@ use lb_common::{
 use super::{
     access::*,
     csum::{diff16, diff32, fold, sum_words, update_field},
-    ct, fib, finish_redirect, record_drop, scratch, Action, Hook,
+    ct, fib, finish_redirect,
     parse::Flow,
+    record_drop, scratch, Action, Hook,
 };
 use crate::{events::bump, maps::LB_EVENT_RATE};
 
@@ -46,8 +47,16 @@ fn admit() -> bool {
     let t = ct::now();
     let cap = ICMP_RATE * NS;
     let elapsed = t.saturating_sub(state.last_ns);
-    let refill = if elapsed >= NS { cap } else { elapsed * ICMP_RATE };
-    let budget = if state.budget + refill > cap { cap } else { state.budget + refill };
+    let refill = if elapsed >= NS {
+        cap
+    } else {
+        elapsed * ICMP_RATE
+    };
+    let budget = if state.budget + refill > cap {
+        cap
+    } else {
+        state.budget + refill
+    };
     state.last_ns = t;
     if budget < NS {
         state.budget = budget;
@@ -270,7 +279,12 @@ fn quoted_addr<C: Hook>(ctx: &C, f: &Flow, field: usize, new: u32) -> bool {
         return false;
     };
     let mut ok = set32(ctx, check, qip + field, new)
-        && set16(ctx, check, qip + IP_CHECK, super::csum::csum_apply(qcheck, d));
+        && set16(
+            ctx,
+            check,
+            qip + IP_CHECK,
+            super::csum::csum_apply(qcheck, d),
+        );
     if let Some(l4c) = quoted_l4_check(ctx, f) {
         if let Some(c) = load::<u16, C>(ctx, l4c) {
             ok = ok && set16(ctx, check, l4c, super::csum::csum_apply(c, d));
@@ -293,7 +307,13 @@ fn quoted_port<C: Hook>(ctx: &C, f: &Flow, field: usize, new: u16) -> bool {
     let mut ok = set16(ctx, check, off, new);
     if let Some(l4c) = quoted_l4_check(ctx, f) {
         if let Some(c) = load::<u16, C>(ctx, l4c) {
-            ok = ok && set16(ctx, check, l4c, super::csum::csum_apply(c, diff16(old, new)));
+            ok = ok
+                && set16(
+                    ctx,
+                    check,
+                    l4c,
+                    super::csum::csum_apply(c, diff16(old, new)),
+                );
         }
     }
     ok
@@ -334,7 +354,11 @@ fn to_client<C: Hook>(ctx: &C, f: &Flow) -> Action {
     }
     // ct: addr/port = the frontend, nat_addr/nat_port = the client.
     let (frontend, fport, client, cport) = (ct.addr, ct.port, ct.nat_addr, ct.nat_port);
-    let outer_src = if f.saddr == q.daddr { frontend } else { f.saddr };
+    let outer_src = if f.saddr == q.daddr {
+        frontend
+    } else {
+        f.saddr
+    };
     let ok = quoted_addr(ctx, f, IP_SADDR, client)
         && quoted_port(ctx, f, L4_SPORT, cport)
         && quoted_addr(ctx, f, IP_DADDR, frontend)
@@ -413,7 +437,11 @@ pub fn egress_error<C: Hook>(ctx: &C, f: &Flow) -> Action {
         return Action::PASS;
     }
     let (frontend, fport) = (ct.addr, ct.port);
-    let outer_src = if f.saddr == q.daddr { frontend } else { f.saddr };
+    let outer_src = if f.saddr == q.daddr {
+        frontend
+    } else {
+        f.saddr
+    };
     let ok = quoted_addr(ctx, f, IP_DADDR, frontend)
         && quoted_port(ctx, f, L4_DPORT, fport)
         && outer_addr(ctx, IP_SADDR, f.saddr, outer_src);

@@ -48,7 +48,10 @@ pub mod xdp;
 use aya_ebpf::bindings::bpf_fib_lookup;
 use lb_common::{
     backend::{Backend4, BACKEND_FLAG_LOCAL},
-    config::{CFG_LB_MODE, CFG_MAGLEV_M, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD, CNT_NP_REVERSE},
+    config::{
+        CFG_LB_MODE, CFG_MAGLEV_M, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD,
+        CNT_NP_REVERSE,
+    },
     drop::{Direction, DropReason},
     event::Event,
     nodeport::*,
@@ -595,7 +598,9 @@ fn forward_known<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -> Act
     let route = fib::lookup(ctx, f.saddr, b.address, f, extra);
     match route {
         Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
-        Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu.saturating_sub(extra), ct.service_id),
+        Route::TooBig(mtu) => {
+            return icmp::too_big(ctx, f, mtu.saturating_sub(extra), ct.service_id)
+        }
         Route::NoNeigh(..) if C::IS_XDP => return Action::PUNT,
         _ => {}
     }

@@ -4,7 +4,10 @@
 //! fragment carried the L4 checksum, which covers the whole datagram and was
 //! updated there).
 use super::{
-    access::{store, ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IP_DADDR, IP_SADDR, L4_DPORT, L4_SPORT, TCP_CHECK, UDP_CHECK},
+    access::{
+        store, ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IP_DADDR, IP_SADDR, L4_DPORT, L4_SPORT,
+        TCP_CHECK, UDP_CHECK,
+    },
     parse::Flow,
     Hook,
 };

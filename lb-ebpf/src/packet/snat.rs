@@ -142,7 +142,14 @@ fn reusable(rkey: &Ct4Key, proto: u8) -> bool {
         return false;
     }
     // The forward entry of the flow: client → frontend.
-    let fkey = Ct4Key::new(old.nat_addr, old.addr, old.nat_port, old.port, proto, CT_SERVICE);
+    let fkey = Ct4Key::new(
+        old.nat_addr,
+        old.addr,
+        old.nat_port,
+        old.port,
+        proto,
+        CT_SERVICE,
+    );
     let Some(fwd) = LB4_CT.get_ptr(&fkey) else {
         return true;
     };

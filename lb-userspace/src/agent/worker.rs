@@ -183,7 +183,10 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         }
     }
 
-    fn write_status(&self, refused: &[(crate::model::ServiceName, crate::reconcile::ServiceError)]) {
+    fn write_status(
+        &self,
+        refused: &[(crate::model::ServiceName, crate::reconcile::ServiceError)],
+    ) {
         let Some(path) = &self.status_file else {
             return;
         };

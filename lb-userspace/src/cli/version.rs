@@ -42,7 +42,10 @@ impl VersionReport {
                 )),
             }
         }
-        if let Some(l) = self.agent_layout.filter(|l| *l != 0 && *l != self.lbctl_layout) {
+        if let Some(l) = self
+            .agent_layout
+            .filter(|l| *l != 0 && *l != self.lbctl_layout)
+        {
             out.push(format!(
                 "the agent writes map layout v{l}, this lbctl reads v{}: use the lbctl of the agent's release",
                 self.lbctl_layout
@@ -160,7 +163,10 @@ agent       1.2.3 (map layout v2)
         let p = r.problems();
         assert_eq!(p.len(), 1);
         assert!(p[0].contains("pinned with map layout v1"), "{p:?}");
-        assert!(p[0].contains("lb-agent uninstall --pin-dir /sys/fs/bpf/lb/v1"), "{p:?}");
+        assert!(
+            p[0].contains("lb-agent uninstall --pin-dir /sys/fs/bpf/lb/v1"),
+            "{p:?}"
+        );
         assert!(render(&r).contains("map layout v1 at /sys/fs/bpf/lb/v1"));
     }
 

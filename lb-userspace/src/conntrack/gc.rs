@@ -15,7 +15,10 @@ use std::{
 };
 
 use aya::maps::{HashMap, MapData};
-use lb_common::{maps as names, nodeport::{Ct4Key, Ct4Value}};
+use lb_common::{
+    maps as names,
+    nodeport::{Ct4Key, Ct4Value},
+};
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use tracing::{debug, warn};
 
@@ -142,7 +145,13 @@ mod tests {
         assert_eq!(next_interval(m, 1_000, 100_000), Duration::from_secs(90));
         assert_eq!(next_interval(m, 10_000, 100_000), m);
         // Bounded both ways.
-        assert_eq!(next_interval(Duration::from_secs(11), 99_000, 100_000), MIN_INTERVAL);
-        assert_eq!(next_interval(Duration::from_secs(500), 0, 100_000), MAX_INTERVAL);
+        assert_eq!(
+            next_interval(Duration::from_secs(11), 99_000, 100_000),
+            MIN_INTERVAL
+        );
+        assert_eq!(
+            next_interval(Duration::from_secs(500), 0, 100_000),
+            MAX_INTERVAL
+        );
     }
 }

@@ -11,8 +11,7 @@ pub mod gc;
 use lb_common::{
     config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
     nodeport::{
-        ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE,
-        CT_SERVICE,
+        ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE,
     },
 };
 

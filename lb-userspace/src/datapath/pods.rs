@@ -27,8 +27,7 @@ use tracing::{info, warn};
 
 use super::{ensure_link, PinLayout};
 use crate::sys::{
-    self,
-    bpf as sysbpf,
+    self, bpf as sysbpf,
     netlink::{Link, LinkEvent, LinkWatch},
 };
 
@@ -118,7 +117,10 @@ pub fn load_and_pin(ebpf: &mut Ebpf, layout: &PinLayout) -> anyhow::Result<()> {
 
 /// The link pin names of a pod device.
 pub fn link_names(dev: &str) -> [String; 2] {
-    [format!("tc-pod-ingress@{dev}"), format!("tc-pod-egress@{dev}")]
+    [
+        format!("tc-pod-ingress@{dev}"),
+        format!("tc-pod-egress@{dev}"),
+    ]
 }
 
 /// Gives `dev` the pod programs (from their pins); a link already there is
@@ -135,7 +137,8 @@ pub fn attach(pin_dir: &Path, dev: &str) -> anyhow::Result<()> {
     {
         let mut prog = SchedClassifier::from_pin(prog_pin(&layout, name))
             .with_context(|| format!("opening the pinned {name}"))?;
-        let current = |l: std::os::fd::BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(l)? == ifindex);
+        let current =
+            |l: std::os::fd::BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(l)? == ifindex);
         let fd = prog.fd()?.try_clone()?;
         ensure_link(&layout.link(&link), fd.as_fd(), current, || {
             let id = prog

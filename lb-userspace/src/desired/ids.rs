@@ -236,11 +236,23 @@ mod tests {
         let kept = ids.service_id(&key(1)).unwrap();
         ids.begin(); // the first change was kept
         let refused = ids.service_id(&key(2)).unwrap();
-        assert_eq!(ids.service_id(&key(1)).unwrap(), kept, "an existing id is not fresh");
-        assert_eq!(ids.rollback(), 1, "one id to give back, whatever the table holds");
+        assert_eq!(
+            ids.service_id(&key(1)).unwrap(),
+            kept,
+            "an existing id is not fresh"
+        );
+        assert_eq!(
+            ids.rollback(),
+            1,
+            "one id to give back, whatever the table holds"
+        );
         assert_eq!(ids.lookup_service(&key(2)), None);
         assert_eq!(ids.lookup_service(&key(1)), Some(kept));
-        assert_ne!(ids.service_id(&key(2)).unwrap(), refused, "not reused before wrapping");
+        assert_ne!(
+            ids.service_id(&key(2)).unwrap(),
+            refused,
+            "not reused before wrapping"
+        );
     }
 
     #[test]

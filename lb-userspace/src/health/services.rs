@@ -119,7 +119,11 @@ async fn answer(State(s): State<PortState>) -> impl IntoResponse {
     let check = s.checks.read().unwrap().get(&s.port).cloned();
     let Some(c) = check else {
         // Closed between accept and answer.
-        return (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "application/json")], String::new())
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            String::new(),
+        )
             .into_response();
     };
     let healthy = s.proxy.healthy();
@@ -255,29 +259,60 @@ mod tests {
             svc(
                 Some(31000),
                 // Two local ready, one local terminating, one remote.
-                &[(1, BackendState::Active), (2, BackendState::Active), (3, BackendState::Terminating), (200, BackendState::Active)],
+                &[
+                    (1, BackendState::Active),
+                    (2, BackendState::Active),
+                    (3, BackendState::Terminating),
+                    (200, BackendState::Active),
+                ],
             ),
         );
-        model.services.insert(ServiceName::new("ns", "no-hc"), svc(None, &[(4, BackendState::Active)]));
-        assert!(t.observe(&SourceEvent::Full { model, observed: Instant::now(), triggers: vec![] }));
+        model.services.insert(
+            ServiceName::new("ns", "no-hc"),
+            svc(None, &[(4, BackendState::Active)]),
+        );
+        assert!(t.observe(&SourceEvent::Full {
+            model,
+            observed: Instant::now(),
+            triggers: vec![]
+        }));
         assert_eq!(
             t.checks(),
-            BTreeMap::from([(31000, Check { service: a.clone(), local_endpoints: 2 })])
+            BTreeMap::from([(
+                31000,
+                Check {
+                    service: a.clone(),
+                    local_endpoints: 2
+                }
+            )])
         );
         let same = SourceEvent::Changes {
-            changes: vec![(a.clone(), Some(svc(Some(31000), &[(1, BackendState::Active), (2, BackendState::Active)])))],
+            changes: vec![(
+                a.clone(),
+                Some(svc(
+                    Some(31000),
+                    &[(1, BackendState::Active), (2, BackendState::Active)],
+                )),
+            )],
             observed: Instant::now(),
             triggers: vec![],
         };
         assert!(!t.observe(&same), "nothing a health check answers changed");
-        let gone = SourceEvent::Changes { changes: vec![(a, None)], observed: Instant::now(), triggers: vec![] };
+        let gone = SourceEvent::Changes {
+            changes: vec![(a, None)],
+            observed: Instant::now(),
+            triggers: vec![],
+        };
         assert!(t.observe(&gone));
         assert!(t.checks().is_empty());
     }
 
     #[test]
     fn body_is_kube_proxys_template() {
-        let c = Check { service: ServiceName::new("default", "web"), local_endpoints: 3 };
+        let c = Check {
+            service: ServiceName::new("default", "web"),
+            local_endpoints: 3,
+        };
         assert_eq!(
             body(&c, false),
             "{\n\t\"service\": {\n\t\t\"namespace\": \"default\",\n\t\t\"name\": \"web\"\n\t},\n\t\"localEndpoints\": 3,\n\t\"serviceProxyHealthy\": false\n}"

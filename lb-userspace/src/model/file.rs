@@ -25,11 +25,7 @@
 //! Errors name the field (`services[1].ports[0].port`) and say how to fix it.
 //! Parsing is all-or-nothing: an invalid file never becomes a model, so the
 //! maps keep the last good state.
-use std::{
-    collections::BTreeSet,
-    fmt,
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, fmt, net::IpAddr};
 
 use serde::Deserialize;
 
@@ -176,9 +172,10 @@ pub fn parse_with(text: &str, ctx: &FileContext) -> Result<Model, FileError> {
     // service at once and left the model scattered through it (see
     // `crate::sys::heap`).
     let mut converter = Converter::new(ctx);
-    let parsed = serde_saphyr::with_deserializer_from_str_with_options(text, parse_options(), |d| {
-        serde::de::DeserializeSeed::deserialize(StreamedFileSeed(&mut converter), d)
-    });
+    let parsed =
+        serde_saphyr::with_deserializer_from_str_with_options(text, parse_options(), |d| {
+            serde::de::DeserializeSeed::deserialize(StreamedFileSeed(&mut converter), d)
+        });
     match parsed {
         Ok(_) => converter.finish(),
         // A service refused by the converter aborts the parse; its error
@@ -305,9 +302,7 @@ impl<'de> serde::de::Visitor<'de> for StreamedFileSeed<'_, '_> {
         let mut seen = false;
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
-                "services" if seen => {
-                    return Err(serde::de::Error::duplicate_field("services"))
-                }
+                "services" if seen => return Err(serde::de::Error::duplicate_field("services")),
                 "services" => {
                     seen = true;
                     map.next_value_seed(StreamedServices(&mut *self.0))?;
@@ -693,7 +688,11 @@ services:
         )
         .unwrap_err();
         assert_eq!(e.field, "services[1]");
-        assert!(e.message.contains("already a frontend of services[0] (default/a)"), "{e}");
+        assert!(
+            e.message
+                .contains("already a frontend of services[0] (default/a)"),
+            "{e}"
+        );
     }
 
     fn bad(yaml: &str) -> FileError {

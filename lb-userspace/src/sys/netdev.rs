@@ -59,10 +59,16 @@ pub fn all_addresses() -> anyhow::Result<Vec<(String, std::net::IpAddr)>> {
             let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
             if family == libc::AF_INET {
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                out.push((name, Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into()));
+                out.push((
+                    name,
+                    Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into(),
+                ));
             } else if family == libc::AF_INET6 {
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                out.push((name, std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into()));
+                out.push((
+                    name,
+                    std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into(),
+                ));
             }
         }
         cur = ifa.ifa_next;
@@ -81,7 +87,11 @@ pub fn default_route_devices() -> Vec<String> {
         // and mask 0.
         for l in t.lines().skip(1) {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() > 7 && f[1] == "00000000" && f[7] == "00000000" && !out.contains(&f[0].to_string()) {
+            if f.len() > 7
+                && f[1] == "00000000"
+                && f[7] == "00000000"
+                && !out.contains(&f[0].to_string())
+            {
                 out.push(f[0].to_string());
             }
         }

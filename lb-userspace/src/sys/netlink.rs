@@ -217,6 +217,9 @@ mod tests {
     #[test]
     fn the_dump_lists_loopback() {
         let all = links().unwrap();
-        assert!(all.iter().any(|l| l.name == "lo" && l.ifindex == 1), "{all:?}");
+        assert!(
+            all.iter().any(|l| l.name == "lo" && l.ifindex == 1),
+            "{all:?}"
+        );
     }
 }

@@ -652,15 +652,27 @@ mod tests {
             vec![svc("a", "10.96.0.1", &[])],
             vec![stamped(slice("a-1", "a", &["10.244.0.1"]), before)],
         );
-        assert!(s.take_triggers().is_empty(), "the initial list is not a change of ours to time");
-        s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.2"]), before)));
-        assert!(s.take_triggers().is_empty(), "a change made before the agent started");
+        assert!(
+            s.take_triggers().is_empty(),
+            "the initial list is not a change of ours to time"
+        );
+        s.on_slice(Event::Apply(stamped(
+            slice("a-1", "a", &["10.244.0.2"]),
+            before,
+        )));
+        assert!(
+            s.take_triggers().is_empty(),
+            "a change made before the agent started"
+        );
         let t = SystemTime::now();
         s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.3"]), t)));
         let got = s.take_triggers();
         assert_eq!(got.len(), 1);
         let skew = got[0].duration_since(t).unwrap_or_else(|e| e.duration());
-        assert!(skew < std::time::Duration::from_millis(1), "parsed back to {got:?}, wrote {t:?}");
+        assert!(
+            skew < std::time::Duration::from_millis(1),
+            "parsed back to {got:?}, wrote {t:?}"
+        );
         assert!(s.take_triggers().is_empty(), "taken once");
         // The same stamp again (a label edit, a resync) is not a new change.
         s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.3"]), t)));
@@ -668,7 +680,10 @@ mod tests {
         // A relist that brings a change the watch missed counts it.
         let later = SystemTime::now() + std::time::Duration::from_millis(5);
         s.on_slice(Event::Init);
-        s.on_slice(Event::InitApply(stamped(slice("a-1", "a", &["10.244.0.4"]), later)));
+        s.on_slice(Event::InitApply(stamped(
+            slice("a-1", "a", &["10.244.0.4"]),
+            later,
+        )));
         s.on_slice(Event::InitDone);
         assert_eq!(s.take_triggers().len(), 1);
     }

@@ -348,12 +348,16 @@ fn topology_mode(eps: &[(Backend, Hints)], node: &NodeContext) -> TopologyMode {
         return TopologyMode::None;
     }
     let all_node = ready.iter().all(|h| !h.nodes.is_empty());
-    let for_node = ready.iter().any(|h| h.nodes.iter().any(|n| *n == node.name));
+    let for_node = ready
+        .iter()
+        .any(|h| h.nodes.iter().any(|n| *n == node.name));
     if all_node && for_node && !node.name.is_empty() {
         return TopologyMode::SameNode;
     }
     let all_zone = ready.iter().all(|h| !h.zones.is_empty());
-    let for_zone = ready.iter().any(|h| h.zones.iter().any(|z| *z == node.zone));
+    let for_zone = ready
+        .iter()
+        .any(|h| h.zones.iter().any(|z| *z == node.zone));
     if all_zone && for_zone && !node.zone.is_empty() {
         return TopologyMode::SameZone;
     }
@@ -445,8 +449,18 @@ fn backends_for_port(
                 .hints
                 .as_ref()
                 .map(|h| Hints {
-                    zones: h.for_zones.iter().flatten().map(|z| z.name.clone()).collect(),
-                    nodes: h.for_nodes.iter().flatten().map(|n| n.name.clone()).collect(),
+                    zones: h
+                        .for_zones
+                        .iter()
+                        .flatten()
+                        .map(|z| z.name.clone())
+                        .collect(),
+                    nodes: h
+                        .for_nodes
+                        .iter()
+                        .flatten()
+                        .map(|n| n.name.clone())
+                        .collect(),
                 })
                 .unwrap_or_default();
             by_addr
@@ -462,7 +476,9 @@ fn backends_for_port(
     let mut out: Vec<(Backend, Hints)> = by_addr.into_values().collect();
     if out.len() > crate::model::file::MAX_BACKENDS_PER_FRONTEND {
         // Keep the most usable ones.
-        out.sort_by(|(a, _), (b, _)| (a.state, a.address, a.port).cmp(&(b.state, b.address, b.port)));
+        out.sort_by(|(a, _), (b, _)| {
+            (a.state, a.address, a.port).cmp(&(b.state, b.address, b.port))
+        });
         warn(
             warnings,
             "too-many-endpoints",
