@@ -111,7 +111,8 @@ pub fn run(
     .stderr(std::fs::File::create(log.with_extension("stderr")).unwrap());
     crate::netns::exec_in(&mut cmd, &cluster.cp.netns.name).unwrap();
     let started = Instant::now();
-    let status = cmd.status().expect("running e2e.test");
+    // Dies with the caller (PR_SET_PDEATHSIG), like the cluster's processes.
+    let status = crate::k8s::spawn(cmd).wait().expect("running e2e.test");
     eprintln!(
         "e2e.test exited with {status} after {:.0?}; output in {}",
         started.elapsed(),
@@ -129,7 +130,19 @@ pub fn run(
                 log.display()
             )
         });
-    parse_junit(&std::fs::read_to_string(junit).unwrap())
+    let outcomes = parse_junit(&std::fs::read_to_string(junit).unwrap());
+    // A suite that failed without a failed test (it could not start, a
+    // setup node broke) must not read as a pass.
+    if !status.success() {
+        assert!(
+            outcomes
+                .iter()
+                .any(|o| o.status != "passed" && o.status != "skipped"),
+            "e2e.test failed ({status}) but its report shows no failure; see {}",
+            log.display()
+        );
+    }
+    outcomes
 }
 
 /// The `<testcase>` elements of ginkgo's JUnit report.
@@ -154,17 +167,28 @@ pub fn parse_junit(xml: &str) -> Vec<Outcome> {
             Some(unescape(&head[i..j]))
         };
         let name = attr("name").unwrap_or_default();
-        let failure = body.find("<failure").map(|i| {
-            let msg = &body[i..];
-            let text = msg
-                .find(" message=\"")
-                .map(|k| {
-                    let k = k + " message=\"".len();
-                    let e = msg[k..].find('"').map(|e| e + k).unwrap_or(msg.len());
-                    unescape(&msg[k..e])
-                })
-                .unwrap_or_default();
-            text.lines().next().unwrap_or("").to_string()
+        // The e2e framework leaves the message attribute out
+        // (OmitFailureMessageAttr): the cause is the element's text. Panics
+        // and interrupts are <error> elements.
+        let failure = ["<failure", "<error"].iter().find_map(|tag| {
+            let i = body.find(tag)?;
+            let el = &body[i..];
+            let open_end = el.find('>')?;
+            let text = &el[open_end + 1..];
+            let text = &text[..text.find("</").unwrap_or(text.len())];
+            let attr_msg = el[..open_end].find(" message=\"").map(|k| {
+                let k = k + " message=\"".len();
+                let e = el[k..open_end].find('"').map(|e| e + k).unwrap_or(open_end);
+                unescape(&el[k..e])
+            });
+            let all = format!("{}\n{}", attr_msg.unwrap_or_default(), unescape(text));
+            Some(
+                all.lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())
+                    .unwrap_or("")
+                    .to_string(),
+            )
         });
         let status = attr("status").unwrap_or_else(|| {
             if failure.is_some() {
@@ -211,9 +235,11 @@ mod tests {
 <testcase name="[sig-network] Services should serve a basic endpoint from pods  [Conformance]" classname="Kubernetes e2e suite" status="passed" time="12.5"></testcase>
 <testcase name="[sig-network] Services should be able to change the type &#34;ClusterIP&#34;" classname="Kubernetes e2e suite" status="failed" time="40.1"><failure message="timed out&#xA;more detail" type="failed">stack</failure></testcase>
 <testcase name="[sig-network] Services skipped one" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+<testcase name="[It] [sig-network] Services as e2e writes it" classname="Kubernetes e2e suite" status="failed" time="3"><failure type="failed">&#xA;  [FAILED] service is not reachable within 2m0s timeout&#xA;  In [It] at: service.go:4291</failure></testcase>
+<testcase name="[It] [sig-network] Services that panicked" classname="Kubernetes e2e suite" status="panicked" time="1"><error type="panicked">[PANICKED] runtime error: index out of range</error></testcase>
 </testsuite></testsuites>"#;
         let got = parse_junit(xml);
-        assert_eq!(got.len(), 3);
+        assert_eq!(got.len(), 5);
         assert_eq!(got[0].status, "passed");
         assert_eq!(got[0].seconds, 12.5);
         assert_eq!(got[0].failure, None);
@@ -224,6 +250,17 @@ mod tests {
         assert_eq!(got[1].status, "failed");
         assert_eq!(got[1].failure.as_deref(), Some("timed out"));
         assert_eq!(got[2].status, "skipped");
+        assert_eq!(got[3].status, "failed");
+        assert_eq!(
+            got[3].failure.as_deref(),
+            Some("[FAILED] service is not reachable within 2m0s timeout")
+        );
+        assert!(got[3].is_test());
+        assert_eq!(got[4].status, "panicked");
+        assert_eq!(
+            got[4].failure.as_deref(),
+            Some("[PANICKED] runtime error: index out of range")
+        );
     }
 
     #[test]

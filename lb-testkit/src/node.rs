@@ -232,6 +232,14 @@ impl Node {
     /// have been written: `k8s::Options::nodes`), imports the images the
     /// tests need and waits until the node is Ready.
     pub fn start(cp: &ControlPlane, name: &str, tag: &str) -> Self {
+        // The kubelet runs in cgroup v1 mode and the agent attaches to the
+        // same subtree on the cgroup2 mount beside it: the hybrid layout.
+        let unified = Path::new("/sys/fs/cgroup/unified");
+        assert!(
+            lb::sys::fs::cgroup2_mount().is_ok_and(|m| m == unified),
+            "the test node needs the hybrid cgroup layout (v1 controllers under /sys/fs/cgroup, cgroup2 at {}); this machine has another",
+            unified.display()
+        );
         let cgroup_root = format!("lbtest-node-{tag}");
         let dir = std::env::temp_dir().join(format!("lb-node-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -281,9 +289,26 @@ impl Node {
                 file.display()
             ));
         }
+        // Places where containerd, libcni and the kubelet write whatever
+        // their configuration says (shim sockets, the CNI result cache, log
+        // links): directories of the node's own, in its namespace only.
+        for (host, own) in [
+            ("/run/containerd", "host/run-containerd"),
+            ("/var/lib/cni", "host/var-lib-cni"),
+            ("/var/log/containers", "host/var-log-containers"),
+        ] {
+            std::fs::create_dir_all(host).unwrap();
+            std::fs::create_dir_all(dir.join(own)).unwrap();
+            shadow.push_str(&format!(
+                " && mount --bind {} {host}",
+                dir.join(own).display()
+            ));
+        }
+        // Private first (the host's mounts may be shared, as under systemd:
+        // nothing mounted here may reach them), then shared inside only.
         let mut holder = Command::new("unshare");
         holder
-            .args(["--mount", "--propagation", "unchanged", "--", "sh", "-c"])
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
             .arg(format!(
                 "mount --make-rshared /{shadow} && echo ready && exec sleep 100000"
             ))
@@ -589,6 +614,9 @@ impl Drop for Node {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // cgroup.kill (5.14) kills the whole subtree at once, no pid reuse race;
+        // the pid loop below is for what it cannot reach.
+        let _ = std::fs::write(self.unified_cgroup().join("cgroup.kill"), "1");
         crate::wait_until(Duration::from_secs(20), || {
             let pids = cgroup_pids(&self.cgroup_root);
             for pid in &pids {
@@ -768,6 +796,19 @@ patches:
         ),
     )
     .unwrap();
+    // The privileged agent sees the host's /sys/fs/cgroup: make sure the
+    // overlay took before anything runs.
+    let rendered = cp.kubectl(&["kustomize", &dir.display().to_string()]);
+    for want in [
+        node.unified_cgroup().display().to_string(),
+        pins.0.display().to_string(),
+        "LB_DEVICES: none".to_string(),
+    ] {
+        assert!(
+            rendered.contains(&want),
+            "the overlay lost {want}:\n{rendered}"
+        );
+    }
     let applied = cp.kubectl(&["apply", "--server-side", "-k", &dir.display().to_string()]);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(applied.contains("daemonset.apps/lb-agent"), "{applied}");

@@ -7,13 +7,21 @@
 //! ranges, so a connect nobody translates fails.
 //!
 //! One node, in the control plane's network namespace (see `lb_testkit::node`).
-use std::{process::Command, time::Duration};
+use std::{
+    io::{BufRead as _, Read as _},
+    process::Command,
+    time::Duration,
+};
 
 use lb_testkit::{
     k8s::{ControlPlane, Options, ADVERTISE},
     node::{install_agent, kube_dns, Node, BUSYBOX_IMAGE},
     unique,
 };
+
+/// The LoadBalancer address the test writes into the Service's status: in a
+/// range of the test's own, with no route anywhere.
+const LB_IP: &str = "10.255.1.1";
 
 const BACKENDS: &str = r#"
 apiVersion: apps/v1
@@ -35,7 +43,7 @@ apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: default}
 spec:
-  type: NodePort
+  type: LoadBalancer
   selector: {app: web}
   ports: [{port: 80, targetPort: 8080, protocol: TCP}]
 ---
@@ -79,7 +87,7 @@ fn fetch_many(cp: &ControlPlane, host: &str, port: &str, n: usize) -> (Vec<Strin
 }
 
 #[test]
-fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_deploy_and_a_rolling_update_loses_nothing(
+fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_installed_from_deploy_and_a_rolling_update_loses_nothing(
 ) {
     let tag = unique("node");
     let node_name = "lbtest-node";
@@ -144,6 +152,17 @@ fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_d
     ]);
     let pods: Vec<&str> = pods.split_whitespace().collect();
     assert_eq!(pods.len(), 3);
+    // No cloud here: the test is the load balancer controller and writes
+    // the Service's status (an address of the test's own range).
+    cp.kubectl(&[
+        "patch",
+        "svc",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"status":{{"loadBalancer":{{"ingress":[{{"ip":"{LB_IP}"}}]}}}}}}"#),
+    ]);
 
     // The agent has all three in its maps: lbctl in the agent's container
     // (it finds the pins from the ConfigMap's LB_PIN_DIR, as an operator
@@ -173,10 +192,30 @@ fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_d
         "{}",
         lbctl(&["service", "list"])
     );
+    let lb_frontend = format!("{LB_IP}:80/TCP");
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || {
+            lbctl(&["service", "get", &lb_frontend])
+                .matches("(active)")
+                .count()
+                == 3
+        }),
+        "{}",
+        lbctl(&["service", "list"])
+    );
 
-    // ClusterIP and NodePort (the node's InternalIP), each answered by every
-    // backend and never failing.
-    for (host, port) in [(cluster_ip.as_str(), "80"), (ADVERTISE, node_port.as_str())] {
+    // Nothing but the agent translates: a service-range address that is no
+    // Service's goes to the node's blackhole route and fails.
+    let (answers, failed) = fetch_many(&cp, "10.96.255.254", "80", 1);
+    assert_eq!(failed, 1, "an address no Service has answered: {answers:?}");
+
+    // ClusterIP, NodePort (the node's InternalIP) and the LoadBalancer
+    // address, each answered by every backend and never failing.
+    for (host, port) in [
+        (cluster_ip.as_str(), "80"),
+        (ADVERTISE, node_port.as_str()),
+        (LB_IP, "80"),
+    ] {
         let url = format!("{host}:{port}");
         let (answers, failed) = fetch_many(&cp, host, port, 60);
         assert_eq!(failed, 0, "{url}: {answers:?}");
@@ -195,9 +234,17 @@ fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_d
     // the `kubernetes` ClusterIP and answers on the kube-dns ClusterIP (UDP):
     // both translated by the agent.
     let resolved = in_client(&cp, "nslookup web.default.svc.cluster.local");
-    assert!(resolved.contains(cluster_ip.trim()), "nslookup: {resolved}");
+    assert!(
+        resolved
+            .lines()
+            .any(|l| l.trim() == format!("Address: {}", cluster_ip.trim())),
+        "nslookup: {resolved}"
+    );
     let resolved = in_client(&cp, "nslookup kubernetes.default.svc.cluster.local");
-    assert!(resolved.contains("10.96.0.1"), "nslookup: {resolved}");
+    assert!(
+        resolved.lines().any(|l| l.trim() == "Address: 10.96.0.1"),
+        "nslookup: {resolved}"
+    );
     // A short name through the pod's search path, then HTTP to its ClusterIP.
     let (answers, failed) = fetch_many(&cp, "web", "80", 20);
     assert_eq!(failed, 0, "web:80: {answers:?}");
@@ -211,31 +258,41 @@ fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_d
     assert!(opened.contains("rc=0"), "kubernetes ClusterIP: {opened}");
 
     // A rolling update of the agent under traffic: the kernel keeps
-    // translating while the pod is replaced.
+    // translating while the pod is replaced. The load runs from before the
+    // restart until the new pod is ready and serving (a stop file ends it);
+    // only a backend's answer counts as a success.
+    in_client(&cp, "rm -f /stop");
     let mut load = Command::new(lb_testkit::k8s::testbed_bin());
     load.args(["kubectl", "--kubeconfig"])
         .arg(cp.admin_kubeconfig())
         .args(["exec", "client", "--", "sh", "-c"])
         .arg(format!(
-            "ok=0; failed=0; end=$(( $(date +%s) + 25 )); while [ $(date +%s) -lt $end ]; do \
-             r=$({}); if [ \"$r\" = FAILED ]; then failed=$((failed+1)); else ok=$((ok+1)); fi; done; \
+            "ok=0; failed=0; echo started; while [ ! -e /stop ]; do \
+             r=$({}); case \"$r\" in web-*) ok=$((ok+1));; *) failed=$((failed+1));; esac; done; \
              echo ok=$ok failed=$failed",
             get(&cluster_ip, "80")
         ))
         .stdout(std::process::Stdio::piped());
     lb_testkit::netns::exec_in(&mut load, &cp.netns.name).unwrap();
-    let load = load.spawn().unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    let before = cp.kubectl(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=lb-agent",
-        "-o",
-        "jsonpath={.items[*].metadata.uid}",
-    ]);
+    let mut load = load.spawn().unwrap();
+    let mut out = std::io::BufReader::new(load.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "started", "the load did not start");
+    std::thread::sleep(Duration::from_secs(2));
+    let agent_pods = || {
+        cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=lb-agent",
+            "-o",
+            "jsonpath={.items[*].metadata.uid}",
+        ])
+    };
+    let before = agent_pods();
     cp.kubectl(&["-n", "kube-system", "rollout", "restart", "ds/lb-agent"]);
     cp.kubectl(&[
         "-n",
@@ -245,19 +302,29 @@ fn pods_reach_clusterip_and_nodeport_services_through_the_agent_installed_from_d
         "ds/lb-agent",
         "--timeout=120s",
     ]);
-    let after = cp.kubectl(&[
-        "-n",
-        "kube-system",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=lb-agent",
-        "-o",
-        "jsonpath={.items[*].metadata.uid}",
-    ]);
-    assert_ne!(before, after, "the agent's pod was not replaced");
-    let out = load.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let after = agent_pods();
+    assert!(
+        !after
+            .split_whitespace()
+            .any(|u| before.split_whitespace().any(|b| b == u)),
+        "the agent's pod was not replaced: {before} -> {after}"
+    );
+    // The new pod took over the pinned state and follows the apiserver.
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || {
+            lbctl(&["service", "get", &frontend])
+                .matches("(active)")
+                .count()
+                == 3
+        }),
+        "{}",
+        lbctl(&["service", "list"])
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    in_client(&cp, "touch /stop");
+    let mut text = String::new();
+    out.read_to_string(&mut text).unwrap();
+    let _ = load.wait();
     let count = |k: &str| -> u64 {
         text.split_whitespace()
             .find_map(|w| w.strip_prefix(k))

@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path"
 	"regexp"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -112,7 +113,7 @@ func run(args []string) error {
 		return err
 	}
 	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "linux", "amd64"
+	cfg.OS, cfg.Architecture = "linux", runtime.GOARCH
 	cfg.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
 	cfg.Config.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}, env...)
 	if *entrypoint != "" {
@@ -136,11 +137,17 @@ type entry struct {
 
 type layer struct{ files map[string]entry }
 
+// add records dst; a path already taken keeps its first entry (a file named
+// on the command line wins over a busybox applet link or a library found
+// twice), and a parent that is not a directory is an error at tar time.
 func (l *layer) add(dst string, e entry) {
 	for d := path.Dir(dst); d != "/"; d = path.Dir(d) {
 		if _, ok := l.files[d]; !ok {
 			l.files[d] = entry{dir: true}
 		}
+	}
+	if _, taken := l.files[dst]; taken {
+		return
 	}
 	l.files[dst] = e
 }
@@ -168,6 +175,10 @@ func (l *layer) addLibs(src string) error {
 			return nil // static: nothing to add
 		}
 		return fmt.Errorf("ldd %s: %v: %s", src, err, out)
+	}
+	// A library the loader cannot find would make an image that cannot start.
+	if strings.Contains(string(out), "not found") {
+		return fmt.Errorf("ldd %s: a library is missing on this machine:\n%s", src, out)
 	}
 	for _, m := range lddLine.FindAllStringSubmatch(string(out), -1) {
 		lib := m[1]
@@ -223,6 +234,13 @@ func (l *layer) tar() ([]byte, error) {
 		paths = append(paths, p)
 	}
 	sort.Strings(paths) // parents before children, and reproducible
+	for _, p := range paths {
+		for d := path.Dir(p); d != "/"; d = path.Dir(d) {
+			if !l.files[d].dir {
+				return nil, fmt.Errorf("%s: its parent %s is a file or a link in this image", p, d)
+			}
+		}
+	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	epoch := time.Unix(0, 0)

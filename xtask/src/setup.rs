@@ -194,14 +194,33 @@ fn cgroup2() -> anyhow::Result<()> {
     }
 }
 
+/// Whether the process that made a test-kit name still runs: names carry
+/// the test process's pid (`lb_testkit::unique`), and the hands-on cluster
+/// (`cluster up`) is named `cluster` and owned by the pid in
+/// target/cluster/pid. Another session's live run is never swept.
+fn owner_alive(name: &str) -> bool {
+    let alive = |pid: &str| {
+        pid.parse::<u32>().is_ok_and(|p| p > 1)
+            && std::path::Path::new(&format!("/proc/{pid}")).exists()
+    };
+    if name.split('-').any(|t| t == "cluster") {
+        let pid =
+            std::fs::read_to_string(super::root().join("target/cluster/pid")).unwrap_or_default();
+        return alive(pid.trim());
+    }
+    name.split('-')
+        .any(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) && alive(t))
+}
+
 /// Removes what a crashed test may have left: network namespaces, child
-/// cgroups and pin directories named by the test kit (lbt-*, lbtest-*).
+/// cgroups and pin directories named by the test kit (lbt-*, lbtest-*),
+/// unless the process that made them still runs.
 pub fn sweep_leftovers() {
     let mut found = Vec::new();
     if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let name = line.split_whitespace().next().unwrap_or("");
-            if name.starts_with("lbt-") {
+            if name.starts_with("lbt-") && !owner_alive(name) {
                 let _ = Command::new("ip").args(["netns", "del", name]).status();
                 found.push(format!("netns {name}"));
             }
@@ -209,7 +228,8 @@ pub fn sweep_leftovers() {
     }
     if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") {
         for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with("lbtest-") {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("lbtest-") && !owner_alive(&name) {
                 let _ = std::fs::remove_dir_all(e.path());
                 found.push(format!("pins {}", e.path().display()));
             }
@@ -225,8 +245,10 @@ pub fn sweep_leftovers() {
         .flat_map(|h| std::fs::read_dir(h.path()).into_iter().flatten().flatten())
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("lbtest-node-"))
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("lbtest-node-") && !owner_alive(&n)
+            })
         })
         .collect();
     for tree in &node_trees {
@@ -240,12 +262,29 @@ pub fn sweep_leftovers() {
         for root in cgroups {
             if let Ok(entries) = std::fs::read_dir(&root) {
                 for e in entries.flatten() {
-                    if e.file_name().to_string_lossy().starts_with("lbtest-") {
-                        let _ = std::fs::remove_dir(e.path());
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name.starts_with("lbtest-")
+                        && !owner_alive(&name)
+                        && std::fs::remove_dir(e.path()).is_ok()
+                    {
                         found.push(format!("cgroup {}", e.path().display()));
                     }
                 }
             }
+        }
+    }
+    // A failed test keeps its control plane's and node's files for the
+    // post-mortem (logs, etcd, images: hundreds of MiB); once its process
+    // is gone they go.
+    for e in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if (name.starts_with("lb-k8s-") || name.starts_with("lb-node-")) && !owner_alive(&name) {
+            let _ = std::fs::remove_dir_all(e.path());
+            found.push(format!("files {}", e.path().display()));
         }
     }
     if !found.is_empty() {
