@@ -11,6 +11,7 @@ use crate::{events, maps::LB_DROPS};
 pub fn count(reason: DropReason, direction: Direction) {
     if let Some(counter) = LB_DROPS.get_ptr_mut(drop_index(reason, direction)) {
         // Per-CPU slot: no other CPU writes it, a plain add is enough.
+        // SAFETY: a per-CPU slot (see above), valid for this run.
         unsafe { *counter += 1 };
     }
 }

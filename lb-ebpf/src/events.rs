@@ -46,6 +46,7 @@ pub fn log_enabled(level: u32) -> bool {
 #[inline(always)]
 pub fn bump(counter: u32) {
     if let Some(c) = LB_COUNTERS.get_ptr_mut(counter) {
+        // SAFETY: a per-CPU slot from get_ptr_mut: no other CPU writes it, the pointer is valid for this run.
         unsafe { *c += 1 };
     }
 }
@@ -61,6 +62,7 @@ fn admit(now: u64) -> bool {
     let Some(state) = LB_EVENT_RATE.get_ptr_mut(0) else {
         return false;
     };
+    // SAFETY: a per-CPU slot from get_ptr_mut, valid for this run; no other CPU touches it.
     let state = unsafe { &mut *state };
     let cap = rate * NS_PER_SEC;
     let elapsed = now.saturating_sub(state.last_ns);
@@ -88,6 +90,7 @@ fn admit(now: u64) -> bool {
 /// time on the event when it does.
 #[inline(always)]
 fn admit_event(event: &mut Event) -> bool {
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     if !admit(now) {
         bump(CNT_EVENTS_RATE_LIMITED);

@@ -289,7 +289,7 @@ pub fn sweep_leftovers() {
     }
     if !found.is_empty() {
         eprintln!(
-            "xtask: removed leftovers of failed tests: {}",
+            "xtask: removed leftovers of failed or finished test runs: {}",
             found.join(", ")
         );
     }

@@ -72,6 +72,7 @@ fn event(
     e.family = family;
     e.daddr = daddr;
     e.dport = dport;
+    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
     e.cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     e
 }
@@ -79,6 +80,7 @@ fn event(
 /// The client identity for session affinity: the socket's network namespace.
 #[inline(always)]
 fn netns_cookie(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: the hook's own context, valid for this run (helper: Linux 5.7+ for sock_addr).
     unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
 }
 
@@ -136,6 +138,7 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
 
     // Remember the translation for this socket so replies (recvmsg) and
     // getpeername() show the service address again.
+    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let rev_key = SockRevNat4Key {
         cookie,
@@ -151,6 +154,7 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     };
     // A socket that keeps its choice finds its entry in place: no rewrite.
     let current = per_socket
+        // SAFETY: the value is copied or read before any helper call could delete the entry (RCU keeps it alive for this run).
         && unsafe { LB4_SOCK_REVNAT.get(&rev_key) }.is_some_and(|v| {
             v.address == rev.address && v.port == rev.port && v.service_id == rev.service_id
         });
@@ -230,6 +234,7 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
             return reject(reason, &mut e);
         }
     };
+    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let rev_key = SockRevNat6Key {
         cookie,
@@ -244,6 +249,7 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
         service_id: svc.service_id,
     };
     let current = per_socket
+        // SAFETY: the value is copied or read before any helper call could delete the entry (RCU keeps it alive for this run).
         && unsafe { LB6_SOCK_REVNAT.get(&rev_key) }.is_some_and(|v| {
             v.address == rev.address && v.port == rev.port && v.service_id == rev.service_id
         });
@@ -279,6 +285,7 @@ fn keeps_choice(hook: u8, protocol: u8, svc: &ServiceValue) -> bool {
 #[inline(always)]
 fn reject(reason: DropReason, event: &mut Event) -> i32 {
     drop::drop(reason, Direction::Egress, event);
+    // SAFETY: a plain helper call from a cgroup hook (Linux 5.18+), no pointers.
     unsafe { bpf_set_retval(-ECONNREFUSED) };
     DENY
 }

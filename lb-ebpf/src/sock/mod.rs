@@ -28,6 +28,8 @@ pub const ECONNREFUSED: i32 = 111;
 /// Third word of a v4-mapped IPv6 address (::ffff:a.b.c.d) as it sits in memory.
 const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
+/// The hook's `bpf_sock_addr` context. Invariant: the pointer is the one the
+/// kernel passed to this program run, valid (and only used) until it returns.
 pub struct SockAddr(*mut bpf_sock_addr);
 
 impl SockAddr {
@@ -38,12 +40,16 @@ impl SockAddr {
 
     #[inline(always)]
     pub fn protocol(&self) -> u32 {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::read_volatile(&(*self.0).protocol) }
     }
 
     /// Destination (connect, sendmsg) or peer (recvmsg, getpeername) address, network order.
     #[inline(always)]
     pub fn user_ip4(&self) -> u32 {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::read_volatile(&(*self.0).user_ip4) }
     }
 
@@ -60,6 +66,8 @@ impl SockAddr {
 
     #[inline(always)]
     pub fn user_ip6_words(&self) -> [u32; 4] {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe {
             [
                 core::ptr::read_volatile(&(*self.0).user_ip6[0]),
@@ -73,16 +81,22 @@ impl SockAddr {
     /// Port in network order (the kernel keeps it in the low 16 bits).
     #[inline(always)]
     pub fn user_port(&self) -> u16 {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::read_volatile(&(*self.0).user_port) as u16 }
     }
 
     #[inline(always)]
     pub fn set_user_ip4(&self, address: u32) {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::write_volatile(&mut (*self.0).user_ip4, address) }
     }
 
     #[inline(always)]
     pub fn set_user_ip6_words(&self, w: [u32; 4]) {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe {
             core::ptr::write_volatile(&mut (*self.0).user_ip6[0], w[0]);
             core::ptr::write_volatile(&mut (*self.0).user_ip6[1], w[1]);
@@ -93,6 +107,8 @@ impl SockAddr {
 
     #[inline(always)]
     pub fn set_user_port(&self, port: u16) {
+        // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
+        // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::write_volatile(&mut (*self.0).user_port, port as u32) }
     }
 }

@@ -41,6 +41,7 @@ fn reverse4(ctx: &SockAddrContext, mapped: bool) -> i32 {
     let Some(address) = sa.ipv4(mapped) else {
         return ALLOW;
     };
+    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let key = SockRevNat4Key {
         cookie,
@@ -48,11 +49,13 @@ fn reverse4(ctx: &SockAddrContext, mapped: bool) -> i32 {
         port: sa.user_port(),
         pad: 0,
     };
+    // SAFETY: the value is copied or read before any helper call could delete the entry (RCU keeps it alive for this run).
     let Some(entry) = (unsafe { LB4_SOCK_REVNAT.get(&key) }).copied() else {
         return ALLOW;
     };
     // Trust the socket's entry only while its service still has that frontend:
     // a deleted or re-created service must not leak an old address.
+    // SAFETY: read before this run ends; RCU keeps a deleted element alive until then.
     match unsafe { LB4_REVNAT.get(&entry.service_id) } {
         Some(rev) if rev.address == entry.address && rev.port == entry.port => {
             if mapped {
@@ -77,6 +80,7 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
     if v4_mapped(&words).is_some() {
         return reverse4(ctx, true);
     }
+    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let key = SockRevNat6Key {
         cookie,
@@ -84,9 +88,11 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
         port: sa.user_port(),
         pad: [0; 6],
     };
+    // SAFETY: the value is copied or read before any helper call could delete the entry (RCU keeps it alive for this run).
     let Some(entry) = (unsafe { LB6_SOCK_REVNAT.get(&key) }).copied() else {
         return ALLOW;
     };
+    // SAFETY: read before this run ends; RCU keeps a deleted element alive until then.
     match unsafe { LB6_REVNAT.get(&entry.service_id) } {
         Some(rev) if rev.address == entry.address && rev.port == entry.port => {
             sa.set_user_ip6_words(bytes_to_words(&entry.address));
