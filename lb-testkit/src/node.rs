@@ -695,6 +695,9 @@ fn build_images(dir: &Path) -> Vec<(&'static str, PathBuf)> {
                 "--file=/bin/dash=/bin/sh".into(),
                 "--file=/bin/nc.openbsd=/usr/bin/nc".into(),
                 "--file=/usr/bin/curl=/usr/bin/curl".into(),
+                // GNU wget: Debian's static busybox wget crashes (the
+                // non-conformance Services tests fetch with `wget -q -O - -T 1`).
+                "--file=/usr/bin/wget=/usr/bin/wget".into(),
                 "--file=/usr/bin/dig=/usr/bin/dig".into(),
                 "--file=/usr/bin/getent=/usr/bin/getent".into(),
                 "--with-libs".into(),

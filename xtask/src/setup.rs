@@ -34,10 +34,11 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     "containernetworking-plugins",
     "busybox-static",
-    // The e2e suite's agnhost image carries their nc (-v -t -w, -u) and curl,
-    // and with jessie-dnsutils dig for the DNS tests.
+    // The e2e suite's agnhost image carries their nc (-v -t -w, -u), curl and
+    // wget, and with jessie-dnsutils dig for the DNS tests.
     "netcat-openbsd",
     "curl",
+    "wget",
     "bind9-dnsutils",
 ];
 
