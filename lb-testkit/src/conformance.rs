@@ -10,10 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    k8s::{ControlPlane, Options},
-    node::{self, AgentPins, Node},
-};
+pub use crate::node::Cluster;
 
 /// One upstream test's outcome, from the suite's JUnit report.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,39 +27,6 @@ impl Outcome {
     /// A test (ginkgo's `[It]`), not one of the suite's setup nodes.
     pub fn is_test(&self) -> bool {
         self.name.starts_with("[It] ")
-    }
-}
-
-/// The cluster the suite runs against: control plane with scheduler and
-/// every controller, one node, the agent as a DaemonSet pod, kube-dns.
-pub struct Cluster {
-    pub node: Node,
-    pub pins: AgentPins,
-    pub cp: ControlPlane,
-}
-
-impl Cluster {
-    pub fn start(tag: &str) -> Self {
-        let name = "lbtest-node";
-        let cp = ControlPlane::start_with(
-            tag,
-            &Options {
-                nodes: vec![name.to_string()],
-                workloads: true,
-            },
-        );
-        let node = Node::start(&cp, name, tag);
-        let pins = node::install_agent(&cp, &node);
-        cp.apply(&node::kube_dns());
-        cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "deploy/coredns",
-            "--timeout=180s",
-        ]);
-        Self { node, pins, cp }
     }
 }
 

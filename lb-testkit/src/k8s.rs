@@ -269,13 +269,7 @@ impl ControlPlane {
             if cond(self) {
                 return;
             }
-            let mut exited = None;
-            for (name, c) in &mut self.procs {
-                if let Ok(Some(status)) = c.try_wait() {
-                    exited = Some((*name, status));
-                }
-            }
-            if let Some((name, status)) = exited {
+            if let Some((name, status)) = exited(&mut self.procs) {
                 panic!(
                     "{name} exited with {status} waiting for {what}:\n{}",
                     self.logs()
@@ -294,14 +288,7 @@ impl ControlPlane {
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for (name, _) in &self.procs {
-            let text =
-                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(30).collect();
-            out.push_str(&format!("--- {name} ---\n"));
-            for l in tail.iter().rev() {
-                out.push_str(l);
-                out.push('\n');
-            }
+            out.push_str(&log_tail(name, &self.dir.join(format!("{name}.log")), 30));
         }
         out
     }
@@ -444,6 +431,23 @@ impl Drop for ControlPlane {
             });
         }
     }
+}
+
+/// The first of `procs` that has exited, with its status.
+pub(crate) fn exited(
+    procs: &mut [(&'static str, Child)],
+) -> Option<(&'static str, std::process::ExitStatus)> {
+    procs
+        .iter_mut()
+        .find_map(|(name, c)| c.try_wait().ok().flatten().map(|s| (*name, s)))
+}
+
+/// `--- name ---` and the last `lines` lines of the log at `path`.
+pub(crate) fn log_tail(name: &str, path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut tail: Vec<&str> = text.lines().rev().take(lines).collect();
+    tail.reverse();
+    format!("--- {name} ---\n{}\n", tail.join("\n"))
 }
 
 /// Standard base64 (RFC 4648) for a kubeconfig's CA data.

@@ -563,13 +563,7 @@ podLogsDir: {pod_logs}
             if cond(self) {
                 return;
             }
-            let mut exited = None;
-            for (name, c) in &mut self.procs {
-                if let Ok(Some(status)) = c.try_wait() {
-                    exited = Some((*name, status));
-                }
-            }
-            if let Some((name, status)) = exited {
+            if let Some((name, status)) = k8s::exited(&mut self.procs) {
                 panic!(
                     "{name} exited with {status} waiting for {what}:\n{}",
                     self.logs_of(cp)
@@ -588,14 +582,11 @@ podLogsDir: {pod_logs}
     pub fn logs_of(&self, cp: &ControlPlane) -> String {
         let mut out = cp.logs();
         for name in ["containerd", "kubelet"] {
-            let text =
-                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            out.push_str(&format!("--- {name} ---\n"));
-            for l in tail.iter().rev() {
-                out.push_str(l);
-                out.push('\n');
-            }
+            out.push_str(&k8s::log_tail(
+                name,
+                &self.dir.join(format!("{name}.log")),
+                40,
+            ));
         }
         out
     }
@@ -866,4 +857,39 @@ fn agnhost_sources() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("test/images/agnhost")
+}
+
+/// A one-node cluster without kube-proxy: control plane with the scheduler
+/// and every controller, one node, the agent as its DaemonSet pod
+/// (`install_agent`), CoreDNS as kube-dns and rolled out. Fields drop in
+/// order: the node (and the agent's pins) before the control plane.
+pub struct Cluster {
+    pub node: Node,
+    pub pins: AgentPins,
+    pub cp: ControlPlane,
+}
+
+impl Cluster {
+    /// `node_name` is the Node's name (its kubelet certificate's too).
+    pub fn start(tag: &str, node_name: &str) -> Self {
+        let cp = ControlPlane::start_with(
+            tag,
+            &k8s::Options {
+                nodes: vec![node_name.to_string()],
+                workloads: true,
+            },
+        );
+        let node = Node::start(&cp, node_name, tag);
+        let pins = install_agent(&cp, &node);
+        cp.apply(&kube_dns());
+        cp.kubectl(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deploy/coredns",
+            "--timeout=180s",
+        ]);
+        Self { node, pins, cp }
+    }
 }

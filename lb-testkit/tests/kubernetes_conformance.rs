@@ -15,7 +15,7 @@ const FOCUS: &str = r"\[sig-network\] Services .*\[Conformance\]";
 
 #[test]
 fn upstream_services_conformance_tests_all_pass_with_the_agent_in_place_of_kube_proxy() {
-    let cluster = Cluster::start(&lb_testkit::unique("conform"));
+    let cluster = Cluster::start(&lb_testkit::unique("conform"), "lbtest-node");
     let log = std::env::temp_dir().join(format!("lb-conformance-test-{}.log", std::process::id()));
     let results = conformance::run(
         &cluster,

@@ -14,8 +14,8 @@ use std::{
 };
 
 use lb_testkit::{
-    k8s::{ControlPlane, Options, ADVERTISE},
-    node::{install_agent, kube_dns, Node, BUSYBOX_IMAGE},
+    k8s::{ControlPlane, ADVERTISE},
+    node::{Cluster, BUSYBOX_IMAGE},
     unique,
 };
 
@@ -89,17 +89,9 @@ fn fetch_many(cp: &ControlPlane, host: &str, port: &str, n: usize) -> (Vec<Strin
 #[test]
 fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_installed_from_deploy_and_a_rolling_update_loses_nothing(
 ) {
-    let tag = unique("node");
-    let node_name = "lbtest-node";
-    let cp = ControlPlane::start_with(
-        &tag,
-        &Options {
-            nodes: vec![node_name.to_string()],
-            workloads: true,
-        },
-    );
-    let node = Node::start(&cp, node_name, &tag);
-    let pins = install_agent(&cp, &node);
+    // The agent installed from deploy/kubernetes, CoreDNS rolled out.
+    let cluster = Cluster::start(&unique("node"), "lbtest-node");
+    let (cp, node, pins) = (&cluster.cp, &cluster.node, &cluster.pins);
     // The DaemonSet's pod attached to the node's pods' cgroup and pinned there.
     assert!(
         lb::datapath::pins::has_state(&pins.0),
@@ -117,16 +109,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         "no connect4 hook on the node's cgroup:\n{attached}"
     );
 
-    cp.apply(&kube_dns());
     cp.apply(&BACKENDS.replace("BUSYBOX", BUSYBOX_IMAGE));
-    cp.kubectl(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "deploy/coredns",
-        "--timeout=180s",
-    ]);
     cp.kubectl(&["rollout", "status", "deploy/web", "--timeout=180s"]);
     cp.kubectl(&[
         "wait",
@@ -182,31 +165,26 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         full.extend_from_slice(args);
         cp.kubectl_try(&full).unwrap_or_default()
     };
-    assert!(
-        lb_testkit::wait_until(Duration::from_secs(60), || {
-            lbctl(&["service", "get", &frontend])
-                .matches("(active)")
-                .count()
-                == 3
-        }),
-        "{}",
-        lbctl(&["service", "list"])
-    );
+    // Waits until `frontend` has the three backends active in the maps.
+    let all_backends_in_maps = |frontend: &str| {
+        assert!(
+            lb_testkit::wait_until(Duration::from_secs(60), || {
+                lbctl(&["service", "get", frontend])
+                    .matches("(active)")
+                    .count()
+                    == 3
+            }),
+            "{frontend}:\n{}",
+            lbctl(&["service", "list"])
+        );
+    };
+    all_backends_in_maps(&frontend);
     let lb_frontend = format!("{LB_IP}:80/TCP");
-    assert!(
-        lb_testkit::wait_until(Duration::from_secs(60), || {
-            lbctl(&["service", "get", &lb_frontend])
-                .matches("(active)")
-                .count()
-                == 3
-        }),
-        "{}",
-        lbctl(&["service", "list"])
-    );
+    all_backends_in_maps(&lb_frontend);
 
     // Nothing but the agent translates: a service-range address that is no
     // Service's goes to the node's blackhole route and fails.
-    let (answers, failed) = fetch_many(&cp, "10.96.255.254", "80", 1);
+    let (answers, failed) = fetch_many(cp, "10.96.255.254", "80", 1);
     assert_eq!(failed, 1, "an address no Service has answered: {answers:?}");
 
     // ClusterIP, NodePort (the node's InternalIP) and the LoadBalancer
@@ -217,7 +195,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         (LB_IP, "80"),
     ] {
         let url = format!("{host}:{port}");
-        let (answers, failed) = fetch_many(&cp, host, port, 60);
+        let (answers, failed) = fetch_many(cp, host, port, 60);
         assert_eq!(failed, 0, "{url}: {answers:?}");
         for p in &pods {
             assert!(
@@ -233,20 +211,20 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
     // Names through CoreDNS, itself a pod that watches the apiserver through
     // the `kubernetes` ClusterIP and answers on the kube-dns ClusterIP (UDP):
     // both translated by the agent.
-    let resolved = in_client(&cp, "nslookup web.default.svc.cluster.local");
+    let resolved = in_client(cp, "nslookup web.default.svc.cluster.local");
     assert!(
         resolved
             .lines()
             .any(|l| l.trim() == format!("Address: {}", cluster_ip.trim())),
         "nslookup: {resolved}"
     );
-    let resolved = in_client(&cp, "nslookup kubernetes.default.svc.cluster.local");
+    let resolved = in_client(cp, "nslookup kubernetes.default.svc.cluster.local");
     assert!(
         resolved.lines().any(|l| l.trim() == "Address: 10.96.0.1"),
         "nslookup: {resolved}"
     );
     // A short name through the pod's search path, then HTTP to its ClusterIP.
-    let (answers, failed) = fetch_many(&cp, "web", "80", 20);
+    let (answers, failed) = fetch_many(cp, "web", "80", 20);
     assert_eq!(failed, 0, "web:80: {answers:?}");
 
     // The apiserver through the `kubernetes` Service (10.96.0.1:443): a TCP
@@ -261,7 +239,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
     // translating while the pod is replaced. The load runs from before the
     // restart until the new pod is ready and serving (a stop file ends it);
     // only a backend's answer counts as a success.
-    in_client(&cp, "rm -f /stop");
+    in_client(cp, "rm -f /stop");
     let mut load = Command::new(lb_testkit::k8s::testbed_bin());
     load.args(["kubectl", "--kubeconfig"])
         .arg(cp.admin_kubeconfig())
@@ -310,18 +288,9 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         "the agent's pod was not replaced: {before} -> {after}"
     );
     // The new pod took over the pinned state and follows the apiserver.
-    assert!(
-        lb_testkit::wait_until(Duration::from_secs(60), || {
-            lbctl(&["service", "get", &frontend])
-                .matches("(active)")
-                .count()
-                == 3
-        }),
-        "{}",
-        lbctl(&["service", "list"])
-    );
+    all_backends_in_maps(&frontend);
     std::thread::sleep(Duration::from_secs(2));
-    in_client(&cp, "touch /stop");
+    in_client(cp, "touch /stop");
     let mut text = String::new();
     out.read_to_string(&mut text).unwrap();
     let _ = load.wait();
@@ -340,6 +309,4 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         0,
         "requests failed while the agent was replaced: {text}"
     );
-    drop(node);
-    drop(pins);
 }

@@ -96,28 +96,28 @@ fn up(node: bool) {
     status();
 }
 
+/// What `serve` keeps running until SIGTERM.
+enum Running {
+    Plane(lb_testkit::k8s::ControlPlane),
+    Node(Box<lb_testkit::node::Cluster>),
+}
+
 fn serve(with_node: bool) {
     use lb_testkit::{k8s, node};
     let dir = state_dir();
     std::fs::write(dir.join("pid"), std::process::id().to_string()).unwrap();
-    let opts = k8s::Options {
-        nodes: vec!["lb-node".to_string()],
-        workloads: with_node,
-    };
-    let cp = k8s::ControlPlane::start_with("cluster", &opts);
     // With a node, the agent runs as the DaemonSet's pod there; without,
     // the manifests only provide its RBAC for an agent started by hand.
-    let node = with_node.then(|| node::Node::start(&cp, "lb-node", "cluster"));
-    let pins = match &node {
-        Some(n) => {
-            let pins = node::install_agent(&cp, n);
-            cp.apply(&node::kube_dns());
-            Some(pins)
-        }
-        None => {
-            k8s::install_manifests(&cp);
-            None
-        }
+    let running = if with_node {
+        Running::Node(Box::new(node::Cluster::start("cluster", "lb-node")))
+    } else {
+        let cp = k8s::ControlPlane::start("cluster");
+        k8s::install_manifests(&cp);
+        Running::Plane(cp)
+    };
+    let cp = match &running {
+        Running::Plane(cp) => cp,
+        Running::Node(c) => &c.cp,
     };
     std::fs::copy(cp.admin_kubeconfig(), dir.join("admin.kubeconfig")).unwrap();
     let agent = cp.service_account_kubeconfig("kube-system", "lb-agent");
@@ -135,9 +135,7 @@ fn serve(with_node: bool) {
         let mut sig = 0;
         libc::sigwait(&set, &mut sig);
     }
-    drop(node);
-    drop(pins);
-    drop(cp);
+    drop(running);
     for f in [
         "pid",
         "ready",

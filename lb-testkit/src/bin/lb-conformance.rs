@@ -31,7 +31,7 @@ fn main() {
         }
     }
     let started = std::time::Instant::now();
-    let cluster = Cluster::start(&lb_testkit::unique("conformance"));
+    let cluster = Cluster::start(&lb_testkit::unique("conformance"), "lbtest-node");
     let log = std::env::temp_dir().join(format!("lb-conformance-{}.log", std::process::id()));
     let results = conformance::run(&cluster, &focus, &skip, &log, Duration::from_secs(timeout));
     drop(cluster);
