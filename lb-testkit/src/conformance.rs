@@ -21,12 +21,22 @@ pub struct Outcome {
     pub seconds: f64,
     /// The first line of the failure message, when it failed.
     pub failure: Option<String>,
+    /// Why the test skipped itself at run time (ginkgo writes `skipped -
+    /// <reason>` for a `Skip()`, for example "Requires at least 2 nodes");
+    /// `None` for a pass, a failure, or a test the focus left out.
+    pub skip_reason: Option<String>,
 }
 
 impl Outcome {
     /// A test (ginkgo's `[It]`), not one of the suite's setup nodes.
     pub fn is_test(&self) -> bool {
         self.name.starts_with("[It] ")
+    }
+
+    /// Matched the focus but skipped itself (a precondition the cluster
+    /// does not meet), as opposed to one the focus left out.
+    pub fn skipped_at_run_time(&self) -> bool {
+        self.status == "skipped" && self.skip_reason.is_some()
     }
 }
 
@@ -163,11 +173,22 @@ pub fn parse_junit(xml: &str) -> Vec<Outcome> {
                 "passed".into()
             }
         });
+        // ginkgo's JUnit reporter: message "skipped" for a spec the focus
+        // left out, "skipped - <failure message>" for one that called Skip().
+        let skip_reason = body.find("<skipped").and_then(|i| {
+            let el = &body[i..];
+            let k = el.find(" message=\"")? + " message=\"".len();
+            let e = el[k..].find('"')? + k;
+            let msg = unescape(&el[k..e]);
+            let reason = msg.strip_prefix("skipped - ")?;
+            Some(reason.lines().map(str::trim).find(|l| !l.is_empty())?.to_string())
+        });
         out.push(Outcome {
             name,
             status,
             seconds: attr("time").and_then(|t| t.parse().ok()).unwrap_or(0.0),
             failure,
+            skip_reason,
         });
         rest = &after[body_end.max(1)..];
     }
@@ -199,11 +220,18 @@ mod tests {
 <testcase name="[sig-network] Services should serve a basic endpoint from pods  [Conformance]" classname="Kubernetes e2e suite" status="passed" time="12.5"></testcase>
 <testcase name="[sig-network] Services should be able to change the type &#34;ClusterIP&#34;" classname="Kubernetes e2e suite" status="failed" time="40.1"><failure message="timed out&#xA;more detail" type="failed">stack</failure></testcase>
 <testcase name="[sig-network] Services skipped one" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+<testcase name="[It] [sig-network] Services needs two nodes" classname="Kubernetes e2e suite" status="skipped" time="0.2"><skipped message="skipped - Requires at least 2 nodes (not 1)&#xA;In [It] at: service.go:1"></skipped></testcase>
 <testcase name="[It] [sig-network] Services as e2e writes it" classname="Kubernetes e2e suite" status="failed" time="3"><failure type="failed">&#xA;  [FAILED] service is not reachable within 2m0s timeout&#xA;  In [It] at: service.go:4291</failure></testcase>
 <testcase name="[It] [sig-network] Services that panicked" classname="Kubernetes e2e suite" status="panicked" time="1"><error type="panicked">[PANICKED] runtime error: index out of range</error></testcase>
 </testsuite></testsuites>"#;
-        let got = parse_junit(xml);
-        assert_eq!(got.len(), 5);
+        let mut got = parse_junit(xml);
+        assert_eq!(got.len(), 6);
+        let two_nodes = got.remove(3);
+        assert!(two_nodes.skipped_at_run_time());
+        assert_eq!(
+            two_nodes.skip_reason.as_deref(),
+            Some("Requires at least 2 nodes (not 1)")
+        );
         assert_eq!(got[0].status, "passed");
         assert_eq!(got[0].seconds, 12.5);
         assert_eq!(got[0].failure, None);
@@ -214,6 +242,7 @@ mod tests {
         assert_eq!(got[1].status, "failed");
         assert_eq!(got[1].failure.as_deref(), Some("timed out"));
         assert_eq!(got[2].status, "skipped");
+        assert!(!got[2].skipped_at_run_time(), "the focus left it out");
         assert_eq!(got[3].status, "failed");
         assert_eq!(
             got[3].failure.as_deref(),
