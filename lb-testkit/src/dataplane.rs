@@ -80,6 +80,7 @@ services:
 pub fn node_context() -> FileContext {
     FileContext {
         nodeport_addresses: vec![NODE_IP.into()],
+        ..Default::default()
     }
 }
 

@@ -29,6 +29,7 @@ async fn start(api: &FakeApiServer) -> Watch {
         nodeports: Default::default(),
         debounce: Duration::from_millis(30),
         node_eligibility: Default::default(),
+        default_algorithm: Default::default(),
     };
     Watch {
         rx,

@@ -31,6 +31,7 @@ fn node() -> NodeContext {
         name: "node-a".into(),
         nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
         zone: "zone-a".into(),
+        ..Default::default()
     }
 }
 
@@ -215,6 +216,43 @@ fn internal_policy_local_keeps_only_this_nodes_endpoints_and_affinity_is_read() 
     assert_eq!(w.len(), 1, "{w:?}");
     assert_eq!(w[0].reason, "unsupported-protocol");
     assert!(w[0].message.contains("SCTP"));
+}
+
+#[test]
+fn lb_algorithm_applies_to_services_without_the_annotation_and_the_annotation_wins() {
+    let (services, slices) = load("policies-and-skips.yaml");
+    let mut plain = services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("local-only"))
+        .unwrap()
+        .clone();
+    let own = || {
+        slices
+            .iter()
+            .filter(|s| slice_service(s) == Some(ServiceName::new("default", "local-only")))
+    };
+    let maglev_node = NodeContext {
+        default_algorithm: Algorithm::Maglev,
+        ..node()
+    };
+    let s = translate(&plain, own(), &maglev_node).service.unwrap();
+    assert_eq!(s.frontends[0].algorithm, Algorithm::Maglev);
+    plain.metadata.annotations = Some(
+        [("lb.dev/algorithm".to_string(), "random".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    let s = translate(&plain, own(), &maglev_node).service.unwrap();
+    assert_eq!(s.frontends[0].algorithm, Algorithm::Random);
+    // A bad annotation falls back to the node's default, with a warning.
+    plain.metadata.annotations = Some(
+        [("lb.dev/algorithm".to_string(), "roundrobin".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    let t = translate(&plain, own(), &maglev_node);
+    assert_eq!(t.service.unwrap().frontends[0].algorithm, Algorithm::Maglev);
+    assert!(t.warnings.iter().any(|w| w.reason == "invalid-annotation"));
 }
 
 #[test]

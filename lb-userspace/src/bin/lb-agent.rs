@@ -125,13 +125,13 @@ struct RunArgs {
     #[arg(long, value_name = "DIR", default_value_os_t = datapath::pins::default_pin_dir(), env = "LB_PIN_DIR")]
     pin_dir: PathBuf,
     /// Capacity of LB4/6_SERVICES (one entry per frontend plus one per backend slot) and LB4/6_REVNAT.
-    #[arg(long, default_value_t = MapSizes::default().services)]
+    #[arg(long, default_value_t = MapSizes::default().services, env = "LB_MAP_SIZE_SERVICES")]
     map_size_services: u32,
     /// Capacity of LB4/6_BACKENDS.
-    #[arg(long, default_value_t = MapSizes::default().backends)]
+    #[arg(long, default_value_t = MapSizes::default().backends, env = "LB_MAP_SIZE_BACKENDS")]
     map_size_backends: u32,
     /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer).
-    #[arg(long, default_value_t = MapSizes::default().sock_revnat)]
+    #[arg(long, default_value_t = MapSizes::default().sock_revnat, env = "LB_MAP_SIZE_SOCK_REVNAT")]
     map_size_sock_revnat: u32,
     /// Translate only sockets of the host network namespace; pods keep the
     /// original service address (for service meshes), like Cilium's
@@ -161,6 +161,12 @@ struct RunArgs {
     /// How traffic to a backend on another node is forwarded.
     #[arg(long, value_enum, default_value_t = LbMode::Snat, env = "LB_MODE")]
     lb_mode: LbMode,
+    /// Backend selection of services that do not choose one (the
+    /// `algorithm` field of the services file, the lb.dev/algorithm
+    /// annotation in Kubernetes): random, or maglev (consistent hashing: a
+    /// flow keeps its backend on every node and across backend changes).
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::Random, env = "LB_ALGORITHM")]
+    lb_algorithm: AlgorithmArg,
     /// XDP acceleration on the devices.
     #[arg(long, value_enum, default_value_t = datapath::Acceleration::Disabled, env = "LB_ACCELERATION")]
     acceleration: datapath::Acceleration,
@@ -196,7 +202,7 @@ struct RunArgs {
     #[arg(long, default_value_t = MapSizes::default().maglev, env = "LB_MAP_SIZE_MAGLEV")]
     map_size_maglev: u32,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
-    #[arg(long, default_value_t = MapSizes::default().affinity)]
+    #[arg(long, default_value_t = MapSizes::default().affinity, env = "LB_MAP_SIZE_AFFINITY")]
     map_size_affinity: u32,
     /// Address of /metrics and /healthz. Loopback unless you choose otherwise.
     #[arg(long, default_value = "127.0.0.1:9967", env = "LB_METRICS_ADDRESS")]
@@ -214,6 +220,21 @@ struct RunArgs {
     /// Drop/trace events per second per CPU before rate limiting.
     #[arg(long, default_value_t = lb_common::config::DEFAULT_EVENT_RATE)]
     event_rate: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AlgorithmArg {
+    Random,
+    Maglev,
+}
+
+impl From<AlgorithmArg> for lb::model::Algorithm {
+    fn from(a: AlgorithmArg) -> Self {
+        match a {
+            AlgorithmArg::Random => Self::Random,
+            AlgorithmArg::Maglev => Self::Maglev,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -320,7 +341,10 @@ fn file_context(
             }
         }
     }
-    Ok(lb::model::file::FileContext { nodeport_addresses })
+    Ok(lb::model::file::FileContext {
+        nodeport_addresses,
+        default_algorithm: args.lb_algorithm.into(),
+    })
 }
 
 enum Mode {
@@ -346,6 +370,7 @@ fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Resu
                 ),
                 debounce: args.min_sync_period,
                 node_eligibility: node_eligibility.clone(),
+                default_algorithm: args.lb_algorithm.into(),
             }))
         }
         _ => bail!("choose a source: --services FILE (standalone) or --kubernetes"),

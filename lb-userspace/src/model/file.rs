@@ -66,8 +66,9 @@ pub struct ServiceSpec {
     pub ports: Vec<PortSpec>,
     #[serde(default)]
     pub backends: Vec<BackendSpec>,
+    /// Unset: the agent's --lb-algorithm.
     #[serde(default)]
-    pub algorithm: Algorithm,
+    pub algorithm: Option<Algorithm>,
     /// `None` or `ClientIP`, as in a Kubernetes Service.
     #[serde(default)]
     pub session_affinity: Option<String>,
@@ -113,10 +114,12 @@ pub struct BackendSpec {
     pub weight: Option<i64>,
 }
 
-/// What the file itself cannot say: this node's addresses for NodePorts.
+/// What the file itself cannot say: this node's addresses for NodePorts,
+/// and the algorithm of services that do not name one (--lb-algorithm).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FileContext {
     pub nodeport_addresses: Vec<IpAddr>,
+    pub default_algorithm: Algorithm,
 }
 
 /// An invalid services file: which field, what is wrong, how to fix it.
@@ -564,7 +567,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                 protocol,
                 kind: fkind,
                 port_name: p.name.clone(),
-                algorithm: spec.algorithm,
+                algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),
                 affinity_timeout_s,
                 external_traffic_local: external_local && fkind != FrontendKind::ClusterIP,
                 backends,
@@ -637,6 +640,21 @@ services:
     externalIPs: [192.0.2.10]
     ports: [{port: 5432}]
 "#;
+
+    #[test]
+    fn services_without_an_algorithm_take_the_agents_default() {
+        let yaml = "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}, {name: b, algorithm: random, clusterIPs: [10.96.0.2], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]";
+        let alg = |m: &Model, n: &str| m.services[&ServiceName::new("default", n)].frontends[0].algorithm;
+        let m = parse(yaml).unwrap();
+        assert_eq!(alg(&m, "a"), Algorithm::Random);
+        let ctx = FileContext {
+            default_algorithm: Algorithm::Maglev,
+            ..Default::default()
+        };
+        let m = parse_with(yaml, &ctx).unwrap();
+        assert_eq!(alg(&m, "a"), Algorithm::Maglev);
+        assert_eq!(alg(&m, "b"), Algorithm::Random, "the file's own choice wins");
+    }
 
     #[test]
     fn parses_multi_port_service_into_one_frontend_per_address_and_port() {
@@ -808,6 +826,7 @@ services:
         assert!(e.message.contains("--devices"), "{e}");
         let ctx = FileContext {
             nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+            ..Default::default()
         };
         let m = parse_with(yaml, &ctx).unwrap();
         let fe = &m.services[&ServiceName::new("default", "a")].frontends;
@@ -854,6 +873,7 @@ services:
         // As run with --devices (the NodePort example needs node addresses).
         let ctx = FileContext {
             nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+            ..Default::default()
         };
         for b in blocks {
             if let Err(e) = parse_with(b, &ctx) {

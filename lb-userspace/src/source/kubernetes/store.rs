@@ -196,6 +196,12 @@ pub fn node_eligible(n: &Node) -> bool {
 }
 
 impl Store {
+    /// The algorithm of Services without the annotation (--lb-algorithm).
+    pub fn with_default_algorithm(mut self, algorithm: crate::model::Algorithm) -> Self {
+        self.node.default_algorithm = algorithm;
+        self
+    }
+
     pub fn new(node_name: &str, nodeports: NodePortAddresses) -> Self {
         Self {
             node_name: node_name.to_string(),
@@ -204,6 +210,7 @@ impl Store {
                 name: node_name.to_string(),
                 nodeport_addresses: Vec::new(),
                 zone: String::new(),
+                default_algorithm: Default::default(),
             },
             services: HashMap::new(),
             slices: HashMap::new(),

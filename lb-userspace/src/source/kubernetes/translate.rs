@@ -52,6 +52,9 @@ pub struct NodeContext {
     pub nodeport_addresses: Vec<IpAddr>,
     /// The node's `topology.kubernetes.io/zone` label ("" when unset).
     pub zone: String,
+    /// Algorithm of Services without the algorithm annotation (--lb-algorithm,
+    /// Cilium's loadBalancer.algorithm).
+    pub default_algorithm: Algorithm,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,11 +206,12 @@ pub fn translate<'a>(
         .and_then(|a| a.get(ANNOTATION_ALGORITHM))
         .map(String::as_str)
     {
-        None | Some("random") => Algorithm::Random,
+        None => node.default_algorithm,
+        Some("random") => Algorithm::Random,
         Some("maglev") => Algorithm::Maglev,
         Some(other) => {
-            warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using random"));
-            Algorithm::Random
+            warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using the default ({:?})", node.default_algorithm));
+            node.default_algorithm
         }
     };
 

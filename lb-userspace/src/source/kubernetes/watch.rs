@@ -34,6 +34,8 @@ pub struct WatchConfig {
     pub debounce: Duration,
     /// Written from this node's Node: read by the proxy health server.
     pub node_eligibility: std::sync::Arc<crate::health::NodeEligibility>,
+    /// --lb-algorithm: for Services without the algorithm annotation.
+    pub default_algorithm: crate::model::Algorithm,
 }
 
 fn watch_error(kind: &str, e: &watcher::Error) -> SourceEvent {
@@ -66,7 +68,8 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
         .default_backoff()
         .boxed();
 
-    let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone());
+    let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone())
+        .with_default_algorithm(cfg.default_algorithm);
     // When the first unsent change arrived.
     let mut first_change: Option<Instant> = None;
     loop {
