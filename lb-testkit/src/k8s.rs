@@ -28,6 +28,17 @@ pub const ADVERTISE: &str = "10.255.0.1";
 pub const SERVICE_CIDRS: &str = "10.96.0.0/16,fd00:96::/112";
 
 /// Where `cargo xtask` builds the test bed (`testbed/`).
+/// Helm, built from its Go module (testbed/helm) by `cargo xtask testbed`.
+pub fn helm_bin() -> PathBuf {
+    let p = crate::sibling_bin_dir().join("../testbed/helm");
+    assert!(
+        p.exists(),
+        "{} is not built: run `cargo xtask testbed` (testbed/helm)",
+        p.display()
+    );
+    p
+}
+
 pub fn testbed_bin() -> PathBuf {
     let p = crate::sibling_bin_dir().join("../testbed/lbtestbed");
     assert!(
@@ -305,6 +316,27 @@ impl ControlPlane {
             .args(args);
         crate::netns::exec_in(&mut cmd, &self.netns.name).unwrap();
         cmd
+    }
+
+    /// `helm ARGS` (built from helm.sh/helm/v3 by `cargo xtask testbed`) as
+    /// the cluster admin, its cache and config in this control plane's
+    /// directory: stdout, or stdout and stderr when it failed.
+    pub fn helm(&self, args: &[&str]) -> Result<String, String> {
+        let mut cmd = Command::new(helm_bin());
+        cmd.arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args)
+            .env("HELM_CACHE_HOME", self.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", self.dir.join("helm/data"));
+        crate::netns::exec_in(&mut cmd, &self.netns.name).unwrap();
+        let out = cmd.output().expect("helm");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+        }
     }
 
     fn kubectl_ok(&self, args: &[&str]) -> bool {

@@ -756,13 +756,65 @@ impl Drop for AgentPins {
     }
 }
 
-/// Installs the agent as docs/install.md says: `kubectl apply -k` of an
-/// overlay of deploy/kubernetes that only fills in what the guide asks the
-/// user to set (the apiserver's address) and what keeps a test off the
-/// machine's own cgroup root and pins (LB_CGROUP, LB_PIN_DIR) and devices.
-/// Waits for the DaemonSet's rollout; panics with the pods' state and logs.
-pub fn install_agent(cp: &ControlPlane, node: &Node) -> AgentPins {
+/// The two ways docs/install.md installs the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Install {
+    /// `kubectl apply -k` of an overlay of deploy/kubernetes.
+    Kustomize,
+    /// `helm install` of deploy/helm/lb-agent.
+    Helm,
+}
+
+/// Installs the agent as docs/install.md says, filling in only what the
+/// guide asks the user to set (the apiserver's address) and what keeps a
+/// test off the machine's own cgroup root and pins (LB_CGROUP, LB_PIN_DIR)
+/// and devices. Waits for the DaemonSet's rollout; panics with the pods'
+/// state and logs.
+pub fn install_agent(cp: &ControlPlane, node: &Node, how: Install) -> AgentPins {
     let pins = AgentPins(PathBuf::from(format!("/sys/fs/bpf/{}", node.cgroup_root)));
+    match how {
+        Install::Kustomize => apply_overlay(cp, node, &pins),
+        Install::Helm => helm_install(cp, node, &pins),
+    }
+    wait_for_agent(cp, node);
+    pins
+}
+
+/// `helm install lb-agent deploy/helm/lb-agent` with the test's settings
+/// as `--set` values, checked in the rendered objects before the
+/// privileged agent is installed.
+fn helm_install(cp: &ControlPlane, node: &Node, pins: &AgentPins) {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/lb-agent");
+    let chart = chart.display().to_string();
+    let sets = [
+        format!("k8sServiceHost={}", k8s::ADVERTISE),
+        format!("k8sServicePort={}", cp.api_port),
+        format!("cgroup.attachTo={}", node.unified_cgroup().display()),
+        format!("bpf.pinDir={}", pins.0.display()),
+        "devices={none}".to_string(),
+    ];
+    let mut args = vec!["lb-agent", chart.as_str(), "--namespace", "kube-system"];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let mut template = vec!["template"];
+    template.extend(&args);
+    let rendered = cp.helm(&template).unwrap_or_else(|e| panic!("helm template: {e}"));
+    for want in [
+        format!("LB_CGROUP: \"{}\"", node.unified_cgroup().display()),
+        format!("LB_PIN_DIR: \"{}\"", pins.0.display()),
+        "LB_DEVICES: \"none\"".to_string(),
+    ] {
+        assert!(rendered.contains(&want), "the chart lost {want}:\n{rendered}");
+    }
+    let mut install = vec!["install"];
+    install.extend(&args);
+    let out = cp.helm(&install).unwrap_or_else(|e| panic!("helm install: {e}"));
+    assert!(out.contains("STATUS: deployed"), "{out}");
+}
+
+/// `kubectl apply -k` of an overlay of deploy/kubernetes.
+fn apply_overlay(cp: &ControlPlane, node: &Node, pins: &AgentPins) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let dir = repo.join(format!("target/{}-overlay", node.cgroup_root));
     std::fs::create_dir_all(&dir).unwrap();
@@ -806,6 +858,10 @@ patches:
     let applied = cp.kubectl(&["apply", "--server-side", "-k", &dir.display().to_string()]);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(applied.contains("daemonset.apps/lb-agent"), "{applied}");
+}
+
+/// Waits for the agent's DaemonSet to roll out.
+fn wait_for_agent(cp: &ControlPlane, node: &Node) {
     let rolled = cp.kubectl_try(&[
         "-n",
         "kube-system",
@@ -829,7 +885,6 @@ patches:
         .unwrap_or_default(),
         node.logs_of(cp)
     );
-    pins
 }
 
 /// test/images/agnhost of the k8s.io/kubernetes module the test bed uses,
@@ -872,6 +927,11 @@ pub struct Cluster {
 impl Cluster {
     /// `node_name` is the Node's name (its kubelet certificate's too).
     pub fn start(tag: &str, node_name: &str) -> Self {
+        Self::start_installed(tag, node_name, Install::Kustomize)
+    }
+
+    /// Like `start`, the agent installed the way `how` says.
+    pub fn start_installed(tag: &str, node_name: &str, how: Install) -> Self {
         let cp = ControlPlane::start_with(
             tag,
             &k8s::Options {
@@ -880,7 +940,7 @@ impl Cluster {
             },
         );
         let node = Node::start(&cp, node_name, tag);
-        let pins = install_agent(&cp, &node);
+        let pins = install_agent(&cp, &node, how);
         cp.apply(&kube_dns());
         cp.kubectl(&[
             "-n",

@@ -15,7 +15,7 @@ use std::{
 
 use lb_testkit::{
     k8s::{ControlPlane, ADVERTISE},
-    node::{Cluster, BUSYBOX_IMAGE},
+    node::{Cluster, Install, BUSYBOX_IMAGE},
     unique,
 };
 
@@ -309,4 +309,135 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         0,
         "requests failed while the agent was replaced: {text}"
     );
+}
+
+/// The agent's pods' uids.
+fn agent_pod_uids(cp: &ControlPlane) -> String {
+    cp.kubectl(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=lb-agent",
+        "-o",
+        "jsonpath={.items[*].metadata.uid}",
+    ])
+}
+
+#[test]
+fn helm_installed_agent_serves_a_cluster_ip_a_helm_upgrade_rolls_it_to_maglev_and_after_helm_uninstall_the_pinned_data_path_keeps_serving(
+) {
+    let cluster = Cluster::start_installed(&unique("helm"), "lbtest-node", Install::Helm);
+    let cp = &cluster.cp;
+    cp.apply(&BACKENDS.replace("BUSYBOX", BUSYBOX_IMAGE));
+    cp.kubectl(&["rollout", "status", "deploy/web", "--timeout=180s"]);
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/client",
+        "--timeout=120s",
+    ]);
+    let cluster_ip = cp.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let frontend = format!("{cluster_ip}:80/TCP");
+    let lbctl = |args: &[&str]| {
+        let mut full = vec![
+            "-n",
+            "kube-system",
+            "exec",
+            "ds/lb-agent",
+            "-c",
+            "agent",
+            "--",
+            "lbctl",
+        ];
+        full.extend_from_slice(args);
+        cp.kubectl_try(&full).unwrap_or_default()
+    };
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || {
+            lbctl(&["service", "get", &frontend])
+                .matches("(active)")
+                .count()
+                == 3
+        }),
+        "{frontend}:\n{}",
+        lbctl(&["service", "list"])
+    );
+    let serves_every_backend = |when: &str| {
+        let pods = cp.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]);
+        let (answers, failed) = fetch_many(cp, &cluster_ip, "80", 40);
+        assert_eq!(failed, 0, "{when}: {answers:?}");
+        for p in pods.split_whitespace() {
+            assert!(
+                answers.iter().any(|a| a == p),
+                "{when}: backend {p} never answered: {answers:?}"
+            );
+        }
+    };
+    serves_every_backend("installed by helm");
+    // Random selection: no Maglev table for the service yet.
+    assert!(lbctl(&["maglev", "get", &frontend]).is_empty());
+
+    // helm upgrade with one value changed: the ConfigMap's checksum in the
+    // pod template rolls the agents, the new one selects by Maglev.
+    let before = agent_pod_uids(cp);
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/helm/lb-agent");
+    let upgraded = cp
+        .helm(&[
+            "upgrade",
+            "lb-agent",
+            chart,
+            "--namespace",
+            "kube-system",
+            "--reuse-values",
+            "--set",
+            "loadBalancer.algorithm=maglev",
+            "--wait",
+            "--timeout",
+            "180s",
+        ])
+        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    assert!(upgraded.contains("REVISION: 2"), "{upgraded}");
+    let after = agent_pod_uids(cp);
+    assert!(
+        !after
+            .split_whitespace()
+            .any(|u| before.split_whitespace().any(|b| b == u)),
+        "the upgrade did not replace the agent: {before} -> {after}"
+    );
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || lbctl(&[
+            "maglev", "get", &frontend
+        ])
+        .contains("Maglev table of")),
+        "no Maglev table after the upgrade:\n{}",
+        lbctl(&["service", "get", &frontend])
+    );
+    serves_every_backend("after helm upgrade to maglev");
+
+    // helm uninstall removes every object of the release; what is pinned
+    // keeps forwarding (the agent is gone, the kernel is not).
+    cp.helm(&["uninstall", "lb-agent", "--namespace", "kube-system", "--wait"])
+        .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+    for kind in ["ds", "configmap", "serviceaccount"] {
+        assert!(
+            cp.kubectl_try(&["-n", "kube-system", "get", kind, "lb-agent"])
+                .is_none(),
+            "{kind}/lb-agent outlived helm uninstall"
+        );
+    }
+    assert!(cp.kubectl_try(&["get", "clusterrole", "lb-agent"]).is_none());
+    assert!(lb_testkit::wait_until(Duration::from_secs(60), || agent_pod_uids(cp)
+        .trim()
+        .is_empty()));
+    assert!(lb::datapath::pins::has_state(&cluster.pins.0));
+    serves_every_backend("after helm uninstall, from the pinned data path");
 }

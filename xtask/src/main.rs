@@ -30,6 +30,9 @@ tasks:
           Kubernetes' own e2e tests (upstream e2e.test, v1.35.8) against a node of the test bed
           with the agent in place of kube-proxy; default focus: the Services conformance tests;
           writes docs/conformance.md
+  manifests
+          render deploy/kubernetes from the Helm chart deploy/helm/lb-agent (the chart is
+          the source; a test fails when the two differ)
   bench   setup, release build, then benchmarks side by side with kube-proxy's rule layouts;
           writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
 ";
@@ -55,6 +58,7 @@ fn main() {
             .and_then(|_| testbed())
             .and_then(|_| e2e_suite())
             .and_then(|_| conformance(&args[1..])),
+        Some("manifests") => testbed().and_then(|_| manifests()),
         Some("bench") => setup::run().and_then(|_| bench(&args[1..])),
         _ => {
             eprint!("{USAGE}");
@@ -155,12 +159,26 @@ fn testbed() -> anyhow::Result<()> {
     // of their own so that go-containerregistry's requirements do not move
     // the Kubernetes modules' versions.
     // CoreDNS (kube-dns of the test node) likewise: its client-go is its own.
+    // Helm (the chart's lint, template and install tests) too.
     for (out, module, pkg) in [
         ("lbimage", "testbed/images", "."),
         ("pause", "testbed/images", "./pause"),
         ("coredns", "testbed/coredns", "."),
+        ("helm", "testbed/helm", "helm.sh/helm/v3/cmd/helm"),
     ] {
-        let mut c = cmd(go, &["build", "-trimpath", "-ldflags", "-s -w", "-o"]);
+        // As Helm's Makefile links it: its version, and the Kubernetes
+        // version of its client-go (v0.37) as the default the charts are
+        // rendered for (otherwise v1.20).
+        let flags = if out == "helm" {
+            "-s -w -X helm.sh/helm/v3/internal/version.version=v3.22.0 \
+             -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+             -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37 \
+             -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+             -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=37"
+        } else {
+            "-s -w"
+        };
+        let mut c = cmd(go, &["build", "-trimpath", "-ldflags", flags, "-o"]);
         c.arg(out_dir.join(out))
             .arg(pkg)
             .current_dir(root().join(module))
@@ -219,6 +237,24 @@ fn conformance(extra: &[String]) -> anyhow::Result<()> {
     ));
     setup::sweep_leftovers();
     result
+}
+
+/// deploy/kubernetes from the Helm chart: the manifests test renders the
+/// chart and, with LB_UPDATE_MANIFESTS set, writes what it rendered.
+fn manifests() -> anyhow::Result<()> {
+    let mut c = cmd(
+        "cargo",
+        &[
+            "test",
+            "-p",
+            "lb-testkit",
+            "--test",
+            "deploy_manifests",
+            "kustomize_base_is_the_chart_rendered_with_its_values",
+        ],
+    );
+    c.env("LB_UPDATE_MANIFESTS", "1");
+    run(c)
 }
 
 /// `cluster up` / `down` / `status`: the control plane of the tests, kept
