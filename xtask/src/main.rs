@@ -30,6 +30,8 @@ tasks:
           Kubernetes' own e2e tests (upstream e2e.test, v1.35.8) against a node of the test bed
           with the agent in place of kube-proxy; default focus: the Services conformance tests;
           writes docs/conformance.md
+  deb     the Debian package for standalone mode (release build, shell completions,
+          cargo-deb) into target/debian/
   manifests
           render deploy/kubernetes from the Helm chart deploy/helm/lb-agent (the chart is
           the source; a test fails when the two differ)
@@ -47,7 +49,9 @@ fn main() {
             .and_then(|_| build())
             .and_then(|_| testbed())
             .and_then(|_| e2e_suite())
+            .and_then(|_| deb())
             .and_then(|_| test(&args[1..])),
+        Some("deb") => setup::run().and_then(|_| deb()),
         Some("testbed") => testbed(),
         Some("cluster") => setup::run()
             .and_then(|_| build())
@@ -237,6 +241,48 @@ fn conformance(extra: &[String]) -> anyhow::Result<()> {
     ));
     setup::sweep_leftovers();
     result
+}
+
+/// The Debian package (lb-userspace's [package.metadata.deb]): a release
+/// build, the shell completions it ships, then cargo-deb.
+fn deb() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    run(cmd(
+        "cargo",
+        &["build", "--release", "-p", "lb-userspace", "--bins"],
+    ))?;
+    let release = root().join("target/release");
+    let completions = release.join("completions");
+    std::fs::create_dir_all(&completions)?;
+    for bin in ["lbctl", "lb-agent"] {
+        for (shell, file) in [
+            ("bash", format!("{bin}.bash")),
+            ("zsh", format!("_{bin}")),
+            ("fish", format!("{bin}.fish")),
+        ] {
+            let out = Command::new(release.join(bin))
+                .args(["completion", shell])
+                .output()?;
+            if !out.status.success() || out.stdout.is_empty() {
+                bail!("{bin} completion {shell} failed");
+            }
+            std::fs::write(completions.join(file), out.stdout)?;
+        }
+    }
+    let out_dir = root().join("target/debian");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let mut c = cmd(
+        "cargo",
+        &["deb", "-p", "lb-userspace", "--no-build", "--output"],
+    );
+    c.arg(&out_dir);
+    run(c)?;
+    eprintln!(
+        "xtask: Debian package in {} ({:.0?})",
+        out_dir.display(),
+        started.elapsed()
+    );
+    Ok(())
 }
 
 /// deploy/kubernetes from the Helm chart: the manifests test renders the

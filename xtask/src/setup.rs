@@ -47,12 +47,16 @@ const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// Builds the Debian package (`cargo xtask deb`).
+const CARGO_DEB_VERSION: &str = "3.8.0";
+
 pub fn run() -> anyhow::Result<()> {
     if super::unsafe_geteuid() != 0 {
         bail!("setup installs packages and mounts bpffs: run as root");
     }
     apt()?;
     bpf_linker()?;
+    cargo_deb()?;
     kubernetes_validate()?;
     bpffs()?;
     cgroup2()?;
@@ -138,6 +142,35 @@ fn bpf_linker() -> anyhow::Result<()> {
     );
     c.env("LLVM_PREFIX", "/usr/lib/llvm-22")
         .current_dir(std::env::temp_dir());
+    super::run(c)
+}
+
+fn cargo_deb() -> anyhow::Result<()> {
+    let current = Command::new("cargo")
+        .args(["deb", "--version"])
+        .env("PATH", path_with_cargo_bin())
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    if current
+        .as_deref()
+        .is_some_and(|v| v.contains(CARGO_DEB_VERSION))
+    {
+        eprintln!("xtask: cargo-deb {CARGO_DEB_VERSION} present");
+        return Ok(());
+    }
+    eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION} (about two minutes)");
+    let mut c = super::cmd(
+        "cargo",
+        &[
+            "install",
+            "cargo-deb",
+            "--version",
+            CARGO_DEB_VERSION,
+            "--locked",
+        ],
+    );
+    c.current_dir(std::env::temp_dir());
     super::run(c)
 }
 
