@@ -40,6 +40,10 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "wget",
     "bind9-dnsutils",
+    // The Debian package: cargo-deb's dependency scan (dpkg-shlibdeps), and
+    // `systemd-analyze verify` of its unit in the package test.
+    "dpkg-dev",
+    "systemd",
 ];
 
 /// Validates deploy/ manifests against the Kubernetes schemas, offline.
