@@ -5,7 +5,9 @@
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DropReason {
-    /// The service has no active and no terminating backend.
+    /// The service has no active and no terminating backend. A connect()
+    /// gets ECONNREFUSED; a packet from outside or from a pod gets an ICMP
+    /// port unreachable back (kube-proxy's REJECT).
     NoBackend = 1,
     /// Known service address, but not a port the service exposes.
     NoServicePort = 2,
@@ -37,10 +39,14 @@ pub enum DropReason {
     /// A DSR option naming a frontend this node does not serve, or one that
     /// would take over a live flow: not learned.
     DsrRejected = 13,
+    /// externalTrafficPolicy: Local and no endpoint on this node while other
+    /// nodes have some: dropped, as kube-proxy does ("has no local
+    /// endpoints"); the load balancer's health check steers around the node.
+    NoLocalBackend = 14,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 14] = [
         DropReason::NoBackend,
         DropReason::NoServicePort,
         DropReason::BackendMissing,
@@ -54,6 +60,7 @@ impl DropReason {
         DropReason::FragNeeded,
         DropReason::TtlExceeded,
         DropReason::DsrRejected,
+        DropReason::NoLocalBackend,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -71,6 +78,7 @@ impl DropReason {
             DropReason::FragNeeded => "frag-needed",
             DropReason::TtlExceeded => "ttl-exceeded",
             DropReason::DsrRejected => "dsr-rejected",
+            DropReason::NoLocalBackend => "no-local-backend",
         }
     }
 

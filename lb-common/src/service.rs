@@ -17,6 +17,12 @@ pub const SVC_FLAG_AFFINITY: u16 = 1 << 5;
 /// Address-only marker entry (port 0, proto 0): the VIP is known, so a connect
 /// to a port it does not expose is refused instead of routed.
 pub const SVC_FLAG_VIP_MARKER: u16 = 1 << 6;
+/// An external IP this node does not own (CVE-2020-8554): a Service's
+/// `externalIPs` are written by whoever may edit Services, so sockets on
+/// the node and pods' packets leave such an address alone and reach the real
+/// destination; packets arriving from outside for it are still served (that
+/// is what an external IP is for). Cilium's `sock4_skip_xlate` does the same.
+pub const SVC_FLAG_FOREIGN_EXTERNAL_IP: u16 = 1 << 7;
 
 /// Backend selection algorithms (`ServiceValue::algorithm`).
 pub const ALG_RANDOM: u8 = 0;

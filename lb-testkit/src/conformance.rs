@@ -181,7 +181,13 @@ pub fn parse_junit(xml: &str) -> Vec<Outcome> {
             let e = el[k..].find('"')? + k;
             let msg = unescape(&el[k..e]);
             let reason = msg.strip_prefix("skipped - ")?;
-            Some(reason.lines().map(str::trim).find(|l| !l.is_empty())?.to_string())
+            Some(
+                reason
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())?
+                    .to_string(),
+            )
         });
         out.push(Outcome {
             name,

@@ -799,17 +799,24 @@ fn helm_install(cp: &ControlPlane, node: &Node, pins: &AgentPins) {
     }
     let mut template = vec!["template"];
     template.extend(&args);
-    let rendered = cp.helm(&template).unwrap_or_else(|e| panic!("helm template: {e}"));
+    let rendered = cp
+        .helm(&template)
+        .unwrap_or_else(|e| panic!("helm template: {e}"));
     for want in [
         format!("LB_CGROUP: \"{}\"", node.unified_cgroup().display()),
         format!("LB_PIN_DIR: \"{}\"", pins.0.display()),
         "LB_DEVICES: \"none\"".to_string(),
     ] {
-        assert!(rendered.contains(&want), "the chart lost {want}:\n{rendered}");
+        assert!(
+            rendered.contains(&want),
+            "the chart lost {want}:\n{rendered}"
+        );
     }
     let mut install = vec!["install"];
     install.extend(&args);
-    let out = cp.helm(&install).unwrap_or_else(|e| panic!("helm install: {e}"));
+    let out = cp
+        .helm(&install)
+        .unwrap_or_else(|e| panic!("helm install: {e}"));
     assert!(out.contains("STATUS: deployed"), "{out}");
 }
 

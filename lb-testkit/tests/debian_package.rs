@@ -21,7 +21,12 @@ const UNIT: &str = "/lib/systemd/system/lb-agent.service";
 fn package() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debian");
     std::fs::read_dir(&dir)
-        .unwrap_or_else(|_| panic!("{} is missing: `cargo xtask deb` builds the package", dir.display()))
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: `cargo xtask deb` builds the package",
+                dir.display()
+            )
+        })
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
@@ -95,7 +100,10 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
         "./usr/share/fish/vendor_completions.d/lbctl.fish",
         "./usr/share/doc/lb-agent/README.md",
     ] {
-        assert!(contents.contains(file), "{file} is not in the package:\n{contents}");
+        assert!(
+            contents.contains(file),
+            "{file} is not in the package:\n{contents}"
+        );
     }
     let (_, conffiles) = run("dpkg-deb", &["--info", deb.to_str().unwrap(), "conffiles"]);
     assert!(conffiles.contains("/etc/lb/services.yaml"), "{conffiles}");
@@ -110,10 +118,17 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
     let (ok, out) = run("systemd-analyze", &["verify", UNIT]);
     assert!(ok, "systemd-analyze verify {UNIT}: {out}");
     let (ok, version) = run("/usr/bin/lbctl", &["version"]);
-    assert!(version.contains(env!("CARGO_PKG_VERSION")), "{ok} {version}");
+    assert!(
+        version.contains(env!("CARGO_PKG_VERSION")),
+        "{ok} {version}"
+    );
     // The completions are the binaries' own (clap's generator).
-    let completion = std::fs::read_to_string("/usr/share/bash-completion/completions/lbctl").unwrap();
-    assert!(completion.contains("complete -F") && completion.contains("service"), "{completion}");
+    let completion =
+        std::fs::read_to_string("/usr/share/bash-completion/completions/lbctl").unwrap();
+    assert!(
+        completion.contains("complete -F") && completion.contains("service"),
+        "{completion}"
+    );
 
     // The operator's part: backends, a services file, settings. The
     // settings keep the test in a cgroup and pin directory of its own.
@@ -166,7 +181,10 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
     });
     if !reconciled {
         let _ = agent.kill();
-        panic!("the unit's agent did not start:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        panic!(
+            "the unit's agent did not start:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
     }
 
     // Real connections through the service address reach both backends.
@@ -181,7 +199,12 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
         .args(["service", "list"])
         .env("LB_PIN_DIR", &w.pins.path)
         .output()
-        .map(|o| (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned()))
+        .map(|o| {
+            (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+            )
+        })
         .unwrap();
     assert!(ok && list.contains(&format!("{VIP}:80/TCP")), "{list}");
 
@@ -196,12 +219,32 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
     let (ok, out) = run("dpkg", &["--purge", "lb-agent"]);
     assert!(ok, "dpkg --purge: {out}");
     assert!(!installed());
-    assert!(!w.pins.path.exists(), "pins outlived the package: {}", w.pins.path.display());
-    let (_, hooks) = run("bpftool", &["cgroup", "show", w.cgroup.path.to_str().unwrap()]);
-    assert!(!hooks.contains("connect4"), "programs outlived the package:\n{hooks}");
-    for gone in ["/usr/bin/lb-agent", "/usr/bin/lbctl", UNIT, "/etc/lb/services.yaml", "/etc/default/lb-agent", "/etc/lb"] {
+    assert!(
+        !w.pins.path.exists(),
+        "pins outlived the package: {}",
+        w.pins.path.display()
+    );
+    let (_, hooks) = run(
+        "bpftool",
+        &["cgroup", "show", w.cgroup.path.to_str().unwrap()],
+    );
+    assert!(
+        !hooks.contains("connect4"),
+        "programs outlived the package:\n{hooks}"
+    );
+    for gone in [
+        "/usr/bin/lb-agent",
+        "/usr/bin/lbctl",
+        UNIT,
+        "/etc/lb/services.yaml",
+        "/etc/default/lb-agent",
+        "/etc/lb",
+    ] {
         assert!(!Path::new(gone).exists(), "{gone} outlived dpkg --purge");
     }
     // Nothing translates now: the service address is just an address.
-    assert!(w.probe("tcp", &format!("{VIP}:80"), 3).iter().all(|a| !a.ok));
+    assert!(w
+        .probe("tcp", &format!("{VIP}:80"), 3)
+        .iter()
+        .all(|a| !a.ok));
 }

@@ -297,7 +297,10 @@ fn of_kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
 fn helm_lint_strict_passes_for_every_value_set() {
     for (name, sets) in VALUE_SETS {
         let out = helm("lint", sets).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(out.contains("1 chart(s) linted, 0 chart(s) failed"), "{name}: {out}");
+        assert!(
+            out.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "{name}: {out}"
+        );
     }
 }
 
@@ -307,8 +310,9 @@ fn helm_renders_manifests_valid_against_the_kubernetes_schemas_for_every_value_s
         let docs = rendered(sets);
         // kubernetes-validate knows the built-in kinds; the Prometheus
         // Operator's ServiceMonitor is checked below by what it selects.
-        let (builtin, custom): (Vec<&Value>, Vec<&Value>) =
-            docs.iter().partition(|d| d["apiVersion"] != "monitoring.coreos.com/v1");
+        let (builtin, custom): (Vec<&Value>, Vec<&Value>) = docs
+            .iter()
+            .partition(|d| d["apiVersion"] != "monitoring.coreos.com/v1");
         let file = std::env::temp_dir().join(format!("lb-helm-{name}-{}.yaml", std::process::id()));
         let yaml: Vec<String> = builtin
             .iter()
@@ -333,7 +337,13 @@ fn helm_renders_manifests_valid_against_the_kubernetes_schemas_for_every_value_s
             "{name}: {text}"
         );
         let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
-        for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"] {
+        for kind in [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+        ] {
             assert!(kinds.contains(&kind), "{name}: no {kind} in {kinds:?}");
         }
         if *name == "monitoring" {
@@ -342,10 +352,19 @@ fn helm_renders_manifests_valid_against_the_kubernetes_schemas_for_every_value_s
                 .find(|d| d["kind"] == "ServiceMonitor")
                 .expect("a ServiceMonitor");
             let svc = of_kind(&docs, "Service");
-            for (k, v) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
-                assert_eq!(&svc["metadata"]["labels"][k], v, "the ServiceMonitor selects the Service");
+            for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .unwrap()
+            {
+                assert_eq!(
+                    &svc["metadata"]["labels"][k], v,
+                    "the ServiceMonitor selects the Service"
+                );
             }
-            assert_eq!(monitor["spec"]["endpoints"][0]["port"], svc["spec"]["ports"][0]["name"]);
+            assert_eq!(
+                monitor["spec"]["endpoints"][0]["port"],
+                svc["spec"]["ports"][0]["name"]
+            );
             assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
             assert_eq!(svc["spec"]["ports"][0]["port"], 9967);
         } else {
@@ -363,17 +382,33 @@ fn helm_values_reach_the_agent_as_settings_it_knows() {
     let help = String::from_utf8_lossy(&help.stdout);
     for (name, sets) in VALUE_SETS {
         let docs = rendered(sets);
-        let data = of_kind(&docs, "ConfigMap")["data"].as_object().unwrap().clone();
+        let data = of_kind(&docs, "ConfigMap")["data"]
+            .as_object()
+            .unwrap()
+            .clone();
         for key in data.keys() {
-            assert!(help.contains(&format!("[env: {key}")), "{name}: {key} is not an lb-agent setting");
+            assert!(
+                help.contains(&format!("[env: {key}")),
+                "{name}: {key} is not an lb-agent setting"
+            );
         }
         let ds = of_kind(&docs, "DaemonSet");
         let agent = &ds["spec"]["template"]["spec"]["containers"][0];
         for e in agent["env"].as_array().unwrap() {
             let key = e["name"].as_str().unwrap();
-            assert!(key == "NODE_NAME" || help.contains(&format!("[env: {key}")), "{name}: env {key}");
+            assert!(
+                key == "NODE_NAME" || help.contains(&format!("[env: {key}")),
+                "{name}: env {key}"
+            );
         }
-        assert_eq!(agent["image"], if *name == "monitoring" { "ghcr.io/example/lb-agent:0.1.0-rc1" } else { "ghcr.io/example/lb-agent:0.1.0" });
+        assert_eq!(
+            agent["image"],
+            if *name == "monitoring" {
+                "ghcr.io/example/lb-agent:0.1.0-rc1"
+            } else {
+                "ghcr.io/example/lb-agent:0.1.0"
+            }
+        );
     }
     let docs = rendered(VALUE_SETS[1].1);
     let data = &of_kind(&docs, "ConfigMap")["data"];
@@ -395,34 +430,70 @@ fn helm_values_reach_the_agent_as_settings_it_knows() {
     ] {
         assert_eq!(data[key], want, "{key}");
     }
-    assert!(data.get("LB_MAP_SIZE_BACKENDS").is_none(), "unset sizes stay the agent's");
+    assert!(
+        data.get("LB_MAP_SIZE_BACKENDS").is_none(),
+        "unset sizes stay the agent's"
+    );
     let pod = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
     let agent = &pod["containers"][0];
-    assert!(agent["livenessProbe"].is_null(), "no /livez with healthz off");
+    assert!(
+        agent["livenessProbe"].is_null(),
+        "no /livez with healthz off"
+    );
     assert_eq!(agent["env"][1]["name"], "LB_CT_TIMEOUT_TCP");
     // The defaults render what deploy/kubernetes has.
     let docs = rendered(VALUE_SETS[0].1);
     let pod = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    assert_eq!(pod["containers"][0]["livenessProbe"]["httpGet"]["port"], 10256);
-    assert_eq!(pod["containers"][0]["readinessProbe"]["httpGet"]["port"], 9967);
+    assert_eq!(
+        pod["containers"][0]["livenessProbe"]["httpGet"]["port"],
+        10256
+    );
+    assert_eq!(
+        pod["containers"][0]["readinessProbe"]["httpGet"]["port"],
+        9967
+    );
 }
 
 #[test]
 fn helm_refuses_bad_values_naming_the_field() {
     for (sets, names) in [
         (&[][..], "k8sServiceHost"),
-        (&["k8sServiceHost=a", "loadBalancer.mode=roundrobin"][..], "mode"),
-        (&["k8sServiceHost=a", "loadbalancer.mode=dsr"][..], "loadbalancer"),
-        (&["k8sServiceHost=a", "maglev.tableSize=1000"][..], "tableSize"),
-        (&["k8sServiceHost=a", "loadBalancer.acceleration=xdp"][..], "acceleration"),
-        (&["k8sServiceHost=a", "metrics.serviceMonitor.enabled=true"][..], "metrics.address"),
-        (&["k8sServiceHost=a", "nodePort.addresses={eth0}"][..], "addresses"),
+        (
+            &["k8sServiceHost=a", "loadBalancer.mode=roundrobin"][..],
+            "mode",
+        ),
+        (
+            &["k8sServiceHost=a", "loadbalancer.mode=dsr"][..],
+            "loadbalancer",
+        ),
+        (
+            &["k8sServiceHost=a", "maglev.tableSize=1000"][..],
+            "tableSize",
+        ),
+        (
+            &["k8sServiceHost=a", "loadBalancer.acceleration=xdp"][..],
+            "acceleration",
+        ),
+        (
+            &["k8sServiceHost=a", "metrics.serviceMonitor.enabled=true"][..],
+            "metrics.address",
+        ),
+        (
+            &["k8sServiceHost=a", "nodePort.addresses={eth0}"][..],
+            "addresses",
+        ),
         (&["k8sServiceHost=https://api:6443"][..], "k8sServiceHost"),
-        (&["k8sServiceHost=a", "metrics.address=10.0.0.1:9967"][..], "metrics"),
+        (
+            &["k8sServiceHost=a", "metrics.address=10.0.0.1:9967"][..],
+            "metrics",
+        ),
     ] {
         let err = helm("template", sets).expect_err(&format!("{sets:?} was accepted"));
-        assert!(err.contains(names), "{sets:?}: the error does not name {names}: {err}");
+        assert!(
+            err.contains(names),
+            "{sets:?}: the error does not name {names}: {err}"
+        );
     }
 }
 
@@ -453,7 +524,11 @@ fn kustomize_base_is_the_chart_rendered_with_its_values() {
         .env("HELM_DATA_HOME", home.join("data"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     // helm template: "---\n# Source: lb-agent/templates/FILE\n<doc>" per object.
     let mut files: Vec<(String, Vec<String>)> = Vec::new();
@@ -492,5 +567,8 @@ fn kustomize_base_is_the_chart_rendered_with_its_values() {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(rendered, on_disk, "a file in deploy/kubernetes the chart does not render");
+    assert_eq!(
+        rendered, on_disk,
+        "a file in deploy/kubernetes the chart does not render"
+    );
 }

@@ -425,8 +425,14 @@ fn helm_installed_agent_serves_a_cluster_ip_a_helm_upgrade_rolls_it_to_maglev_an
 
     // helm uninstall removes every object of the release; what is pinned
     // keeps forwarding (the agent is gone, the kernel is not).
-    cp.helm(&["uninstall", "lb-agent", "--namespace", "kube-system", "--wait"])
-        .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+    cp.helm(&[
+        "uninstall",
+        "lb-agent",
+        "--namespace",
+        "kube-system",
+        "--wait",
+    ])
+    .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
     for kind in ["ds", "configmap", "serviceaccount"] {
         assert!(
             cp.kubectl_try(&["-n", "kube-system", "get", kind, "lb-agent"])
@@ -434,10 +440,12 @@ fn helm_installed_agent_serves_a_cluster_ip_a_helm_upgrade_rolls_it_to_maglev_an
             "{kind}/lb-agent outlived helm uninstall"
         );
     }
-    assert!(cp.kubectl_try(&["get", "clusterrole", "lb-agent"]).is_none());
-    assert!(lb_testkit::wait_until(Duration::from_secs(60), || agent_pod_uids(cp)
-        .trim()
-        .is_empty()));
+    assert!(cp
+        .kubectl_try(&["get", "clusterrole", "lb-agent"])
+        .is_none());
+    assert!(lb_testkit::wait_until(Duration::from_secs(60), || {
+        agent_pod_uids(cp).trim().is_empty()
+    }));
     assert!(lb::datapath::pins::has_state(&cluster.pins.0));
     serves_every_backend("after helm uninstall, from the pinned data path");
 }

@@ -196,15 +196,79 @@ fn hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp() {
     assert_eq!(v.payload, b"query");
 }
 
+/// kube-proxy's REJECT: a frontend without any endpoint answers an ICMP
+/// port unreachable from the address the client dialed, quoting what it
+/// sent, back out of the device it came in on; counted as no-backend. XDP
+/// leaves it to tc.
 #[test]
-fn service_without_backends_drops_and_counts_the_reason() {
+fn service_without_backends_answers_icmp_port_unreachable_and_counts_the_reason() {
     let dp = dataplane("np_nobackend");
     let before = dp.drops("no-backend");
-    let (rc, _) = dp.tc_ingress(&syn_to(30003, 40004));
-    assert_eq!(rc, TC_ACT_SHOT);
+    let syn = syn_to(30003, 40004);
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back out of ext0");
+    // inspect_icmp checks the IP and ICMP checksums itself.
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.ty, v.code), (3, 3), "destination unreachable, port");
+    assert_eq!(&v.rest[..4], &[0, 0, 0, 0], "RFC 792: unused");
+    assert_eq!((v.saddr, v.daddr), (NODE_IP, CLIENT_IP));
+    assert_eq!((v.eth_dst, v.eth_src), (CLIENT_MAC, EXT0_MAC));
+    assert_eq!(
+        (
+            Ipv4Addr::from(v.quoted.source),
+            Ipv4Addr::from(v.quoted.destination)
+        ),
+        (CLIENT_IP, NODE_IP)
+    );
+    assert_eq!(&v.quoted_l4[..4], &syn[34..38], "the quoted ports");
     assert_eq!(dp.drops("no-backend"), before + 1);
+    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_SENT), 1);
     let (rc, _) = dp.xdp(&syn_to(30003, 40004));
+    assert_eq!(rc, XDP_PASS, "XDP hands it to tc");
+}
+
+/// kube-proxy's "has no local endpoints" DROP: externalTrafficPolicy: Local
+/// with endpoints only on other nodes drops silently (the load balancer's
+/// health check steers away from this node), counted apart from a service
+/// without any endpoint; with a local endpoint it is served.
+#[test]
+fn external_policy_local_without_a_local_endpoint_drops_with_its_own_reason() {
+    let extra = r#"
+services:
+  - name: elsewhere
+    type: NodePort
+    externalTrafficPolicy: Local
+    clusterIPs: [10.96.0.8]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30008}]
+    backends: [{address: 10.244.2.40}]
+  - name: here
+    type: NodePort
+    externalTrafficPolicy: Local
+    clusterIPs: [10.96.0.9]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30009}]
+    backends: [{address: 10.244.1.40, local: true}, {address: 10.244.2.41}]
+"#;
+    let mut dp = dataplane("np_etp_local");
+    let ctx = node_context();
+    let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
+    model
+        .services
+        .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
+    dp.apply(&model);
+    let (rc, _) = dp.tc_ingress(&syn_to(30008, 40010));
+    assert_eq!(rc, TC_ACT_SHOT, "no ICMP: kube-proxy drops here");
+    assert_eq!(dp.drops("no-local-backend"), 1);
+    assert_eq!(dp.drops("no-backend"), 0);
+    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_SENT), 0);
+    let (rc, _) = dp.xdp(&syn_to(30008, 40011));
     assert_eq!(rc, XDP_DROP);
+    assert_eq!(dp.drops("no-local-backend"), 2);
+    // The node-local endpoint serves its service, only it.
+    for port in 40020..40030 {
+        let (rc, out) = dp.tc_ingress(&syn_to(30009, port));
+        assert_eq!(rc, TC_ACT_OK, "a local backend: DNAT, the stack delivers");
+        assert_eq!(inspect(&out).daddr, ip("10.244.1.40"));
+    }
 }
 
 #[test]

@@ -270,3 +270,88 @@ fn a_pod_that_is_its_own_backend_reaches_itself_through_the_clusterip() {
         );
     }
 }
+
+/// CVE-2020-8554: whoever may edit a Service writes its externalIPs. An
+/// external IP this node does not own must stay the real address it looks
+/// like, for the node's sockets and for pods' packets alike (Cilium's
+/// `sock4_skip_xlate`), while one the node owns is served. An address the
+/// node gains or loses later is picked up (the agent reads its addresses
+/// every round, at least every 10 s).
+#[test]
+fn external_ip_the_node_does_not_own_reaches_its_real_owner_from_host_sockets_and_pods_while_owned_ones_are_translated_cve_2020_8554(
+) {
+    let n = PodNode::new(&unique("foreign_extip"), 3, true);
+    let (backend, foreign) = (n.ip_of(1), n.ip_of(2));
+    let _servers = [
+        servers::tcp(&n.pods[1].name, SocketAddr::from((backend, 8080)), "b1"),
+        // The real owner of the address a tenant wrote into externalIPs.
+        servers::tcp(&n.pods[2].name, SocketAddr::from((foreign, 8080)), "real"),
+    ];
+    // An address the node owns now and gives up later.
+    let owned = "192.168.70.50";
+    n.node
+        .ip(&["addr", "add", &format!("{owned}/32"), "dev", "lo"]);
+    std::fs::write(
+        &n.services,
+        format!(
+            "services:\n  - name: ext\n    clusterIPs: [10.96.0.81]\n    externalIPs: [{owned}, {foreign}]\n    ports: [{{port: 8080}}]\n    backends: [{{address: {backend}, local: true}}]\n"
+        ),
+    )
+    .unwrap();
+    let agent = Agent::start_in_netns(
+        &n.node.name,
+        &n.services,
+        &n.cgroup.path,
+        &n.pins.path,
+        &MESH_SAFE,
+    );
+    // From a host socket (socket LB) and from a pod (the pod's veth).
+    let answers = |netns: &str, target: &str| -> Vec<String> {
+        probe::run(&n.cgroup.path, netns, "tcp", target, 5)
+            .iter()
+            .map(|a| {
+                if a.ok {
+                    a.backend().unwrap_or("?").to_string()
+                } else {
+                    "failed".to_string()
+                }
+            })
+            .collect()
+    };
+    let (host, pod) = (n.node.name.clone(), n.pods[0].name.clone());
+    for from in [&host, &pod] {
+        assert_eq!(
+            answers(from, &format!("{foreign}:8080")),
+            ["real"; 5],
+            "from {from}: a foreign external IP was redirected\n{}",
+            agent.log_text()
+        );
+        assert_eq!(
+            answers(from, &format!("{owned}:8080")),
+            ["b1"; 5],
+            "from {from}: the node's own external IP is served"
+        );
+    }
+    let list = agent.lbctl(&["service", "list"]);
+    assert!(
+        list.contains(&format!("{foreign}:8080/TCP")),
+        "tc still serves it from outside:\n{list}"
+    );
+
+    // The node gives the address up: it is foreign now, nobody answers there.
+    n.node
+        .ip(&["addr", "del", &format!("{owned}/32"), "dev", "lo"]);
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(30), || answers(
+            &host,
+            &format!("{owned}:8080")
+        )
+        .iter()
+        .all(|a| a == "failed")),
+        "an address the node gave up is still translated\n{}",
+        agent.log_text()
+    );
+    assert!(answers(&pod, &format!("{owned}:8080"))
+        .iter()
+        .all(|a| a == "failed"));
+}

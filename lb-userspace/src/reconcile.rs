@@ -185,6 +185,32 @@ impl<M: LbMaps> Reconciler<M> {
 
     /// Settings the desired state depends on (Maglev table size). Changing
     /// them takes effect at the next full sync.
+    /// This node's addresses changed (or are first known): the services
+    /// with an external IP are applied again, since whether sockets may
+    /// translate it depends on them (CVE-2020-8554). `None` when nothing
+    /// changed.
+    pub fn set_node_addresses(
+        &mut self,
+        addresses: std::collections::BTreeSet<std::net::IpAddr>,
+    ) -> Option<Result<ReconcileStats, ReconcileError>> {
+        if *self.cfg.node_addresses == addresses {
+            return None;
+        }
+        self.cfg.node_addresses = std::sync::Arc::new(addresses);
+        let affected: BTreeSet<ServiceName> = self
+            .target
+            .services
+            .iter()
+            .filter(|(_, s)| {
+                s.frontends
+                    .iter()
+                    .any(|f| f.kind == crate::model::FrontendKind::ExternalIP)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        Some(self.run(affected))
+    }
+
     pub fn with_config(mut self, cfg: BuildConfig) -> Self {
         self.cfg = cfg;
         self

@@ -41,6 +41,8 @@ pub const ICMP_CHECK: usize = 2;
 pub const ICMP_HLEN: usize = 8;
 pub const ICMP_DEST_UNREACH: u8 = 3;
 pub const ICMP_FRAG_NEEDED: u8 = 4;
+/// Destination unreachable code: port unreachable (RFC 792).
+pub const ICMP_PORT_UNREACH: u8 = 3;
 pub const ICMP_TIME_EXCEEDED: u8 = 11;
 pub const ICMP_PARAMETER_PROB: u8 = 12;
 

@@ -78,6 +78,9 @@ impl Error {
     }
     /// Time exceeded in transit.
     pub const TTL_EXCEEDED: Self = Self(2 << 16);
+    /// Destination unreachable, port unreachable: a frontend without any
+    /// endpoint (kube-proxy's `REJECT --reject-with icmp-port-unreachable`).
+    pub const PORT_UNREACHABLE: Self = Self(3 << 16);
 }
 
 /// Answers `f` with an ICMP error sent back out of the device it came in
@@ -101,6 +104,8 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow, error: Error, service_id: u32) -> Actio
     let mtu = error.0 as u16;
     let (ty, code, reason) = if error == Error::TTL_EXCEEDED {
         (ICMP_TIME_EXCEEDED, 0, DropReason::TtlExceeded)
+    } else if error == Error::PORT_UNREACHABLE {
+        (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, DropReason::NoBackend)
     } else {
         (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, DropReason::FragNeeded)
     };

@@ -55,7 +55,10 @@ use lb_common::{
     drop::{Direction, DropReason},
     event::Event,
     nodeport::*,
-    service::{Service4Key, ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_TWO_SCOPES},
+    service::{
+        Service4Key, ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL,
+        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_TWO_SCOPES,
+    },
 };
 
 use self::{
@@ -122,6 +125,9 @@ impl Action {
     pub const PUNT: Self = Self(2);
     /// Not decided here: the caller goes on to its next step.
     pub const NEXT: Self = Self(3);
+    /// From `pick` to `new_flow` only: answer with ICMP port unreachable
+    /// (the service id is in the scratch conntrack value).
+    const REJECT: Self = Self(6);
     const REDIRECT: u64 = 4 << 32;
     const REDIRECT_NEIGH: u64 = 5 << 32;
 
@@ -375,6 +381,14 @@ fn frontend(f: &Flow) -> Frontend {
 #[inline(never)]
 fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let a = pick(ctx, f);
+    if a == Action::REJECT {
+        let Some(sp) = scratch() else {
+            return Action::DROP;
+        };
+        // SAFETY: per-CPU scratch; read only.
+        let service_id = unsafe { (*sp).ct.service_id };
+        return icmp::reply(ctx, f, icmp::Error::PORT_UNREACHABLE, service_id);
+    }
     if a != Action::NEXT {
         return a;
     }
@@ -390,6 +404,26 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
     }
 }
 
+/// A new flow to a frontend with nothing to choose, as kube-proxy treats
+/// it: no endpoint at all is refused with an ICMP port unreachable (its
+/// REJECT rules); externalTrafficPolicy: Local with endpoints only on other
+/// nodes is dropped (its "has no local endpoints" DROP), both counted.
+#[inline(always)]
+fn no_backend<C: Hook>(ctx: &C, f: &Flow, svc: &ServiceValue, key: &Service4Key) -> Action {
+    if key.scope == SCOPE_LOCAL {
+        let all = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_ALL, 0);
+        if V4::service(&all).is_some_and(|s| s.count > 0 || s.terminating_count > 0) {
+            return drop_packet(ctx, f, DropReason::NoLocalBackend, svc.service_id);
+        }
+    }
+    let Some(sp) = scratch() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch, used by this program run only.
+    unsafe { (*sp).ct.service_id = svc.service_id };
+    Action::REJECT
+}
+
 /// The frontend and backend of a new flow, into the scratch conntrack value
 /// (`addr`/`port`: the backend; `CT_F_LOCAL` when it runs on this node).
 /// NEXT when there is one; else what to do with the packet.
@@ -400,12 +434,18 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
         Frontend::UnknownPort => return drop_packet(ctx, f, DropReason::NoServicePort, 0),
         Frontend::Found(svc, key) => (svc, key),
     };
+    // CVE-2020-8554: a pod's packets to an external IP this node does not
+    // own go where they are addressed, as its sockets' connects do.
+    if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 && ctx.from_pod() {
+        return Action::PASS;
+    }
     if !f.has_l4() {
         return Action::PASS; // a later fragment never starts a flow
     }
-    let picked = if svc.count == 0 && svc.terminating_count == 0 {
-        Err(DropReason::NoBackend)
-    } else if svc.algorithm == ALG_MAGLEV {
+    if svc.count == 0 && svc.terminating_count == 0 {
+        return no_backend(ctx, f, &svc, &key);
+    }
+    let picked = if svc.algorithm == ALG_MAGLEV {
         maglev(f, &svc)
     } else {
         lb::select_backend::<V4>(&key, &svc)

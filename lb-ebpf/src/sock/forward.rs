@@ -12,7 +12,10 @@ use lb_common::{
     event::{Event, EVENT_TRACE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_SENDMSG4, HOOK_SENDMSG6},
     proto,
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
-    service::{Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY},
+    service::{
+        Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY,
+        SVC_FLAG_FOREIGN_EXTERNAL_IP,
+    },
 };
 
 use super::{
@@ -113,6 +116,9 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
             let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
             return reject(DropReason::NoServicePort, &mut e);
         }
+        // CVE-2020-8554: an external IP the node does not own is the real
+        // address it looks like, for every socket.
+        Lookup::Service(svc) if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 => return ALLOW,
         Lookup::Service(svc) => svc,
     };
     let per_socket = keeps_choice(hook, protocol, &svc);
@@ -218,6 +224,9 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
             let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
             return reject(DropReason::NoServicePort, &mut e);
         }
+        // CVE-2020-8554: an external IP the node does not own is the real
+        // address it looks like, for every socket.
+        Lookup::Service(svc) if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 => return ALLOW,
         Lookup::Service(svc) => svc,
     };
     let per_socket = keeps_choice(hook, protocol, &svc);

@@ -49,10 +49,7 @@ fn main() {
     // Matched the focus but skipped themselves: a precondition this
     // one-node cluster does not meet. Listed with the reason, never counted
     // as passed.
-    let skipped: Vec<&Outcome> = results
-        .iter()
-        .filter(|o| o.skipped_at_run_time())
-        .collect();
+    let skipped: Vec<&Outcome> = results.iter().filter(|o| o.skipped_at_run_time()).collect();
     for o in ran.iter().chain(&skipped) {
         println!("{:7} {:6.1}s  {}", o.status, o.seconds, o.name);
         if let Some(f) = o.failure.as_ref().or(o.skip_reason.as_ref()) {

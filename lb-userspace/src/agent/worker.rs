@@ -38,6 +38,12 @@ pub struct Worker<M: LbMaps> {
     /// Upstream change times not yet in the maps (network programming
     /// latency is observed when a reconcile succeeds).
     pub unprogrammed: Vec<std::time::SystemTime>,
+    /// Reads this node's addresses, each round (at least every
+    /// `retry_every`): an external IP that becomes or stops being the
+    /// node's changes what sockets do with it (CVE-2020-8554).
+    /// `None` from it: unknown this time, the last ones stay.
+    pub node_addresses:
+        Option<Box<dyn FnMut() -> Option<std::collections::BTreeSet<IpAddr>> + Send>>,
 }
 
 /// At most this many trigger times wait for a successful reconcile; beyond
@@ -73,6 +79,12 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             self.unprogrammed.drain(..extra);
         }
         let mut ok = true;
+        if let Some(addresses) = self.node_addresses.as_mut().and_then(|read| read()) {
+            if let Some(r) = self.reconciler.set_node_addresses(addresses) {
+                info!("this node's addresses changed: external IPs checked again");
+                ok &= self.finish(r, None);
+            }
+        }
         // A full model or a large batch leaves a peak of freed memory behind
         // (the parse, the old target, the change lists).
         let large = p.full.is_some() || p.changes.len() >= LARGE_BATCH;

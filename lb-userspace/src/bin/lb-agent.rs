@@ -321,6 +321,15 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Every address of this node (of the agent's network namespace): the
+/// external IPs that sockets may translate (CVE-2020-8554).
+fn node_addresses() -> anyhow::Result<std::collections::BTreeSet<std::net::IpAddr>> {
+    Ok(sys::netdev::all_addresses()?
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect())
+}
+
 /// Standalone mode: NodePorts listen on the devices' addresses (filtered
 /// like kube-proxy's --nodeport-addresses).
 fn file_context(
@@ -668,6 +677,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let reconciler = Reconciler::restore(maps)?
         .with_config(lb::desired::BuildConfig {
             maglev_m: args.maglev_table_size,
+            node_addresses: Arc::new(node_addresses()?),
         })
         .with_cancel(cancel.clone())
         .with_progress_every(args.reconcile_progress_every);
@@ -710,6 +720,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         status_file: Some(lb::agent::status_file(&cfg.pin_dir)),
         retry_every: lb::agent::worker::RETRY_EVERY,
         unprogrammed: Vec::new(),
+        node_addresses: Some(Box::new(|| match node_addresses() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                // Keep what was known: an empty set would stop sockets
+                // from reaching the node's own external IPs.
+                warn!("reading this node's addresses: {e:#}");
+                None
+            }
+        })),
     }
     .spawn(mailbox.clone());
 

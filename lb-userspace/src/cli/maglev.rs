@@ -99,7 +99,10 @@ mod tests {
         let model = parse("services: [{name: w, algorithm: maglev, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}, {address: 10.0.0.2, weight: 3}]}]").unwrap();
         let mut r = Reconciler::restore(FakeMaps::default())
             .unwrap()
-            .with_config(BuildConfig { maglev_m: 251 });
+            .with_config(BuildConfig {
+                maglev_m: 251,
+                ..Default::default()
+            });
         r.reconcile(&model).unwrap();
         let s = summary(r.state(), 1).unwrap();
         let golden = "\

@@ -12,7 +12,8 @@ use lb_common::{
     backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
     service::{
         ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP,
-        SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT, SVC_FLAG_TWO_SCOPES,
+        SVC_FLAG_EXTERNAL_IP, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER,
+        SVC_FLAG_NODE_PORT, SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -42,16 +43,21 @@ pub struct DesiredFrontend {
 }
 
 /// Settings the desired state depends on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuildConfig {
     /// Size M of Maglev tables.
     pub maglev_m: u32,
+    /// This node's own addresses: an external IP among them is translated
+    /// for sockets and pods too; any other is marked
+    /// `SVC_FLAG_FOREIGN_EXTERNAL_IP` (CVE-2020-8554).
+    pub node_addresses: std::sync::Arc<std::collections::BTreeSet<std::net::IpAddr>>,
 }
 
 impl Default for BuildConfig {
     fn default() -> Self {
         Self {
             maglev_m: lb_common::maps::DEFAULT_MAGLEV_M,
+            node_addresses: Default::default(),
         }
     }
 }
@@ -201,6 +207,9 @@ fn build_frontend(
     let mut flags = kind_flag(fe.kind);
     if fe.affinity_timeout_s.is_some() {
         flags |= SVC_FLAG_AFFINITY;
+    }
+    if fe.kind == FrontendKind::ExternalIP && !cfg.node_addresses.contains(&fe.address) {
+        flags |= SVC_FLAG_FOREIGN_EXTERNAL_IP;
     }
     let value = ServiceValue {
         backend_id: 0,

@@ -644,7 +644,8 @@ services:
     #[test]
     fn services_without_an_algorithm_take_the_agents_default() {
         let yaml = "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}, {name: b, algorithm: random, clusterIPs: [10.96.0.2], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]";
-        let alg = |m: &Model, n: &str| m.services[&ServiceName::new("default", n)].frontends[0].algorithm;
+        let alg =
+            |m: &Model, n: &str| m.services[&ServiceName::new("default", n)].frontends[0].algorithm;
         let m = parse(yaml).unwrap();
         assert_eq!(alg(&m, "a"), Algorithm::Random);
         let ctx = FileContext {
@@ -653,7 +654,11 @@ services:
         };
         let m = parse_with(yaml, &ctx).unwrap();
         assert_eq!(alg(&m, "a"), Algorithm::Maglev);
-        assert_eq!(alg(&m, "b"), Algorithm::Random, "the file's own choice wins");
+        assert_eq!(
+            alg(&m, "b"),
+            Algorithm::Random,
+            "the file's own choice wins"
+        );
     }
 
     #[test]
