@@ -61,6 +61,7 @@ impl LbMaps for NullMaps {
             backends: big,
             revnat: big,
             maglev: big,
+            source_ranges: big,
         }
     }
 }

@@ -139,6 +139,7 @@ impl lb::maps::LbMaps for NullMaps {
             backends: u32::MAX,
             revnat: u32::MAX,
             maglev: u32::MAX,
+            source_ranges: u32::MAX,
         }
     }
 }

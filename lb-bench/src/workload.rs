@@ -109,6 +109,7 @@ pub fn service(s: &Svc, kind: FrontendKind) -> Service {
             algorithm: Algorithm::Random,
             affinity_timeout_s: None,
             external_traffic_local: false,
+            source_ranges: Vec::new(),
             backends: s
                 .endpoints
                 .iter()

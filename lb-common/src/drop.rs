@@ -43,10 +43,13 @@ pub enum DropReason {
     /// nodes have some: dropped, as kube-proxy does ("has no local
     /// endpoints"); the load balancer's health check steers around the node.
     NoLocalBackend = 14,
+    /// A new flow to a LoadBalancer frontend from a source outside its
+    /// loadBalancerSourceRanges (kube-proxy's KUBE-FW DROP).
+    SourceRange = 15,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::NoBackend,
         DropReason::NoServicePort,
         DropReason::BackendMissing,
@@ -61,6 +64,7 @@ impl DropReason {
         DropReason::TtlExceeded,
         DropReason::DsrRejected,
         DropReason::NoLocalBackend,
+        DropReason::SourceRange,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -79,6 +83,7 @@ impl DropReason {
             DropReason::TtlExceeded => "ttl-exceeded",
             DropReason::DsrRejected => "dsr-rejected",
             DropReason::NoLocalBackend => "no-local-backend",
+            DropReason::SourceRange => "source-range",
         }
     }
 

@@ -23,9 +23,10 @@ pub const LB_DEVICES: &str = "LB_DEVICES";
 pub const LB_MAGLEV: &str = "LB_MAGLEV";
 pub const LB4_FRAGS: &str = "LB4_FRAGS";
 pub const LB_SOCK_UDP: &str = "LB_SOCK_UDP";
+pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 20] = [
+pub const ALL: [&str; 21] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -41,6 +42,7 @@ pub const ALL: [&str; 20] = [
     LB4_FRAGS,
     LB_DEVICES,
     LB_MAGLEV,
+    LB4_SRC_RANGES,
     LB_DROPS,
     LB_EVENTS,
     LB_CONFIG,
@@ -59,6 +61,8 @@ pub const DEFAULT_CT_MAX: u32 = 262_144;
 pub const DEFAULT_DEVICES_MAX: u32 = 64;
 /// IPv4 datagrams in fragments being followed at once (LRU).
 pub const DEFAULT_FRAGS_MAX: u32 = 8_192;
+/// loadBalancerSourceRanges entries (CIDR per LoadBalancer frontend).
+pub const DEFAULT_SOURCE_RANGES_MAX: u32 = 16_384;
 /// Services that can use Maglev at once (the outer map of LB_MAGLEV).
 pub const DEFAULT_MAGLEV_MAX: u32 = 16_384;
 /// Default Maglev table size: a prime, about 100 × a typical backend count

@@ -23,6 +23,31 @@ pub const SVC_FLAG_VIP_MARKER: u16 = 1 << 6;
 /// destination; packets arriving from outside for it are still served (that
 /// is what an external IP is for). Cilium's `sock4_skip_xlate` does the same.
 pub const SVC_FLAG_FOREIGN_EXTERNAL_IP: u16 = 1 << 7;
+/// A LoadBalancer frontend with `loadBalancerSourceRanges`: a new flow from
+/// outside is served only when its source is in `LB4_SRC_RANGES` for the
+/// service (kube-proxy's KUBE-FW chain), else dropped as `source-range`.
+pub const SVC_FLAG_SOURCE_RANGES: u16 = 1 << 8;
+
+/// The data of an `LB4_SRC_RANGES` key (an LPM trie: the kernel's
+/// `bpf_lpm_trie_key` is a 32-bit prefix length followed by this). The
+/// prefix covers all of `service_id` (32 bits, any byte order: it is always
+/// matched whole) and then the leading bits of `address`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct SourceRange4 {
+    pub service_id: u32,
+    /// Network byte order: the CIDR's leading bits come first.
+    pub address: u32,
+}
+
+impl SourceRange4 {
+    /// The prefix length of a key for a CIDR of `len` bits.
+    pub const fn prefix_len(len: u8) -> u32 {
+        32 + len as u32
+    }
+}
+
+crate::user_pod!(SourceRange4);
 
 /// Backend selection algorithms (`ServiceValue::algorithm`).
 pub const ALG_RANDOM: u8 = 0;

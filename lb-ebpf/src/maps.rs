@@ -3,7 +3,7 @@
 use aya_ebpf::{
     btf_maps,
     macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
@@ -14,13 +14,13 @@ use lb_common::{
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
         DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX,
-        DEFAULT_SOCK_REVNAT_MAX,
+        DEFAULT_SOCK_REVNAT_MAX, DEFAULT_SOURCE_RANGES_MAX,
     },
     nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
-    service::{Service4Key, Service6Key, ServiceValue},
+    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
 };
 
 /// Agent-written maps are not preallocated: memory follows use, so capacities
@@ -85,6 +85,13 @@ pub static LB_EVENT_RATE: PerCpuArray<RateState> = PerCpuArray::pinned(2, 0);
 #[map]
 pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
     LruHashMap::pinned(DEFAULT_AFFINITY_MAX, 0);
+
+/// loadBalancerSourceRanges of LoadBalancer frontends (service id + client
+/// CIDR), written by the agent. (The constructor adds BPF_F_NO_PREALLOC,
+/// which the kernel demands of an LPM trie.)
+#[map]
+pub static LB4_SRC_RANGES: LpmTrie<SourceRange4, u8> =
+    LpmTrie::pinned(DEFAULT_SOURCE_RANGES_MAX, 0);
 
 /// (service, backend) pairs a service may currently select, written by the agent.
 #[map]

@@ -958,3 +958,73 @@ fn a_dsr_option_naming_an_unknown_frontend_is_rejected() {
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(dp.drops("dsr-rejected"), 1);
 }
+
+/// loadBalancerSourceRanges (kube-proxy's KUBE-FW chain): a new flow to the
+/// LoadBalancer address from outside the ranges is dropped, counted as
+/// source-range, on tc and XDP alike; one from inside is served; the
+/// service's NodePort is not restricted (kube-proxy restricts the load
+/// balancer's address only); a change of ranges holds for the next flow.
+#[test]
+fn load_balancer_source_ranges_admit_only_their_networks_to_the_load_balancer_address() {
+    let guarded = r#"
+services:
+  - name: guarded
+    type: LoadBalancer
+    clusterIPs: [10.96.0.12]
+    loadBalancerIPs: [203.0.113.30]
+    loadBalancerSourceRanges: [RANGES]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30012}]
+    backends: [{address: 10.244.1.50, local: true}]
+"#;
+    let mut dp = dataplane("np_src_ranges");
+    let apply = |dp: &mut Dataplane, ranges: &str| {
+        let ctx = node_context();
+        let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
+        model.services.extend(
+            lb::model::file::parse_with(&guarded.replace("RANGES", ranges), &ctx)
+                .unwrap()
+                .services,
+        );
+        dp.apply(&model);
+    };
+    let to_lb = |sport: u16| {
+        packets::tcp(
+            CLIENT_MAC,
+            EXT0_MAC,
+            CLIENT_IP,
+            ip("203.0.113.30"),
+            sport,
+            80,
+            SYN,
+            b"",
+        )
+    };
+    let served = |dp: &Dataplane, sport: u16| {
+        let (rc, out) = dp.tc_ingress(&to_lb(sport));
+        rc == TC_ACT_OK && inspect(&out).daddr == ip("10.244.1.50")
+    };
+    // The client (192.168.50.1) is in neither network.
+    apply(&mut dp, "10.0.0.0/8, 192.168.60.0/24");
+    let (rc, _) = dp.tc_ingress(&to_lb(40100));
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(dp.drops("source-range"), 1);
+    let (rc, _) = dp.xdp(&to_lb(40101));
+    assert_eq!(rc, XDP_DROP);
+    assert_eq!(dp.drops("source-range"), 2);
+    let (rc, out) = dp.tc_ingress(&syn_to(30012, 40102));
+    assert_eq!(rc, TC_ACT_OK, "the NodePort is open");
+    assert_eq!(inspect(&out).daddr, ip("10.244.1.50"));
+
+    // The client's network added; then only its host route; then another host.
+    apply(&mut dp, "10.0.0.0/8, 192.168.50.0/24");
+    assert!(served(&dp, 40103));
+    apply(&mut dp, "192.168.50.1/32");
+    assert!(served(&dp, 40104));
+    apply(&mut dp, "192.168.50.2/32");
+    assert!(!served(&dp, 40105));
+    assert_eq!(dp.drops("source-range"), 3);
+    // No ranges: open to everyone, nothing left in LB4_SRC_RANGES.
+    apply(&mut dp, "");
+    assert!(served(&dp, 40106));
+    assert_eq!(dp.reconciler.state().source_range_entries(), 0);
+}

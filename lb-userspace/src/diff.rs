@@ -22,6 +22,7 @@ use crate::{
         state::{is_marker, vip_marker_key},
         Family, MapOp, MapState, ServiceValue, SvcKey,
     },
+    net::Cidr,
 };
 
 /// Reference changes a diff makes, to find markers and backends that become unused.
@@ -36,6 +37,7 @@ struct Deltas {
 pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
     let mut early = Vec::new(); // affinity entries to withdraw before anything else
     let mut maglev_deletes = Vec::new(); // tables of frontends that stopped using Maglev
+    let mut range_deletes = Vec::new(); // source ranges withdrawn, after the master
     let mut first = Vec::new(); // backends, revnat, affinity entries, markers to add
     let mut frontends = Vec::new(); // per-frontend slot/master/slot-delete sequences
     let mut removals = Vec::new(); // removed frontends
@@ -67,6 +69,20 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         }
         for b in want.iter().filter(|b| !have.is_some_and(|h| h.contains(b))) {
             first.push(MapOp::UpsertAffinityMatch(id, *b));
+        }
+        // A source range is added before the master that turns the check on,
+        // and withdrawn after the master that turns it off: a client inside
+        // both the old and the new ranges is never dropped.
+        let have = current.source_ranges.get(&id);
+        for r in fe.source_ranges.iter() {
+            if !have.is_some_and(|h| h.contains(r)) {
+                first.push(MapOp::UpsertSourceRange(id, *r));
+            }
+        }
+        for r in have.into_iter().flatten() {
+            if !fe.source_ranges.contains(r) {
+                range_deletes.push(MapOp::DeleteSourceRange(id, *r));
+            }
         }
         // A new Maglev table goes in before the master that may name Maglev;
         // a table no longer wanted goes after it.
@@ -127,6 +143,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
     ops.extend(first);
     ops.extend(frontends);
     ops.extend(maglev_deletes);
+    ops.extend(range_deletes);
     ops.extend(removals);
     ops.extend(del_markers);
     ops.extend(del_backends);
@@ -200,6 +217,18 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
         .collect();
     tables.sort_unstable();
     ops.extend(tables.into_iter().map(MapOp::DeleteMaglev));
+    let mut ranges: Vec<(u32, Cidr)> = current
+        .source_ranges
+        .iter()
+        .filter(|(id, _)| !live.contains(id) && !removed.contains(id))
+        .flat_map(|(id, set)| set.iter().map(move |r| (*id, *r)))
+        .collect();
+    ranges.sort_unstable();
+    ops.extend(
+        ranges
+            .into_iter()
+            .map(|(id, r)| MapOp::DeleteSourceRange(id, r)),
+    );
     let mut stale: Vec<u32> = current
         .revnat
         .keys()
@@ -263,6 +292,14 @@ fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &m
     }
     if current.maglev.contains_key(&master.service_id) {
         out.push(MapOp::DeleteMaglev(master.service_id));
+    }
+    for r in current
+        .source_ranges
+        .get(&master.service_id)
+        .into_iter()
+        .flatten()
+    {
+        out.push(MapOp::DeleteSourceRange(master.service_id, *r));
     }
     out.push(MapOp::DeleteRevNat(master.service_id, key.family()));
 }

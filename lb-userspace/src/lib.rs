@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod model;
 pub mod monitor;
+pub mod net;
 pub mod reconcile;
 pub mod sockets;
 pub mod source;

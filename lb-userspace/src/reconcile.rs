@@ -533,6 +533,19 @@ impl<M: LbMaps> Reconciler<M> {
                 flag: "--map-size-services",
             });
         }
+        let ranges = self.state.source_range_entries()
+            + ops
+                .iter()
+                .filter(|op| matches!(op, MapOp::UpsertSourceRange(s, r) if !self.state.source_ranges.get(s).is_some_and(|set| set.contains(r))))
+                .count();
+        if ranges > cap.source_ranges as usize {
+            return Err(ServiceError::Capacity {
+                map: names::LB4_SRC_RANGES,
+                needed: ranges,
+                max: cap.source_ranges,
+                flag: "--map-size-source-ranges",
+            });
+        }
         Ok(())
     }
 }

@@ -487,3 +487,46 @@ fn internal_policy_local_ignores_hints_and_external_local_keeps_its_own_endpoint
         "traffic from outside reaches this node's endpoint whatever its hint"
     );
 }
+
+/// spec.loadBalancerSourceRanges restricts the LoadBalancer addresses only,
+/// each by the networks of its own family; a range that does not parse is
+/// skipped with a warning.
+#[test]
+fn load_balancer_source_ranges_restrict_only_the_load_balancer_addresses_by_family() {
+    let svc: K8sService = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "guarded", "namespace": "default"},
+        "spec": {
+            "type": "LoadBalancer",
+            "clusterIP": "10.96.0.9", "clusterIPs": ["10.96.0.9"],
+            "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30090}],
+            "loadBalancerSourceRanges": ["203.0.113.7/24", "fd00::/8", "nonsense"]
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}, {"ip": "2001:db8::9"}]}}
+    }))
+    .unwrap();
+    let t = translate(&svc, std::iter::empty(), &node());
+    assert!(
+        t.warnings
+            .iter()
+            .any(|w| w.reason == "invalid-source-range"),
+        "{:?}",
+        t.warnings
+    );
+    let s = t.service.unwrap();
+    let ranges = |addr: &str| -> Vec<String> {
+        let a: IpAddr = addr.parse().unwrap();
+        s.frontends
+            .iter()
+            .find(|f| f.address == a)
+            .unwrap()
+            .source_ranges
+            .iter()
+            .map(|c| c.to_string())
+            .collect()
+    };
+    assert_eq!(ranges("198.51.100.9"), ["203.0.113.0/24"]);
+    assert_eq!(ranges("2001:db8::9"), ["fd00::/8"]);
+    assert!(ranges("10.96.0.9").is_empty(), "the ClusterIP is open");
+    assert!(ranges("192.168.1.10").is_empty(), "the NodePort is open");
+}

@@ -35,6 +35,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
             algorithm: Default::default(),
             affinity_timeout_s: None,
             external_traffic_local: false,
+            source_ranges: Vec::new(),
             backends: backends
                 .iter()
                 .map(|b| backend(*b, BackendState::Active))
@@ -270,6 +271,7 @@ fn service_that_does_not_fit_is_refused_whole_while_the_others_apply_and_retried
         backends: 100,
         revnat: 100,
         maglev: 10,
+        source_ranges: 10,
     }))
     .unwrap();
     r.reconcile(&model).unwrap(); // 10 × (master + 3 slots) + 10 markers = 50 entries
@@ -620,6 +622,7 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
         backends: 1_000,
         revnat: 1_000,
         maglev: 10,
+        source_ranges: 10,
     }))
     .unwrap();
     let err = r.reconcile(&model).unwrap_err();
@@ -637,4 +640,81 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
     let text = err.to_string();
     assert!(text.len() < 400, "{text}");
     assert!(text.contains("LB4_SERVICES is full"), "{text}");
+}
+
+/// loadBalancerSourceRanges: a range is written before the master entry that
+/// turns the check on and withdrawn after the one that turns it off, a
+/// change adds the new ranges before removing the old, only the
+/// LoadBalancer frontend carries them, and nothing is left behind.
+#[test]
+fn source_ranges_go_in_before_the_check_turns_on_and_out_after_it_turns_off() {
+    use lb_common::service::SVC_FLAG_SOURCE_RANGES;
+    let model = |ranges: &str| {
+        lb::model::file::parse(&format!(
+            "services: [{{name: lb, type: LoadBalancer, clusterIPs: [10.96.0.1], loadBalancerIPs: [203.0.113.1], loadBalancerSourceRanges: [{ranges}], ports: [{{port: 80}}], backends: [{{address: 10.0.0.1}}]}}]"
+        ))
+        .unwrap()
+    };
+    let pos = |log: &[MapOp], f: &dyn Fn(&MapOp) -> bool| log.iter().position(f);
+    let checked_master = |op: &MapOp| matches!(op, MapOp::UpsertService(k, v) if k.slot == 0 && v.flags & SVC_FLAG_SOURCE_RANGES != 0);
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(&model("10.1.2.3/8, 192.168.7.0/24")).unwrap();
+    let log = r.maps_mut().take_log();
+    let first_range = pos(&log, &|op| matches!(op, MapOp::UpsertSourceRange(..))).unwrap();
+    let master = pos(&log, &checked_master).expect("the LB master turns the check on");
+    assert!(first_range < master, "{log:#?}");
+    let lb_id = r
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == "203.0.113.1".parse::<IpAddr>().unwrap())
+        .map(|(_, v)| v.service_id)
+        .unwrap();
+    let ranges: Vec<String> = r.state().source_ranges[&lb_id]
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    assert_eq!(
+        ranges,
+        ["10.0.0.0/8", "192.168.7.0/24"],
+        "host bits cleared"
+    );
+    assert_eq!(
+        r.state().source_ranges.len(),
+        1,
+        "the ClusterIP is not restricted"
+    );
+
+    // A change: the new network in before the old one goes.
+    r.reconcile(&model("10.0.0.0/8, 172.16.0.0/12")).unwrap();
+    let log = r.maps_mut().take_log();
+    let added = pos(&log, &|op| matches!(op, MapOp::UpsertSourceRange(..))).unwrap();
+    let removed = pos(&log, &|op| matches!(op, MapOp::DeleteSourceRange(..))).unwrap();
+    assert!(added < removed, "{log:#?}");
+    assert_eq!(log.len(), 2, "only the changed range: {log:#?}");
+
+    // Off: the master first, then the ranges.
+    r.reconcile(&model("")).unwrap();
+    let log = r.maps_mut().take_log();
+    let master = pos(&log, &|op| matches!(op, MapOp::UpsertService(k, v) if k.slot == 0 && v.flags & SVC_FLAG_SOURCE_RANGES == 0)).unwrap();
+    let removed = pos(&log, &|op| matches!(op, MapOp::DeleteSourceRange(..))).unwrap();
+    assert!(master < removed, "{log:#?}");
+    assert_eq!(r.state().source_range_entries(), 0);
+
+    // A removed service takes its ranges along.
+    r.reconcile(&model("10.0.0.0/8")).unwrap();
+    assert_eq!(r.state().source_range_entries(), 1);
+    r.reconcile(&Model::default()).unwrap();
+    assert_eq!(r.state().source_range_entries(), 0);
+    assert_eq!(r.state(), &MapState::default());
+}
+
+/// A bad network in the services file names its field and the fix.
+#[test]
+fn a_bad_source_range_names_its_field() {
+    let e = lb::model::file::parse(
+        "services: [{name: lb, type: LoadBalancer, loadBalancerIPs: [203.0.113.1], loadBalancerSourceRanges: [10.0.0.0/8, 10.0.0.0/40], ports: [{port: 80}]}]",
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "services[0].loadBalancerSourceRanges[1]");
+    assert!(e.message.contains("203.0.113.0/24"), "{e}");
 }

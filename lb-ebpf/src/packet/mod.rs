@@ -56,8 +56,8 @@ use lb_common::{
     event::Event,
     nodeport::*,
     service::{
-        Service4Key, ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL,
-        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_TWO_SCOPES,
+        Service4Key, ServiceValue, SourceRange4, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL,
+        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_SOURCE_RANGES, SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -71,7 +71,7 @@ use crate::{
     drop,
     events::{self, bump},
     lb::{self, Family, Lookup, V4},
-    maps::{LB4_CT, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
+    maps::{LB4_CT, LB4_SRC_RANGES, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
 };
 
 /// Per-CPU room for what does not fit the 512-byte BPF stack along a call
@@ -404,6 +404,20 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
     }
 }
 
+/// Whether `saddr` lies in one of the frontend's loadBalancerSourceRanges:
+/// one longest-prefix lookup on (service id, address) in LB4_SRC_RANGES.
+#[inline(always)]
+fn source_allowed(service_id: u32, saddr: u32) -> bool {
+    let key = aya_ebpf::maps::lpm_trie::Key::new(
+        SourceRange4::prefix_len(32),
+        SourceRange4 {
+            service_id,
+            address: saddr,
+        },
+    );
+    LB4_SRC_RANGES.get(&key).is_some()
+}
+
 /// A new flow to a frontend with nothing to choose, as kube-proxy treats
 /// it: no endpoint at all is refused with an ICMP port unreachable (its
 /// REJECT rules); externalTrafficPolicy: Local with endpoints only on other
@@ -441,6 +455,11 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
     }
     if !f.has_l4() {
         return Action::PASS; // a later fragment never starts a flow
+    }
+    // loadBalancerSourceRanges, before anything else about the service
+    // (kube-proxy's KUBE-FW chain runs before its REJECT of an empty one).
+    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 && !source_allowed(svc.service_id, f.saddr) {
+        return drop_packet(ctx, f, DropReason::SourceRange, svc.service_id);
     }
     if svc.count == 0 && svc.terminating_count == 0 {
         return no_backend(ctx, f, &svc, &key);

@@ -201,6 +201,10 @@ struct RunArgs {
     /// Capacity of LB_MAGLEV (services using Maglev at once).
     #[arg(long, default_value_t = MapSizes::default().maglev, env = "LB_MAP_SIZE_MAGLEV")]
     map_size_maglev: u32,
+    /// Capacity of LB4_SRC_RANGES (loadBalancerSourceRanges networks of all
+    /// LoadBalancer frontends together).
+    #[arg(long, default_value_t = MapSizes::default().source_ranges, env = "LB_MAP_SIZE_SOURCE_RANGES")]
+    map_size_source_ranges: u32,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
     #[arg(long, default_value_t = MapSizes::default().affinity, env = "LB_MAP_SIZE_AFFINITY")]
     map_size_affinity: u32,
@@ -586,6 +590,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             affinity: args.map_size_affinity,
             ct: args.map_size_ct,
             maglev: args.map_size_maglev,
+            source_ranges: args.map_size_source_ranges,
         },
         devices: devices.clone(),
         acceleration: args.acceleration,

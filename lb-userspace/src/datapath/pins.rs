@@ -17,7 +17,7 @@ use lb_common::{
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
-    service::{Service4Key, Service6Key, ServiceValue},
+    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
 };
 
 /// Default pin directory; the layout version is part of the path because the
@@ -44,6 +44,8 @@ pub struct MapSizes {
     pub ct: u32,
     /// LB_MAGLEV: services with a Maglev table.
     pub maglev: u32,
+    /// LB4_SRC_RANGES: loadBalancerSourceRanges entries of all frontends.
+    pub source_ranges: u32,
 }
 
 impl Default for MapSizes {
@@ -56,13 +58,14 @@ impl Default for MapSizes {
             affinity: names::DEFAULT_AFFINITY_MAX,
             ct: names::DEFAULT_CT_MAX,
             maglev: names::DEFAULT_MAGLEV_MAX,
+            source_ranges: names::DEFAULT_SOURCE_RANGES_MAX,
         }
     }
 }
 
 impl MapSizes {
     /// Map name → capacity; both families get the same sizes.
-    pub fn entries(&self) -> [(&'static str, u32); 12] {
+    pub fn entries(&self) -> [(&'static str, u32); 13] {
         [
             (names::LB4_SERVICES, self.services),
             (names::LB4_BACKENDS, self.backends),
@@ -76,6 +79,7 @@ impl MapSizes {
             (names::LB_AFFINITY_MATCH, self.services),
             (names::LB4_CT, self.ct),
             (names::LB_MAGLEV, self.maglev),
+            (names::LB4_SRC_RANGES, self.source_ranges),
         ]
     }
 }
@@ -106,7 +110,7 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 19] = [
+        let expected: [(&str, usize, usize, Option<u32>); 20] = [
             (
                 names::LB4_SERVICES,
                 size_of::<Service4Key>(),
@@ -184,6 +188,13 @@ impl PinLayout {
                 size_of::<u32>(),
                 size_of::<u32>(),
                 Some(sizes.maglev),
+            ),
+            (
+                names::LB4_SRC_RANGES,
+                // The kernel's key: a 32-bit prefix length, then the data.
+                size_of::<u32>() + size_of::<SourceRange4>(),
+                size_of::<u8>(),
+                Some(sizes.source_ranges),
             ),
             (
                 names::LB_DROPS,

@@ -4,7 +4,7 @@ pub mod ids;
 pub mod maglev;
 pub mod slots;
 
-use std::sync::Arc;
+use std::{collections::BTreeSet, sync::Arc};
 
 use crate::collections::HashMap;
 
@@ -13,7 +13,7 @@ use lb_common::{
     service::{
         ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP,
         SVC_FLAG_EXTERNAL_IP, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER,
-        SVC_FLAG_NODE_PORT, SVC_FLAG_TWO_SCOPES,
+        SVC_FLAG_NODE_PORT, SVC_FLAG_SOURCE_RANGES, SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -22,6 +22,7 @@ pub use ids::Ids;
 use crate::{
     maps::{BackendEntry, MapState, RevNatEntry, ServiceValue, SvcKey},
     model::{Algorithm, BackendState, Frontend, FrontendKind, Service},
+    net::Cidr,
 };
 
 /// Everything one frontend needs in the maps.
@@ -40,6 +41,9 @@ pub struct DesiredFrontend {
     /// The Maglev table, for services that use Maglev (built from the same
     /// selectable backends).
     pub maglev: Option<Arc<Vec<u32>>>,
+    /// loadBalancerSourceRanges (IPv4 LoadBalancer frontends: the north-south
+    /// path is IPv4), in LB4_SRC_RANGES under this frontend's service id.
+    pub source_ranges: BTreeSet<Cidr>,
 }
 
 /// Settings the desired state depends on.
@@ -211,6 +215,14 @@ fn build_frontend(
     if fe.kind == FrontendKind::ExternalIP && !cfg.node_addresses.contains(&fe.address) {
         flags |= SVC_FLAG_FOREIGN_EXTERNAL_IP;
     }
+    let source_ranges: BTreeSet<Cidr> = if fe.address.is_ipv4() {
+        fe.source_ranges.iter().copied().collect()
+    } else {
+        BTreeSet::new()
+    };
+    if !source_ranges.is_empty() {
+        flags |= SVC_FLAG_SOURCE_RANGES;
+    }
     let value = ServiceValue {
         backend_id: 0,
         service_id,
@@ -248,5 +260,6 @@ fn build_frontend(
         },
         affinity,
         maglev,
+        source_ranges,
     })
 }

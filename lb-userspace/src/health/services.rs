@@ -243,6 +243,7 @@ mod tests {
                 algorithm: Default::default(),
                 affinity_timeout_s: None,
                 external_traffic_local: false,
+                source_ranges: Vec::new(),
                 backends,
             }],
             health_check_node_port: hc,

@@ -4,6 +4,7 @@ use std::{io, os::fd::AsFd as _, path::Path};
 
 use anyhow::Context as _;
 use aya::maps::{
+    lpm_trie::{Key as LpmKey, LpmTrie},
     Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError, PerCpuArray,
 };
 use lb_common::{
@@ -12,7 +13,7 @@ use lb_common::{
     drop::{drop_index, Direction, DropReason},
     maps as names,
     revnat::{RevNat4, RevNat6},
-    service::{Service4Key, Service6Key, ServiceValue},
+    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
 };
 
 use super::{convert as c, Capacity, Family, LbMaps, MapOp, MapState, MapWriteError};
@@ -26,7 +27,25 @@ pub struct BpfMaps {
     revnat6: HashMap<MapData, u32, RevNat6>,
     affinity: HashMap<MapData, AffinityMatchKey, u8>,
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
+    source_ranges: LpmTrie<MapData, SourceRange4, u8>,
     capacity: Capacity,
+}
+
+/// The LB4_SRC_RANGES key of a (service, IPv4 network).
+fn source_range_key(service_id: u32, range: &crate::net::Cidr) -> io::Result<LpmKey<SourceRange4>> {
+    let std::net::IpAddr::V4(a) = range.address else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "LB4_SRC_RANGES holds IPv4 networks only",
+        ));
+    };
+    Ok(LpmKey::new(
+        SourceRange4::prefix_len(range.prefix),
+        SourceRange4 {
+            service_id,
+            address: u32::from_ne_bytes(a.octets()),
+        },
+    ))
 }
 
 /// Inner maps of LB_MAGLEV may have any size (the configured M): the flag
@@ -66,6 +85,7 @@ impl BpfMaps {
             backends: max_entries(pin_dir, names::LB4_BACKENDS)?,
             revnat: max_entries(pin_dir, names::LB4_REVNAT)?,
             maglev: max_entries(pin_dir, names::LB_MAGLEV)?,
+            source_ranges: max_entries(pin_dir, names::LB4_SRC_RANGES)?,
         };
         Ok(Self {
             services4: HashMap::try_from(open_pinned(pin_dir, names::LB4_SERVICES)?)?,
@@ -76,6 +96,7 @@ impl BpfMaps {
             revnat6: HashMap::try_from(open_pinned(pin_dir, names::LB6_REVNAT)?)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
             maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
+            source_ranges: LpmTrie::try_from(open_pinned(pin_dir, names::LB4_SRC_RANGES)?)?,
             capacity,
         })
     }
@@ -254,6 +275,12 @@ impl LbMaps for BpfMaps {
             }
             MapOp::SetMaglev(s, table) => self.set_maglev(*s, table),
             MapOp::DeleteMaglev(s) => ignore_missing(self.maglev.remove(s)),
+            MapOp::UpsertSourceRange(s, r) => source_range_key(*s, r)
+                .and_then(|k| self.source_ranges.insert(&k, 1, 0).map_err(io_error)),
+            MapOp::DeleteSourceRange(s, r) => match source_range_key(*s, r) {
+                Ok(k) => ignore_missing(self.source_ranges.remove(&k)),
+                Err(e) => Err(e),
+            },
         };
         result.map_err(|source| MapWriteError {
             map: op.map_name(),
@@ -305,8 +332,26 @@ impl LbMaps for BpfMaps {
                     .context("reading a Maglev table")?;
             maglev.push((k, table));
         }
+        let mut source_ranges = Vec::new();
+        for k in self.source_ranges.keys() {
+            let k = k.context("reading LB4_SRC_RANGES")?;
+            let data = k.data();
+            let address = std::net::Ipv4Addr::from(data.address.to_ne_bytes());
+            source_ranges.push((
+                data.service_id,
+                crate::net::Cidr {
+                    address: address.into(),
+                    prefix: (k.prefix_len().saturating_sub(32)) as u8,
+                },
+            ));
+        }
         Ok(MapState::from_entries(
-            services, backends, revnat, affinity, maglev,
+            services,
+            backends,
+            revnat,
+            affinity,
+            maglev,
+            source_ranges,
         ))
     }
 
@@ -365,6 +410,10 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
             count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?
         }
         names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
+        names::LB4_SRC_RANGES => {
+            let m: LpmTrie<MapData, SourceRange4, u8> = LpmTrie::try_from(map)?;
+            m.keys().filter(Result::is_ok).count()
+        }
         names::LB4_CT => count::<lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value>(map)?,
         names::LB_DEVICES => count::<u32, lb_common::nodeport::Device>(map)?,
         names::LB_MAGLEV => {

@@ -69,6 +69,14 @@ impl LbMaps for FakeMaps {
                 !self.state.affinity.get(svc).is_some_and(|s| s.contains(b))
                     && self.state.affinity_entries() >= self.capacity.services as usize
             }
+            MapOp::UpsertSourceRange(svc, r) => {
+                !self
+                    .state
+                    .source_ranges
+                    .get(svc)
+                    .is_some_and(|s| s.contains(r))
+                    && self.state.source_range_entries() >= self.capacity.source_ranges as usize
+            }
             _ => false,
         };
         if full {

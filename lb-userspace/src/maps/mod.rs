@@ -15,6 +15,8 @@ pub mod state;
 use std::{net::IpAddr, sync::Arc};
 
 use lb_common::maps as names;
+
+use crate::net::Cidr;
 pub use lb_common::service::ServiceValue;
 pub use state::MapState;
 
@@ -100,6 +102,9 @@ pub enum MapOp {
     /// A service's whole Maglev table (backend id per slot), swapped in at once.
     SetMaglev(u32, Arc<Vec<u32>>),
     DeleteMaglev(u32),
+    /// (service id, network): a loadBalancerSourceRanges entry (IPv4).
+    UpsertSourceRange(u32, Cidr),
+    DeleteSourceRange(u32, Cidr),
 }
 
 impl MapOp {
@@ -114,6 +119,9 @@ impl MapOp {
             | MapOp::DeleteAffinityMatch(..)
             | MapOp::SetMaglev(..)
             | MapOp::DeleteMaglev(..) => Family::V4,
+            MapOp::UpsertSourceRange(_, c) | MapOp::DeleteSourceRange(_, c) => {
+                Family::of(&c.address)
+            }
         }
     }
 
@@ -145,6 +153,7 @@ impl MapOp {
                 names::LB_AFFINITY_MATCH
             }
             MapOp::SetMaglev(..) | MapOp::DeleteMaglev(..) => names::LB_MAGLEV,
+            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => names::LB4_SRC_RANGES,
         }
     }
 }
@@ -157,6 +166,8 @@ pub struct Capacity {
     pub revnat: u32,
     /// Services with a Maglev table.
     pub maglev: u32,
+    /// loadBalancerSourceRanges entries, all frontends together.
+    pub source_ranges: u32,
 }
 
 impl Default for Capacity {
@@ -166,6 +177,7 @@ impl Default for Capacity {
             backends: names::DEFAULT_BACKENDS_MAX,
             revnat: names::DEFAULT_REVNAT_MAX,
             maglev: names::DEFAULT_MAGLEV_MAX,
+            source_ranges: names::DEFAULT_SOURCE_RANGES_MAX,
         }
     }
 }

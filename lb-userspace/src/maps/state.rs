@@ -7,6 +7,7 @@ use crate::collections::HashMap;
 use lb_common::service::{SCOPE_ALL, SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
 use super::{BackendEntry, Family, MapOp, RevNatEntry, ServiceValue, SvcKey};
+use crate::net::Cidr;
 
 #[derive(Clone, Debug, Default)]
 pub struct MapState {
@@ -18,6 +19,9 @@ pub struct MapState {
     affinity_entries: usize,
     /// LB_MAGLEV: service id → its table.
     pub maglev: HashMap<u32, Arc<Vec<u32>>>,
+    /// LB4_SRC_RANGES: service id → its loadBalancerSourceRanges.
+    pub source_ranges: HashMap<u32, BTreeSet<Cidr>>,
+    source_range_entries: usize,
     /// backend id → number of slots naming it.
     backend_refs: HashMap<u32, u32>,
     /// address → number of ClusterIP frontends on it (the VIP marker's users).
@@ -42,6 +46,7 @@ impl PartialEq for MapState {
             && self.revnat == other.revnat
             && self.affinity == other.affinity
             && self.maglev == other.maglev
+            && self.source_ranges == other.source_ranges
     }
 }
 impl Eq for MapState {}
@@ -69,6 +74,7 @@ impl MapState {
         revnat: impl IntoIterator<Item = (u32, RevNatEntry)>,
         affinity: impl IntoIterator<Item = (u32, u32)>,
         maglev: impl IntoIterator<Item = (u32, Vec<u32>)>,
+        source_ranges: impl IntoIterator<Item = (u32, Cidr)>,
     ) -> Self {
         let mut state = MapState::default();
         for (k, v) in services {
@@ -86,6 +92,9 @@ impl MapState {
         for (svc, table) in maglev {
             state.apply(&MapOp::SetMaglev(svc, Arc::new(table)));
         }
+        for (svc, range) in source_ranges {
+            state.apply(&MapOp::UpsertSourceRange(svc, range));
+        }
         state
     }
 
@@ -96,6 +105,21 @@ impl MapState {
             }
             MapOp::DeleteMaglev(svc) => {
                 self.maglev.remove(&svc);
+            }
+            MapOp::UpsertSourceRange(svc, range) => {
+                if self.source_ranges.entry(svc).or_default().insert(range) {
+                    self.source_range_entries += 1;
+                }
+            }
+            MapOp::DeleteSourceRange(svc, range) => {
+                if let Some(set) = self.source_ranges.get_mut(&svc) {
+                    if set.remove(&range) {
+                        self.source_range_entries -= 1;
+                    }
+                    if set.is_empty() {
+                        self.source_ranges.remove(&svc);
+                    }
+                }
             }
             MapOp::UpsertBackend(id, b) => {
                 if let Some(old) = self.backends.insert(id, b) {
@@ -207,6 +231,11 @@ impl MapState {
                     .map(|v| v.backend_id)
             })
             .collect()
+    }
+
+    /// LB4_SRC_RANGES entries.
+    pub fn source_range_entries(&self) -> usize {
+        self.source_range_entries
     }
 
     /// Entries per family: (services, backends, revnat).

@@ -62,6 +62,10 @@ pub struct ServiceSpec {
     pub external_ips: Vec<String>,
     #[serde(default, rename = "loadBalancerIPs")]
     pub load_balancer_ips: Vec<String>,
+    /// Networks allowed to reach the loadBalancerIPs (as in a Kubernetes
+    /// Service); empty: everyone.
+    #[serde(default, rename = "loadBalancerSourceRanges")]
+    pub load_balancer_source_ranges: Vec<String>,
     #[serde(default)]
     pub ports: Vec<PortSpec>,
     #[serde(default)]
@@ -393,6 +397,16 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
             "is empty; list at least one port",
         ));
     }
+    let mut source_ranges = Vec::new();
+    for (j, text) in spec.load_balancer_source_ranges.iter().enumerate() {
+        let range: crate::net::Cidr = text.trim().parse().map_err(|e| {
+            err(
+                format!("{at}.loadBalancerSourceRanges[{j}]"),
+                format!("{e}; give a network like 203.0.113.0/24"),
+            )
+        })?;
+        source_ranges.push(range);
+    }
 
     let affinity_timeout_s = match spec.session_affinity.as_deref() {
         None | Some("None") => {
@@ -570,6 +584,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                 algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),
                 affinity_timeout_s,
                 external_traffic_local: external_local && fkind != FrontendKind::ClusterIP,
+                source_ranges: super::source_ranges_for(fkind, address, &source_ranges),
                 backends,
             });
         }

@@ -195,6 +195,9 @@ pub struct Frontend {
     /// second, node-local view of the frontend). Clients on the node itself
     /// use `backends`, as with kube-proxy.
     pub external_traffic_local: bool,
+    /// loadBalancerSourceRanges of a LoadBalancer frontend, of its family:
+    /// new flows from outside only from these networks (empty: from anywhere).
+    pub source_ranges: Vec<crate::net::Cidr>,
     /// The backends clients on this node use (already filtered to local ones
     /// for internalTrafficPolicy: Local).
     pub backends: Vec<Backend>,
@@ -293,4 +296,25 @@ pub enum Algorithm {
     #[default]
     Random,
     Maglev,
+}
+
+/// A frontend's share of a Service's loadBalancerSourceRanges: only a
+/// LoadBalancer address is restricted (kube-proxy's KUBE-FW chain), and only
+/// by networks of its own family; host bits cleared, sorted, no duplicates.
+pub fn source_ranges_for(
+    kind: FrontendKind,
+    address: IpAddr,
+    ranges: &[crate::net::Cidr],
+) -> Vec<crate::net::Cidr> {
+    if kind != FrontendKind::LoadBalancer {
+        return Vec::new();
+    }
+    let mut out: Vec<_> = ranges
+        .iter()
+        .filter(|c| c.address.is_ipv4() == address.is_ipv4())
+        .map(|c| c.network())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

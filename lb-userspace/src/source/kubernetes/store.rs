@@ -25,32 +25,7 @@ use kube::runtime::watcher::Event;
 use super::translate::{self, service_name, slice_service, NodeContext, Warning};
 use crate::model::{Model, Service, ServiceName};
 
-/// A CIDR for --nodeport-addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    pub address: IpAddr,
-    pub prefix: u8,
-}
-
-impl std::str::FromStr for Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (a, p) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
-        let address: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{a:?} is not an IP address"))?;
-        let prefix: u8 = p
-            .parse()
-            .map_err(|_| format!("{p:?} is not a prefix length"))?;
-        let max = if address.is_ipv4() { 32 } else { 128 };
-        if prefix > max {
-            return Err(format!("prefix /{prefix} is longer than {max}"));
-        }
-        Ok(Cidr { address, prefix })
-    }
-}
+pub use crate::net::Cidr;
 
 /// One value of --nodeport-addresses: a CIDR, or `primary` (the node's
 /// InternalIP per family, as kube-proxy's `--nodeport-addresses primary`).
@@ -101,30 +76,6 @@ impl NodePortAddresses {
                     IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
                 })
                 .collect(),
-        }
-    }
-}
-
-impl Cidr {
-    pub fn contains(&self, ip: &IpAddr) -> bool {
-        match (self.address, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - self.prefix)
-                };
-                u32::from(n) & mask == u32::from(*a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = if self.prefix == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - self.prefix)
-                };
-                u128::from(n) & mask == u128::from(*a) & mask
-            }
-            _ => false,
         }
     }
 }

@@ -197,6 +197,19 @@ pub fn translate<'a>(
             .and_then(|c| c.timeout_seconds)
             .map_or(DEFAULT_AFFINITY_TIMEOUT, |t| t.clamp(1, 86_400) as u32)
     });
+    // The apiserver validates them; one that does not parse anyway is
+    // skipped loudly, as kube-proxy does.
+    let mut source_ranges = Vec::new();
+    for text in spec.load_balancer_source_ranges.iter().flatten() {
+        match text.trim().parse::<crate::net::Cidr>() {
+            Ok(c) => source_ranges.push(c),
+            Err(e) => warn(
+                &mut warnings,
+                "invalid-source-range",
+                format!("{name}: spec.loadBalancerSourceRanges: {e}; skipped"),
+            ),
+        }
+    }
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let algorithm = match svc
@@ -305,6 +318,7 @@ pub fn translate<'a>(
                 algorithm,
                 affinity_timeout_s,
                 external_traffic_local: external_local && kind != FrontendKind::ClusterIP,
+                source_ranges: crate::model::source_ranges_for(kind, address, &source_ranges),
                 backends,
             });
         }
