@@ -91,7 +91,10 @@ impl Service4Key {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ServiceValue {
-    /// Slot entries: the backend id. Master entry: 0.
+    /// Slot entries: the backend id. Master entry: the number of maintenance
+    /// backends, in the slots after the terminating ones: never chosen for a
+    /// new flow, kept so that established flows (conntrack) still reach
+    /// them (graceful drain; an agent that predates them wrote 0 here).
     pub backend_id: u32,
     /// Stable id of the frontend (reverse NAT index).
     pub service_id: u32,
@@ -106,6 +109,13 @@ pub struct ServiceValue {
     pub pad: u8,
     /// sessionAffinity timeout in seconds (when `SVC_FLAG_AFFINITY`).
     pub affinity_timeout_s: u32,
+}
+
+impl ServiceValue {
+    /// Of a master entry: every slot it has (active, terminating, maintenance).
+    pub const fn master_slots(&self) -> u32 {
+        self.count as u32 + self.terminating_count as u32 + self.backend_id
+    }
 }
 
 /// IPv6 frontend; same layout rules as `Service4Key`.

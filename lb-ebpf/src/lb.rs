@@ -150,36 +150,61 @@ pub fn select_backend_for<F: Family>(
     if svc.flags & SVC_FLAG_AFFINITY == 0 {
         return select_backend::<F>(key, svc);
     }
+    if let Some(found) = remembered::<F>(svc, client) {
+        return Ok(found);
+    }
+    let (id, backend) = select_backend::<F>(key, svc)?;
+    remember(svc, client, id);
+    Ok((id, backend))
+}
+
+/// sessionAffinity: the backend `client` last got from this service, while
+/// it is still selectable for it (LB_AFFINITY_MATCH) and the timeout has not
+/// run out since its last use (which this refreshes).
+#[inline(always)]
+pub fn remembered<F: Family>(svc: &ServiceValue, client: u64) -> Option<(u32, F::Backend)> {
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let akey = AffinityKey {
         client,
         service_id: svc.service_id,
         pad: 0,
     };
-    if let Some(entry) = LB_AFFINITY.get_ptr_mut(&akey) {
-        let entry = unsafe { &mut *entry };
-        let fresh =
-            now.saturating_sub(entry.last_used_ns) <= svc.affinity_timeout_s as u64 * 1_000_000_000;
-        let member = AffinityMatchKey {
-            service_id: svc.service_id,
-            backend_id: entry.backend_id,
-        };
-        if fresh && unsafe { LB_AFFINITY_MATCH.get(&member) }.is_some() {
-            if let Some(b) = F::backend(entry.backend_id) {
-                entry.last_used_ns = now;
-                return Ok((entry.backend_id, b));
-            }
-        }
+    let entry = LB_AFFINITY.get_ptr_mut(&akey)?;
+    // SAFETY: a value of our LRU map, valid for this program run.
+    let entry = unsafe { &mut *entry };
+    let fresh =
+        now.saturating_sub(entry.last_used_ns) <= svc.affinity_timeout_s as u64 * 1_000_000_000;
+    let member = AffinityMatchKey {
+        service_id: svc.service_id,
+        backend_id: entry.backend_id,
+    };
+    // SAFETY: a lookup in our own map; the value is not kept.
+    if !fresh || unsafe { LB_AFFINITY_MATCH.get(&member) }.is_none() {
+        return None;
     }
-    let (id, backend) = select_backend::<F>(key, svc)?;
+    let b = F::backend(entry.backend_id)?;
+    entry.last_used_ns = now;
+    Some((entry.backend_id, b))
+}
+
+/// sessionAffinity: `client` got `backend_id` from this service now.
+#[inline(always)]
+pub fn remember(svc: &ServiceValue, client: u64, backend_id: u32) {
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let akey = AffinityKey {
+        client,
+        service_id: svc.service_id,
+        pad: 0,
+    };
     let _ = LB_AFFINITY.insert(
         &akey,
         &AffinityValue {
-            backend_id: id,
+            backend_id,
             pad: 0,
             last_used_ns: now,
         },
         0,
     );
-    Ok((id, backend))
 }

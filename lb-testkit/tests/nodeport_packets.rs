@@ -1028,3 +1028,151 @@ services:
     assert!(served(&dp, 40106));
     assert_eq!(dp.reconciler.state().source_range_entries(), 0);
 }
+
+/// sessionAffinity: ClientIP on the packet path (kube-proxy's per-source-IP
+/// "recent" match): every new flow from one client address goes to the
+/// backend that client got first, whatever its ports, on tc and XDP alike;
+/// other clients are spread over the backends, and without affinity one
+/// client's flows are spread too.
+#[test]
+fn session_affinity_keeps_a_clients_new_flows_on_one_backend_by_source_address() {
+    let extra = r#"
+services:
+  - name: sticky
+    type: NodePort
+    clusterIPs: [10.96.0.13]
+    sessionAffinity: ClientIP
+    ports: [{port: 80, targetPort: 8080, nodePort: 30013}]
+    backends: [{address: 10.244.1.61, local: true}, {address: 10.244.1.62, local: true}, {address: 10.244.1.63, local: true}]
+  - name: loose
+    type: NodePort
+    clusterIPs: [10.96.0.14]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30014}]
+    backends: [{address: 10.244.1.71, local: true}, {address: 10.244.1.72, local: true}, {address: 10.244.1.73, local: true}]
+"#;
+    let mut dp = dataplane("np_affinity");
+    let ctx = node_context();
+    let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
+    model
+        .services
+        .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
+    dp.apply(&model);
+    let syn_from = |client: Ipv4Addr, sport: u16, dport: u16| {
+        packets::tcp(
+            CLIENT_MAC, EXT0_MAC, client, NODE_IP, sport, dport, SYN, b"",
+        )
+    };
+    // Local backends: DNAT, then the stack delivers (tc OK, XDP PASS).
+    let backend_of = |delivered: bool, out: &[u8]| -> Ipv4Addr {
+        assert!(delivered, "not handed to the stack");
+        inspect(out).daddr
+    };
+    let mut sticky = std::collections::BTreeSet::new();
+    for sport in 41000..41030 {
+        let (rc, out) = dp.tc_ingress(&syn_from(CLIENT_IP, sport, 30013));
+        sticky.insert(backend_of(rc == TC_ACT_OK, &out));
+    }
+    for sport in 41030..41040 {
+        let (rc, out) = dp.xdp(&syn_from(CLIENT_IP, sport, 30013));
+        sticky.insert(backend_of(rc == XDP_PASS, &out));
+    }
+    assert_eq!(sticky.len(), 1, "one client, one backend: {sticky:?}");
+
+    let mut others = std::collections::BTreeSet::new();
+    for host in 10..40u8 {
+        let (rc, out) = dp.tc_ingress(&syn_from(Ipv4Addr::new(192, 168, 50, host), 42000, 30013));
+        others.insert(backend_of(rc == TC_ACT_OK, &out));
+    }
+    assert!(others.len() >= 2, "other clients are spread: {others:?}");
+
+    let mut loose = std::collections::BTreeSet::new();
+    for sport in 43000..43030 {
+        let (rc, out) = dp.tc_ingress(&syn_from(CLIENT_IP, sport, 30014));
+        loose.insert(backend_of(rc == TC_ACT_OK, &out));
+    }
+    assert!(
+        loose.len() >= 2,
+        "without affinity a client's flows spread: {loose:?}"
+    );
+}
+
+/// Graceful drain: a backend that stops being ready (Kubernetes: not ready,
+/// or terminating and not serving; the services file: `state: maintenance`)
+/// keeps the flows it has (conntrack) while new flows go elsewhere, and
+/// `lbctl service list` shows it as maintenance; once it is gone from the
+/// service it leaves the maps.
+#[test]
+fn a_backend_in_maintenance_keeps_its_established_flows_and_takes_no_new_ones() {
+    let drained = |x: &str, y: &str, x_state: Option<&str>| {
+        let mut backends = vec![format!("{{address: {y}, local: true}}")];
+        if let Some(state) = x_state {
+            backends.push(format!("{{address: {x}, local: true, state: {state}}}"));
+        }
+        format!(
+            "services:\n  - name: drain\n    type: NodePort\n    clusterIPs: [10.96.0.15]\n    ports: [{{port: 80, targetPort: 8080, nodePort: 30015}}]\n    backends: [{}]\n",
+            backends.join(", ")
+        )
+    };
+    let (a, b) = ("10.244.1.81", "10.244.1.82");
+    let mut dp = dataplane("np_drain");
+    let apply = |dp: &mut Dataplane, extra: &str| {
+        let ctx = node_context();
+        let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
+        model
+            .services
+            .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
+        dp.apply(&model);
+    };
+    apply(&mut dp, &drained(a, b, Some("active")));
+    let syn = syn_to(30015, 44000);
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_OK);
+    let first = inspect(&out).daddr;
+    let (x, y) = if first == ip(a) { (a, b) } else { (b, a) };
+    let ack = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 44000, 30015, ACK, b"data",
+    );
+
+    // The flow's backend turns not ready.
+    apply(&mut dp, &drained(x, y, Some("maintenance")));
+    let rows = lb::cli::service_list::rows(dp.reconciler.state());
+    let row = rows
+        .iter()
+        .find(|r| r.frontend.port == 30015)
+        .expect("the NodePort frontend");
+    let states: Vec<(String, &str)> = row
+        .backends
+        .iter()
+        .map(|b| (b.endpoint.address.clone(), b.state))
+        .collect();
+    assert!(
+        states.contains(&(x.to_string(), "maintenance"))
+            && states.contains(&(y.to_string(), "active")),
+        "{states:?}"
+    );
+    for _ in 0..5 {
+        let (rc, out) = dp.tc_ingress(&ack);
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(
+            inspect(&out).daddr,
+            ip(x),
+            "the established flow keeps its backend"
+        );
+    }
+    for sport in 44001..44021 {
+        let (rc, out) = dp.tc_ingress(&syn_to(30015, sport));
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(inspect(&out).daddr, ip(y), "new flows never choose it");
+    }
+
+    // Gone from the service: gone from the maps.
+    apply(&mut dp, &drained(x, y, None));
+    assert!(
+        !dp.reconciler
+            .state()
+            .backends
+            .values()
+            .any(|e| e.address == x.parse::<std::net::IpAddr>().unwrap()),
+        "a removed backend stays in LB4_BACKENDS"
+    );
+}

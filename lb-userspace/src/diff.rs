@@ -96,7 +96,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         if old_master.is_some_and(|m| m.flags & SVC_FLAG_CLUSTER_IP != 0) {
             *d.vip_users.entry(fe.key.address).or_default() -= 1;
         }
-        let old_total = old_master.map_or(0, |m| m.count as usize + m.terminating_count as usize);
+        let old_total = old_master.map_or(0, |m| m.master_slots() as usize);
         for slot in 1..=fe.slots.len() {
             let key = fe.key.with_slot(slot as u16);
             let want = fe.slot_value(slot);
@@ -168,7 +168,7 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
         current
             .services
             .get(k)
-            .map_or(0, |m| m.count as usize + m.terminating_count as usize)
+            .map_or(0, |m| m.master_slots() as usize)
     };
     let mut strays: Vec<(SvcKey, u32)> = current
         .services
@@ -282,7 +282,7 @@ fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &m
     if master.flags & SVC_FLAG_CLUSTER_IP != 0 {
         *d.vip_users.entry(key.address).or_default() -= 1;
     }
-    let total = master.count as u32 + master.terminating_count as u32;
+    let total = master.master_slots();
     for slot in 1..=total {
         let k = key.with_slot(slot as u16);
         if let Some(v) = current.services.get(&k) {

@@ -183,7 +183,7 @@ fn dual_stack_service_gets_one_frontend_per_family_with_that_familys_backends() 
 }
 
 #[test]
-fn terminating_rollout_keeps_ready_and_serving_terminating_endpoints_only() {
+fn terminating_rollout_serves_ready_and_serving_terminating_endpoints_and_drains_the_rest() {
     let t = translate_all("terminating-rollout.yaml");
     assert_eq!(
         summary(svc(&t, "default", "app")),
@@ -192,10 +192,13 @@ fn terminating_rollout_keeps_ready_and_serving_terminating_endpoints_only() {
             vec![
                 "10.244.0.51:8080 terminating".into(),
                 "10.244.0.52:8080 terminating".into(),
+                "10.244.0.53:8080 maintenance".into(),
+                "10.244.0.54:8080 maintenance".into(),
                 "10.244.0.60:8080 active".into()
             ]
         )],
-        "not serving (.53) and not ready (.54) never serve; .60 listed in two slices counts once"
+        "not serving (.53) and not ready (.54) take no new flow but keep theirs \
+         (maintenance) until they leave the slice; .60 listed in two slices counts once"
     );
 }
 

@@ -72,7 +72,8 @@ fn assert_consistent(state: &MapState) {
     let mut referenced = HashSet::new();
     let mut cluster_ips: HashSet<IpAddr> = HashSet::new();
     for (k, v) in state.frontends() {
-        let total = v.count as u16 + v.terminating_count as u16;
+        // Active, terminating, then maintenance (graceful drain) slots.
+        let total = v.master_slots() as u16;
         for slot in 1..=total {
             let s = state
                 .services

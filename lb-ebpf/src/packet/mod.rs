@@ -47,6 +47,7 @@ pub mod xdp;
 
 use aya_ebpf::bindings::bpf_fib_lookup;
 use lb_common::{
+    affinity::CLIENT_IS_ADDRESS,
     backend::{Backend4, BACKEND_FLAG_LOCAL},
     config::{
         CFG_LB_MODE, CFG_MAGLEV_M, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD,
@@ -57,7 +58,8 @@ use lb_common::{
     nodeport::*,
     service::{
         Service4Key, ServiceValue, SourceRange4, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL,
-        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_SOURCE_RANGES, SVC_FLAG_TWO_SCOPES,
+        SVC_FLAG_AFFINITY, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_SOURCE_RANGES,
+        SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -464,11 +466,27 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
     if svc.count == 0 && svc.terminating_count == 0 {
         return no_backend(ctx, f, &svc, &key);
     }
-    let picked = if svc.algorithm == ALG_MAGLEV {
+    // sessionAffinity: ClientIP: the source address's last backend first,
+    // then the usual choice, remembered (kube-proxy's "recent" match).
+    let client = CLIENT_IS_ADDRESS | f.saddr as u64;
+    let affinity = svc.flags & SVC_FLAG_AFFINITY != 0;
+    let remembered = if affinity {
+        lb::remembered::<V4>(&svc, client)
+    } else {
+        None
+    };
+    let picked = if let Some(found) = remembered {
+        Ok(found)
+    } else if svc.algorithm == ALG_MAGLEV {
         maglev(f, &svc)
     } else {
         lb::select_backend::<V4>(&key, &svc)
     };
+    if affinity && remembered.is_none() {
+        if let Ok((id, _)) = picked {
+            lb::remember(&svc, client, id);
+        }
+    }
     let (backend_id, b) = match picked {
         Ok(x) => x,
         Err(reason) => return drop_packet(ctx, f, reason, svc.service_id),

@@ -96,6 +96,7 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                 .enumerate()
                 .map(|(i, id)| {
                     let active = i < master.count as usize;
+                    let selectable = i < master.count as usize + master.terminating_count as usize;
                     match state.backends.get(&id) {
                         Some(b) => BackendRow {
                             id,
@@ -107,8 +108,12 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                             // The slot region is what selection uses.
                             state: if active {
                                 "active"
-                            } else {
+                            } else if selectable {
                                 state_name(b.state.max(BACKEND_STATE_TERMINATING))
+                            } else {
+                                // Parked after the selectable slots: only
+                                // established flows reach it.
+                                "maintenance"
                             },
                         },
                         None => BackendRow {

@@ -9,7 +9,10 @@ use std::{collections::BTreeSet, sync::Arc};
 use crate::collections::HashMap;
 
 use lb_common::{
-    backend::{BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_TERMINATING},
+    backend::{
+        BACKEND_FLAG_LOCAL, BACKEND_STATE_ACTIVE, BACKEND_STATE_MAINTENANCE,
+        BACKEND_STATE_TERMINATING,
+    },
     service::{
         ALG_MAGLEV, ALG_RANDOM, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_CLUSTER_IP,
         SVC_FLAG_EXTERNAL_IP, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER,
@@ -106,7 +109,8 @@ pub fn kind_flag(kind: FrontendKind) -> u16 {
 fn state_byte(state: BackendState) -> u8 {
     match state {
         BackendState::Active => BACKEND_STATE_ACTIVE,
-        _ => BACKEND_STATE_TERMINATING,
+        BackendState::Terminating => BACKEND_STATE_TERMINATING,
+        BackendState::Maintenance => BACKEND_STATE_MAINTENANCE,
     }
 }
 
@@ -166,15 +170,15 @@ fn build_frontend(
     let key = SvcKey::new(fe.address, fe.port, proto, scope);
     let service_id = ids.service_id(&key)?;
 
+    let mut maintenance = Vec::new();
     let mut active = Vec::new();
     let mut terminating = Vec::new();
     // For Maglev: stable name and weight of each selectable backend.
     let mut active_named = Vec::new();
     let mut terminating_named = Vec::new();
     for b in fe_backends {
-        // Maintenance backends are never selected; a frontend only reaches
-        // backends of its own family.
-        if b.state == BackendState::Maintenance || b.address.is_ipv4() != fe.address.is_ipv4() {
+        // A frontend only reaches backends of its own family.
+        if b.address.is_ipv4() != fe.address.is_ipv4() {
             continue;
         }
         let entry = BackendEntry {
@@ -192,7 +196,13 @@ fn build_frontend(
             .or_insert(entry);
         let (ids_list, named_list) = match b.state {
             BackendState::Active => (&mut active, &mut active_named),
-            _ => (&mut terminating, &mut terminating_named),
+            BackendState::Terminating => (&mut terminating, &mut terminating_named),
+            BackendState::Maintenance => {
+                // Graceful drain: in the table for the flows that have it,
+                // never chosen (no Maglev entry, no affinity, no selectable slot).
+                maintenance.push(id);
+                continue;
+            }
         };
         ids_list.push(id);
         // Names only where a table is built: formatting one per backend
@@ -206,7 +216,19 @@ fn build_frontend(
         }
     }
     let previous = current.slots_of(&key);
-    let slots = slots::plan(&previous, &active, &terminating);
+    let mut slots = slots::plan(&previous, &active, &terminating);
+    // Maintenance backends park after the selectable slots, in the order
+    // they had (a backend staying in maintenance is not rewritten).
+    if !maintenance.is_empty() {
+        let had: HashMap<u32, usize> = previous
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (*id, i))
+            .collect();
+        maintenance.sort_by_key(|id| (had.get(id).copied().unwrap_or(usize::MAX), *id));
+        maintenance.dedup();
+    }
+    slots.extend(&maintenance);
 
     let mut flags = kind_flag(fe.kind);
     if fe.affinity_timeout_s.is_some() {
@@ -224,7 +246,7 @@ fn build_frontend(
         flags |= SVC_FLAG_SOURCE_RANGES;
     }
     let value = ServiceValue {
-        backend_id: 0,
+        backend_id: maintenance.len() as u32,
         service_id,
         count: active.len() as u16,
         terminating_count: terminating.len() as u16,

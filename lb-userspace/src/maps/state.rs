@@ -223,7 +223,7 @@ impl MapState {
         let Some(m) = self.services.get(master) else {
             return Vec::new();
         };
-        let total = m.count as u32 + m.terminating_count as u32;
+        let total = m.master_slots();
         (1..=total)
             .filter_map(|slot| {
                 self.services

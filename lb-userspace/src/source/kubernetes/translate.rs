@@ -435,12 +435,16 @@ fn backends_for_port(
             let ready = c.and_then(|c| c.ready).unwrap_or(true);
             let serving = c.and_then(|c| c.serving).unwrap_or(ready);
             let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            // Neither: not ready, or terminating and no longer serving. No
+            // new flow goes there, but the flows it has keep it until the
+            // endpoint leaves the slice (graceful drain; kube-proxy's
+            // conntrack entries do the same).
             let state = if ready {
                 BackendState::Active
             } else if serving && terminating {
                 BackendState::Terminating
             } else {
-                continue;
+                BackendState::Maintenance
             };
             // Consumers use the first address (EndpointSlice API).
             let Some(text) = ep.addresses.first() else {
