@@ -4,6 +4,7 @@
 //! upgrade, swap the new program into the existing link. And the reverse:
 //! uninstall.
 pub mod config;
+pub mod features;
 pub mod pins;
 pub mod pods;
 
@@ -162,6 +163,9 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
 /// links. Idempotent: running it again (an agent restart or upgrade) stacks
 /// nothing and keeps every map entry.
 pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
+    // Before anything is loaded or attached: an old kernel is refused with
+    // every missing feature named, not a verifier log halfway through.
+    features::check(!cfg.devices.is_empty() || !cfg.pod_devices.is_none())?;
     sys::fs::check_cgroup2(&cfg.cgroup)?;
     let (mut ebpf, maps_reused) = load(&cfg.pin_dir, &cfg.sizes)?;
     let layout = PinLayout::new(&cfg.pin_dir);
