@@ -38,14 +38,35 @@ pub fn build(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
         return Vec::new();
     }
     let m64 = m as u64;
-    // offset and skip per backend; the j-th preference is (offset + j*skip) mod M,
-    // kept incrementally as `pos`.
-    let mut pos: Vec<u64> = Vec::with_capacity(bs.len());
-    let mut skip: Vec<u64> = Vec::with_capacity(bs.len());
-    for b in &bs {
-        pos.push(xxh64(b.name.as_bytes(), SEED_OFFSET) % m64);
-        skip.push(xxh64(b.name.as_bytes(), SEED_SKIP) % (m64 - 1) + 1);
-    }
+    let prefs: Vec<Preference> = bs
+        .iter()
+        .map(|b| Preference {
+            offset: xxh64(b.name.as_bytes(), SEED_OFFSET) % m64,
+            skip: xxh64(b.name.as_bytes(), SEED_SKIP) % (m64 - 1) + 1,
+            id: b.id,
+            weight: b.weight,
+        })
+        .collect();
+    populate(&prefs, m)
+}
+
+/// A backend's permutation of the table (its j-th preferred slot is
+/// `(offset + j·skip) mod M`), what it stores and its weight.
+#[derive(Clone, Copy, Debug)]
+struct Preference {
+    offset: u64,
+    skip: u64,
+    id: u32,
+    weight: u32,
+}
+
+/// The paper's Pseudocode 1, with the permutations kept incrementally (the
+/// next preference as `pos`) instead of as an N×M matrix.
+fn populate(prefs: &[Preference], m: u32) -> Vec<u32> {
+    let m64 = m as u64;
+    let mut pos: Vec<u64> = prefs.iter().map(|p| p.offset).collect();
+    let skip: Vec<u64> = prefs.iter().map(|p| p.skip).collect();
+    let bs = prefs;
     const EMPTY: u32 = u32::MAX;
     let mut table = vec![EMPTY; m as usize];
     let mut filled = 0u64;
@@ -173,6 +194,95 @@ mod tests {
         let mut rev = bs.clone();
         rev.reverse();
         assert_eq!(build(&bs, 4093), build(&rev, 4093));
+    }
+
+    /// xxHash64 as the reference implementation computes it: the published
+    /// vectors of xxhsum's sanity test, and our two seeds on a backend name
+    /// computed outside this code base (the C library, xxHash 0.8.4, through
+    /// python-xxhash 4.1.0).
+    #[test]
+    fn xxh64_matches_the_reference_implementation() {
+        assert_eq!(xxh64(b"", 0), 0xef46_db37_51d8_e999);
+        assert_eq!(xxh64(b"abc", 0), 0x44bc_2cf5_ad77_0999);
+        assert_eq!(
+            xxh64(b"10.244.0.1:8080/TCP", SEED_OFFSET),
+            0xe0af_9e43_7f06_06b9
+        );
+        assert_eq!(
+            xxh64(b"10.244.0.1:8080/TCP", SEED_SKIP),
+            0xb354_1a0d_c031_5ac3
+        );
+    }
+
+    /// Pseudocode 1 of the paper, literally: the N×M permutation matrix and
+    /// the `next` indices. The implementation keeps neither; the two must
+    /// fill the same table.
+    fn paper_populate(perms: &[Vec<u64>], m: usize) -> Vec<usize> {
+        let n = perms.len();
+        let mut next = vec![0usize; n];
+        let mut entry: Vec<Option<usize>> = vec![None; m];
+        let mut filled = 0;
+        loop {
+            for i in 0..n {
+                let mut c = perms[i][next[i]] as usize;
+                while entry[c].is_some() {
+                    next[i] += 1;
+                    c = perms[i][next[i]] as usize;
+                }
+                entry[c] = Some(i);
+                next[i] += 1;
+                filled += 1;
+                if filled == m {
+                    return entry.into_iter().map(|e| e.unwrap()).collect();
+                }
+            }
+        }
+    }
+
+    fn permutation(offset: u64, skip: u64, m: u64) -> Vec<u64> {
+        (0..m).map(|j| (offset + j * skip) % m).collect()
+    }
+
+    #[test]
+    fn the_construction_fills_the_papers_table_1_and_agrees_with_pseudocode_1() {
+        // NSDI'16 Table 1: M = 7; B0 offset 3 skip 4, B1 offset 0 skip 2,
+        // B2 offset 3 skip 1; the lookup table is B1 B0 B1 B0 B2 B2 B0.
+        let pref = |offset, skip, id| Preference {
+            offset,
+            skip,
+            id,
+            weight: 1,
+        };
+        let table = populate(&[pref(3, 4, 0), pref(0, 2, 1), pref(3, 1, 2)], 7);
+        assert_eq!(table, [1, 0, 1, 0, 2, 2, 0]);
+        // B1 removed: what the pseudocode gives for B0 and B2.
+        let perms = [permutation(3, 4, 7), permutation(3, 1, 7)];
+        let want: Vec<u32> = paper_populate(&perms, 7)
+            .into_iter()
+            .map(|i| [0, 2][i])
+            .collect();
+        assert_eq!(populate(&[pref(3, 4, 0), pref(3, 1, 2)], 7), want);
+
+        // Many more: offsets and skips from a fixed LCG, M prime.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rand = || {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            x >> 33
+        };
+        for (n, m) in [(2, 7), (3, 13), (5, 13), (10, 251), (40, 251), (7, 1021)] {
+            let prefs: Vec<Preference> = (0..n)
+                .map(|i| pref(rand() % m, rand() % (m - 1) + 1, i as u32))
+                .collect();
+            let perms: Vec<Vec<u64>> = prefs
+                .iter()
+                .map(|p| permutation(p.offset, p.skip, m))
+                .collect();
+            let want: Vec<u32> = paper_populate(&perms, m as usize)
+                .into_iter()
+                .map(|i| i as u32)
+                .collect();
+            assert_eq!(populate(&prefs, m as u32), want, "n={n} m={m}");
+        }
     }
 
     #[test]
