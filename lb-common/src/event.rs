@@ -76,6 +76,8 @@ pub struct Event {
     pub xaddr: [u8; 16],
     /// Name of the process (`comm`).
     pub comm: [u8; 16],
+    /// The tail up to the 8-byte alignment, named (see `layout`).
+    pub pad2: u32,
 }
 
 impl Event {
@@ -99,6 +101,7 @@ impl Event {
             daddr: [0; 16],
             xaddr: [0; 16],
             comm: [0; 16],
+            pad2: 0,
         }
     }
 }
