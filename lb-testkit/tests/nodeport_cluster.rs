@@ -1,9 +1,10 @@
 //! The north-south path with real traffic between network namespaces: an
 //! outside client, node A with the tc programs on its device, node B with
 //! the backends (and a local backend on A). SNAT round trip, DSR with the
-//! client's address kept and the reply going straight from B, a flow that
-//! survives a Maglev table change, and two nodes choosing the same backend
-//! for the same flow.
+//! client's address kept and the reply going straight from B, conntrack
+//! keeping an established flow on its backend when a new Maglev table no
+//! longer names it, and two nodes choosing the same backend for the same
+//! flow (Maglev's cross-node consistency).
 use std::{
     collections::BTreeSet,
     io::{BufRead as _, BufReader, Write as _},
@@ -81,7 +82,10 @@ fn snat_round_trip_through_node_a_to_a_backend_on_node_b_and_a_local_backend_on_
             a.seen_client().unwrap().starts_with(&format!("{NODE_A}:")),
             "SNAT: the backend sees node A: {a:?}"
         );
-        assert_eq!(a.peer.as_deref(), Some("192.168.60.2:30081"));
+        // The replies came from the NodePort: the client's socket has no
+        // program (getpeername would show what it dialed whatever happened),
+        // but its kernel answers a SYN-ACK from any other address with a
+        // reset, so the connection (a.ok) is the proof.
     }
     for a in c.probe("tcp", &format!("{NODE_A}:30083"), 5) {
         assert!(a.ok, "{a:?}");
@@ -137,11 +141,9 @@ fn dsr_backend_sees_the_client_and_its_reply_skips_node_a() {
             a.seen_client().unwrap().starts_with(&format!("{CLIENT}:")),
             "DSR keeps the client's address: {a:?}"
         );
-        assert_eq!(
-            a.peer.as_deref(),
-            Some("192.168.60.2:30081"),
-            "the reply comes from the service address"
-        );
+        // The reply came straight from node B, from the service address:
+        // a SYN-ACK from anywhere else would have been reset by the client's
+        // kernel, and node A saw no reply at all (below).
     }
     assert!(Cluster::counter(&c.a, CNT_NP_FORWARD) >= 5);
     assert!(
@@ -178,7 +180,7 @@ fn metric(node: &lb_testkit::cluster::Node, series: &str) -> f64 {
 }
 
 #[test]
-fn an_established_flow_survives_a_maglev_table_change() {
+fn an_established_flow_stays_on_its_backend_when_a_new_maglev_table_no_longer_has_it() {
     let mut c = Cluster::new(&unique("np_flow_survives"));
     let _echo: Vec<_> = POD_B
         .iter()
