@@ -517,19 +517,23 @@ impl Report {
         o.push_str(
             "## 4. Maglev\n\n\
              Table build (median of 5), balance (the most and the fewest slots a backend owns, ÷ M/N) and\n\
-             disruption (share of slots that change owner when one of N backends is removed; ideal 1/N).\n\n\
-             | M | Backends | Build ms | Max ÷ ideal | Min ÷ ideal | Disruption | Ideal |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+             disruption (share of slots that change owner when one of N backends is removed; ideal 1/N).\n\
+             A table costs 4·M bytes of kernel memory per service that uses Maglev (M is\n\
+             `--maglev-table-size`, one for all of them).\n\n\
+             | M | Table KiB | Backends | Build ms | Max ÷ ideal | Min ÷ ideal | Disruption | ÷ ideal | Ideal |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for m in &self.maglev {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.3} | {:.3} | {:.2}% | {:.2}% |",
+                "| {} | {} | {} | {} | {:.3} | {:.3} | {:.2}% | {:.2}× | {:.2}% |",
                 m.m,
+                m.m as u64 * 4 / 1024,
                 m.backends,
                 ms(m.build),
                 m.max_over_ideal,
                 m.min_over_ideal,
                 m.disruption * 100.0,
+                m.disruption * m.backends as f64,
                 100.0 / m.backends as f64
             );
         }
