@@ -1,0 +1,194 @@
+//! The agent's reconcile worker (`lb::agent::worker`) against the fake
+//! maps, in milliseconds and without root: what sources post reaches the
+//! maps, refusals are left for `lbctl status`, removed UDP backends reach
+//! the socket cleanup, source errors change nothing and are counted, and the
+//! node's addresses decide whether sockets may translate an external IP.
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use lb::{
+    agent::{
+        mailbox::Pending,
+        worker::{AgentStatus, Worker},
+    },
+    desired::BuildConfig,
+    maps::{fake::FakeMaps, Capacity, LbMaps as _},
+    metrics::Metrics,
+    model::Model,
+    reconcile::Reconciler,
+    source::SourceEvent,
+};
+use lb_common::service::SVC_FLAG_FOREIGN_EXTERNAL_IP;
+
+fn model(yaml: &str) -> Model {
+    lb::model::file::parse(yaml).unwrap()
+}
+
+fn full(yaml: &str) -> Pending {
+    Pending {
+        full: Some(model(yaml)),
+        observed: Some(Instant::now()),
+        ..Default::default()
+    }
+}
+
+struct Harness {
+    worker: Worker<FakeMaps>,
+    removed: Arc<Mutex<Vec<(IpAddr, u16)>>>,
+    addresses: Arc<Mutex<Option<BTreeSet<IpAddr>>>>,
+    registry: prometheus_client::registry::Registry,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn harness(tag: &str, capacity: Capacity) -> Harness {
+    let dir = std::env::temp_dir().join(format!("lb-worker-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (metrics, registry) = Metrics::new(dir.join("pins"));
+    let removed = Arc::new(Mutex::new(Vec::new()));
+    let addresses: Arc<Mutex<Option<BTreeSet<IpAddr>>>> = Arc::new(Mutex::new(None));
+    let (r, a) = (removed.clone(), addresses.clone());
+    let worker = Worker {
+        reconciler: Reconciler::restore(FakeMaps::with_capacity(capacity))
+            .unwrap()
+            .with_config(BuildConfig::default()),
+        metrics,
+        on_removed_udp: Box::new(move |gone| r.lock().unwrap().extend(gone)),
+        status_file: Some(dir.join("status.json")),
+        retry_every: Duration::from_millis(10),
+        unprogrammed: Vec::new(),
+        node_addresses: Some(Box::new(move || a.lock().unwrap().clone())),
+    };
+    Harness {
+        worker,
+        removed,
+        addresses,
+        registry,
+        dir,
+    }
+}
+
+fn metrics_text(h: &Harness) -> String {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, &h.registry).unwrap();
+    s
+}
+
+const TWO: &str = "services:
+  - {name: web, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1}, {address: 10.0.0.2}]}
+  - {name: dns, clusterIPs: [10.96.0.10], ports: [{port: 53, protocol: UDP}], backends: [{address: 10.0.0.3}, {address: 10.0.0.4}]}
+";
+
+#[test]
+fn a_full_model_then_changes_reach_the_maps_and_removed_udp_backends_reach_the_socket_cleanup() {
+    let mut h = harness("full", Capacity::default());
+    h.worker.step(full(TWO));
+    let state = h.worker.reconciler.maps().dump().unwrap();
+    assert_eq!(state.frontends().count(), 2);
+    assert_eq!(state.backends.len(), 4);
+
+    // The DNS service loses a backend: its connected UDP sockets must fail over.
+    let dns = model(&TWO.replace(", {address: 10.0.0.4}", ""))
+        .services
+        .into_iter()
+        .find(|(n, _)| n.to_string().ends_with("/dns"))
+        .unwrap();
+    h.worker.step(Pending {
+        changes: [(dns.0, Some(dns.1))].into_iter().collect(),
+        observed: Some(Instant::now()),
+        ..Default::default()
+    });
+    assert_eq!(
+        *h.removed.lock().unwrap(),
+        vec![("10.0.0.4".parse::<IpAddr>().unwrap(), 53)]
+    );
+    assert_eq!(h.worker.reconciler.maps().dump().unwrap().backends.len(), 3);
+    let status: AgentStatus =
+        serde_json::from_slice(&std::fs::read(h.dir.join("status.json")).unwrap()).unwrap();
+    assert!(status.refused.is_empty());
+    assert_eq!(status.layout, lb_common::maps::LAYOUT_VERSION);
+}
+
+#[test]
+fn a_service_that_does_not_fit_is_left_for_lbctl_status_and_the_rest_is_applied() {
+    // Room for one service's entries (marker, master, two slots), not two.
+    let mut h = harness(
+        "refused",
+        Capacity {
+            services: 5,
+            ..Capacity::default()
+        },
+    );
+    h.worker.step(full(TWO));
+    let state = h.worker.reconciler.maps().dump().unwrap();
+    assert_eq!(state.frontends().count(), 1, "one fits");
+    let status: AgentStatus =
+        serde_json::from_slice(&std::fs::read(h.dir.join("status.json")).unwrap()).unwrap();
+    assert_eq!(status.refused.len(), 1, "{status:?}");
+    assert!(
+        status.refused[0].error.contains("--map-size-services"),
+        "the fix is named: {status:?}"
+    );
+    let text = metrics_text(&h);
+    assert!(
+        text.contains("lb_reconciles_total{result=\"error\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_source_error_changes_nothing_and_is_counted() {
+    let mut h = harness("error", Capacity::default());
+    h.worker.step(full(TWO));
+    let before = h.worker.reconciler.maps().dump().unwrap();
+    h.worker.step(Pending {
+        notes: vec![SourceEvent::Error {
+            source: "file",
+            reason: "invalid",
+            message: "services[0].ports[0].port: 0 is not a port".into(),
+        }],
+        ..Default::default()
+    });
+    assert_eq!(h.worker.reconciler.maps().dump().unwrap(), before);
+    let text = metrics_text(&h);
+    assert!(
+        text.contains("lb_source_errors_total{source=\"file\",reason=\"invalid\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_nodes_addresses_decide_whether_sockets_may_translate_an_external_ip() {
+    let mut h = harness("extip", Capacity::default());
+    h.worker.step(full(
+        "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]",
+    ));
+    let ext: IpAddr = "198.51.100.7".parse().unwrap();
+    let foreign = |h: &Harness| {
+        let state = h.worker.reconciler.maps().dump().unwrap();
+        let (_, v) = state.frontends().find(|(k, _)| k.address == ext).unwrap();
+        v.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0
+    };
+    assert!(foreign(&h), "not the node's: sockets leave it alone");
+    // The node gains the address: the next round (an idle one) re-applies.
+    *h.addresses.lock().unwrap() = Some([ext].into_iter().collect());
+    h.worker.step(Pending::default());
+    assert!(!foreign(&h), "the node's own: translated");
+    // Addresses unknown this round (None): the last ones stay.
+    *h.addresses.lock().unwrap() = None;
+    h.worker.step(Pending::default());
+    assert!(!foreign(&h));
+    // Given up again.
+    *h.addresses.lock().unwrap() = Some(BTreeSet::new());
+    h.worker.step(Pending::default());
+    assert!(foreign(&h));
+}
