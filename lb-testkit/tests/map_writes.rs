@@ -99,3 +99,33 @@ fn consecutive_writes_to_several_maps_all_land_in_order() {
         "later writes win, the delete came last"
     );
 }
+
+/// The map catalog describes the object as built: after a load every map
+/// it lists is pinned with the key and value sizes and the capacity it
+/// says, and a pinned map of another capacity is refused by name.
+#[test]
+fn every_map_of_the_catalog_is_pinned_as_the_catalog_describes_it() {
+    let pins = PinDir::create(&unique("catalog"));
+    let sizes = MapSizes {
+        source_ranges: 1024,
+        ..MapSizes::default()
+    };
+    let (_ebpf, reused) = datapath::load(&pins.path, &sizes).expect("loading");
+    assert!(!reused);
+    for m in datapath::catalog::CATALOG {
+        assert!(pins.path.join(m.name).exists(), "{} is not pinned", m.name);
+    }
+    let layout = datapath::PinLayout::new(&pins.path);
+    assert!(layout
+        .check_pinned_maps(&sizes)
+        .expect("sizes as the catalog says"));
+    let other = MapSizes {
+        source_ranges: 2048,
+        ..sizes
+    };
+    let err = layout.check_pinned_maps(&other).unwrap_err().to_string();
+    assert!(
+        err.contains("LB4_SRC_RANGES") && err.contains("1024"),
+        "{err}"
+    );
+}

@@ -3,6 +3,7 @@
 //! external devices, each through a pinned BPF link; on a restart or an
 //! upgrade, swap the new program into the existing link. And the reverse:
 //! uninstall.
+pub mod catalog;
 pub mod config;
 pub mod features;
 pub mod pins;
@@ -147,8 +148,8 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pin_dir);
     // BTF map definitions carry no pinning attribute: pin by path.
-    for name in [names::LB_MAGLEV, names::LB_SOCK_UDP] {
-        loader.map_pin_path(name, layout.map(name));
+    for m in catalog::CATALOG.iter().filter(|m| m.btf) {
+        loader.map_pin_path(m.name, layout.map(m.name));
     }
     for (name, size) in sizes.entries() {
         loader.map_max_entries(name, size);

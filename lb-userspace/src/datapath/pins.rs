@@ -1,24 +1,9 @@
 //! Where things are pinned, and checks that pinned maps fit this build.
-use std::{
-    mem::size_of,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use aya::maps::MapData;
-use lb_common::{
-    affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
-    backend::{Backend4, Backend6},
-    config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
-    drop::DROP_SLOTS,
-    event::EVENTS_RING_BYTES,
-    maps as names,
-    nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
-    revnat::{
-        RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
-    },
-    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
-};
+use lb_common::maps as names;
 
 /// Default pin directory; the layout version is part of the path because the
 /// kernel reuses a pin without checking its key and value sizes.
@@ -64,23 +49,14 @@ impl Default for MapSizes {
 }
 
 impl MapSizes {
-    /// Map name → capacity; both families get the same sizes.
-    pub fn entries(&self) -> [(&'static str, u32); 13] {
-        [
-            (names::LB4_SERVICES, self.services),
-            (names::LB4_BACKENDS, self.backends),
-            (names::LB4_REVNAT, self.revnat),
-            (names::LB4_SOCK_REVNAT, self.sock_revnat),
-            (names::LB6_SERVICES, self.services),
-            (names::LB6_BACKENDS, self.backends),
-            (names::LB6_REVNAT, self.revnat),
-            (names::LB6_SOCK_REVNAT, self.sock_revnat),
-            (names::LB_AFFINITY, self.affinity),
-            (names::LB_AFFINITY_MATCH, self.services),
-            (names::LB4_CT, self.ct),
-            (names::LB_MAGLEV, self.maglev),
-            (names::LB4_SRC_RANGES, self.source_ranges),
-        ]
+    /// Map name → capacity of every map a `--map-size-*` flag sizes (the
+    /// catalog says which); both families get the same sizes.
+    pub fn entries(&self) -> Vec<(&'static str, u32)> {
+        super::catalog::CATALOG
+            .iter()
+            .filter(|m| matches!(m.capacity, super::catalog::Capacity::Sized(_)))
+            .filter_map(|m| Some((m.name, m.max_entries(self)?)))
+            .collect()
     }
 }
 
@@ -110,126 +86,12 @@ impl PinLayout {
     /// Checks every already pinned map against this build's layout and the
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
-        let expected: [(&str, usize, usize, Option<u32>); 20] = [
-            (
-                names::LB4_SERVICES,
-                size_of::<Service4Key>(),
-                size_of::<ServiceValue>(),
-                Some(sizes.services),
-            ),
-            (
-                names::LB4_BACKENDS,
-                size_of::<u32>(),
-                size_of::<Backend4>(),
-                Some(sizes.backends),
-            ),
-            (
-                names::LB4_REVNAT,
-                size_of::<u32>(),
-                size_of::<RevNat4>(),
-                Some(sizes.revnat),
-            ),
-            (
-                names::LB4_SOCK_REVNAT,
-                size_of::<SockRevNat4Key>(),
-                size_of::<SockRevNat4Value>(),
-                Some(sizes.sock_revnat),
-            ),
-            (
-                names::LB6_SERVICES,
-                size_of::<Service6Key>(),
-                size_of::<ServiceValue>(),
-                Some(sizes.services),
-            ),
-            (
-                names::LB6_BACKENDS,
-                size_of::<u32>(),
-                size_of::<Backend6>(),
-                Some(sizes.backends),
-            ),
-            (
-                names::LB6_REVNAT,
-                size_of::<u32>(),
-                size_of::<RevNat6>(),
-                Some(sizes.revnat),
-            ),
-            (
-                names::LB6_SOCK_REVNAT,
-                size_of::<SockRevNat6Key>(),
-                size_of::<SockRevNat6Value>(),
-                Some(sizes.sock_revnat),
-            ),
-            (
-                names::LB_AFFINITY,
-                size_of::<AffinityKey>(),
-                size_of::<AffinityValue>(),
-                Some(sizes.affinity),
-            ),
-            (
-                names::LB_AFFINITY_MATCH,
-                size_of::<AffinityMatchKey>(),
-                size_of::<u8>(),
-                Some(sizes.services),
-            ),
-            (
-                names::LB4_CT,
-                size_of::<Ct4Key>(),
-                size_of::<Ct4Value>(),
-                Some(sizes.ct),
-            ),
-            (
-                names::LB_DEVICES,
-                size_of::<u32>(),
-                size_of::<Device>(),
-                Some(names::DEFAULT_DEVICES_MAX),
-            ),
-            (
-                names::LB_MAGLEV,
-                size_of::<u32>(),
-                size_of::<u32>(),
-                Some(sizes.maglev),
-            ),
-            (
-                names::LB4_SRC_RANGES,
-                // The kernel's key: a 32-bit prefix length, then the data.
-                size_of::<u32>() + size_of::<SourceRange4>(),
-                size_of::<u8>(),
-                Some(sizes.source_ranges),
-            ),
-            (
-                names::LB_DROPS,
-                size_of::<u32>(),
-                size_of::<u64>(),
-                Some(DROP_SLOTS),
-            ),
-            (names::LB_EVENTS, 0, 0, Some(EVENTS_RING_BYTES)),
-            (
-                names::LB_CONFIG,
-                size_of::<u32>(),
-                size_of::<u32>(),
-                Some(CONFIG_SLOTS),
-            ),
-            (
-                names::LB_COUNTERS,
-                size_of::<u32>(),
-                size_of::<u64>(),
-                Some(COUNTER_SLOTS),
-            ),
-            (
-                names::LB_EVENT_RATE,
-                size_of::<u32>(),
-                size_of::<RateState>(),
-                Some(2),
-            ),
-            (
-                names::LB4_FRAGS,
-                size_of::<Frag4Key>(),
-                size_of::<Frag4Value>(),
-                Some(names::DEFAULT_FRAGS_MAX),
-            ),
-        ];
         let mut any = false;
-        for (name, key, value, max) in expected {
+        for m in super::catalog::CATALOG {
+            let (name, max) = (m.name, m.max_entries(sizes));
+            let Some((key, value)) = m.sizes else {
+                continue;
+            };
             let path = self.map(name);
             if !path.exists() {
                 continue;
