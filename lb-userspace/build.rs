@@ -1,5 +1,6 @@
 //! Builds the eBPF object (lb-ebpf) for bpfel-unknown-none and leaves it in
-//! OUT_DIR, where `src/loader` embeds it with `include_bytes_aligned!`.
+//! OUT_DIR, where `src/datapath/mod.rs` (EBPF_OBJECT) embeds it with
+//! `include_bytes_aligned!`.
 use std::path::Path;
 
 use aya_build::{Package, Toolchain};

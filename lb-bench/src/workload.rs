@@ -105,7 +105,6 @@ pub fn service(s: &Svc, kind: FrontendKind) -> Service {
             port: s.port,
             protocol: Protocol::Tcp,
             kind,
-            port_name: Some("http".into()),
             algorithm: Algorithm::Random,
             affinity_timeout_s: None,
             external_traffic_local: false,

@@ -1,6 +1,6 @@
 //! Service lookup and backend selection, written once for both address
-//! families and independent of the hook that asks (socket hooks today,
-//! tc/XDP later).
+//! families and independent of the hook that asks (the socket hooks and the
+//! tc/XDP programs).
 use aya_ebpf::helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns};
 use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},

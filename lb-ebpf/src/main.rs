@@ -33,11 +33,14 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
-/// Several helpers used here (socket cookies, `bpf_set_retval`) are GPL-only.
+/// Several helpers used here (socket cookies, `bpf_set_retval`) are
+/// GPL-only: the kernel loads the object only with a GPL-compatible license
+/// string (kernel/bpf/syscall.c, license_is_gpl_compatible). This crate is
+/// "Apache-2.0 OR GPL-2.0" (Cargo.toml); the object is the GPL-2.0 choice.
 #[cfg(target_arch = "bpf")]
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+static LICENSE: [u8; 4] = *b"GPL\0";
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {

@@ -133,7 +133,11 @@ fn frontends(agent: &Agent) -> Vec<(String, String, usize)> {
             (
                 format!("{addr}:{}", fe["port"]),
                 s["type"].as_str().unwrap_or("").to_string(),
-                s["backends"].as_array().map_or(0, |b| b.len()),
+                // Selectable backends: a maintenance one (not ready, kept
+                // for its established flows) takes no new connection.
+                s["backends"].as_array().map_or(0, |b| {
+                    b.iter().filter(|b| b["state"] != "maintenance").count()
+                }),
             )
         })
         .collect()
@@ -257,7 +261,9 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
     assert!(backends_in_maps(2), "{}", agent.log_text());
     assert_eq!(served(&w, &target, 40).len(), 2);
 
-    // Not ready: out of the maps (no terminating state for a live pod).
+    // Not ready: no new connection goes there (it stays in the maps as a
+    // maintenance backend for the flows it has; no terminating state for a
+    // live pod).
     // (A second apart: a Ready condition's lastTransitionTime, which the
     // controller's trigger stamp comes from, has whole seconds.)
     std::thread::sleep(Duration::from_millis(1100));

@@ -31,7 +31,6 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
             port,
             protocol: Protocol::Tcp,
             kind: FrontendKind::ClusterIP,
-            port_name: None,
             algorithm: Default::default(),
             affinity_timeout_s: None,
             external_traffic_local: false,

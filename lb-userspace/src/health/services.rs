@@ -239,7 +239,6 @@ mod tests {
                 port: 80,
                 protocol: Protocol::Tcp,
                 kind: FrontendKind::ClusterIP,
-                port_name: None,
                 algorithm: Default::default(),
                 affinity_timeout_s: None,
                 external_traffic_local: false,

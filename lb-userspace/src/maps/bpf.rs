@@ -125,7 +125,8 @@ impl BpfMaps {
         let inner =
             Array::<MapData, u32>::create(table.len() as u32, BPF_F_INNER_MAP).map_err(io_error)?;
         let keys: Vec<u32> = (0..table.len() as u32).collect();
-        crate::sys::bpf::map_update_batch(inner.map().fd().as_fd(), &keys, table)?;
+        crate::sys::bpf::map_update_batch_of(inner.map().fd().as_fd(), &keys, table)
+            .map_err(|(_, e)| e)?;
         self.maglev.insert(service_id, &inner, 0).map_err(io_error)
     }
 }

@@ -580,7 +580,6 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                 port: fport,
                 protocol,
                 kind: fkind,
-                port_name: p.name.clone(),
                 algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),
                 affinity_timeout_s,
                 external_traffic_local: external_local && fkind != FrontendKind::ClusterIP,

@@ -158,9 +158,6 @@ impl Service {
         self.frontends.shrink_to_fit();
         for fe in &mut self.frontends {
             fe.backends.shrink_to_fit();
-            if let Some(p) = fe.port_name.as_mut() {
-                p.shrink_to_fit();
-            }
         }
     }
 
@@ -186,7 +183,6 @@ pub struct Frontend {
     pub port: u16,
     pub protocol: Protocol,
     pub kind: FrontendKind,
-    pub port_name: Option<String>,
     pub algorithm: Algorithm,
     /// sessionAffinity: ClientIP timeout, when set.
     pub affinity_timeout_s: Option<u32>,

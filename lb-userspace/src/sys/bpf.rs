@@ -135,33 +135,9 @@ pub fn netdev_link_ifindex(link: BorrowedFd<'_>) -> io::Result<u32> {
     Ok((info[2] & 0xffff_ffff) as u32)
 }
 
-/// The program id a link runs.
-pub fn link_prog_id(link: BorrowedFd<'_>) -> io::Result<u32> {
-    Ok(cgroup_link_info(link)?.prog_id)
-}
-
-/// Writes `values[i]` at key `keys[i]` in one syscall (BPF_MAP_UPDATE_BATCH,
-/// Linux 5.6): a Maglev table of 16381 slots is one call, not 16381.
-pub fn map_update_batch(map: BorrowedFd<'_>, keys: &[u32], values: &[u32]) -> io::Result<()> {
-    assert_eq!(keys.len(), values.len());
-    let mut attr = Attr::new();
-    attr.put_u64(16, keys.as_ptr() as u64);
-    attr.put_u64(24, values.as_ptr() as u64);
-    attr.put_u32(32, keys.len() as u32); // count
-    attr.put_u32(36, map.as_raw_fd() as u32); // map_fd
-    bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
-    let done = attr.get_u32(32) as usize;
-    if done != keys.len() {
-        return Err(io::Error::other(format!(
-            "batch update wrote {done} of {} entries",
-            keys.len()
-        )));
-    }
-    Ok(())
-}
-
 /// Writes `values[i]` at `keys[i]` for any plain key and value types, in
-/// order, in one syscall. The kernel updates element by element exactly as
+/// order, in one syscall (BPF_MAP_UPDATE_BATCH, Linux 5.6): a Maglev table
+/// of 16381 slots is one call, not 16381. The kernel updates element by element exactly as
 /// single updates would (kernel/bpf/syscall.c, generic_map_update_batch),
 /// so readers see the same sequence of states; only the syscalls are
 /// saved. On failure: how many were written before it, and the error.

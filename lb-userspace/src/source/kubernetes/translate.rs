@@ -314,7 +314,6 @@ pub fn translate<'a>(
                 port: fport,
                 protocol,
                 kind,
-                port_name: port.name.clone(),
                 algorithm,
                 affinity_timeout_s,
                 external_traffic_local: external_local && kind != FrontendKind::ClusterIP,
