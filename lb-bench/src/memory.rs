@@ -54,7 +54,7 @@ pub fn maps(pin_dir: &Path) -> Vec<(String, u64, u32)> {
             field("max_entries:") as u32,
         ));
     }
-    out.sort_by(|a, b| b.1.cmp(&a.1));
+    out.sort_by_key(|e| std::cmp::Reverse(e.1));
     out
 }
 

@@ -325,7 +325,7 @@ async fn measure(
     let background = {
         let (pods, churned) = (pods.clone(), churned.clone());
         tokio::spawn(async move {
-            let mut ready = vec![true; BACKGROUND * 2];
+            let mut ready = [true; BACKGROUND * 2];
             for n in 0usize.. {
                 let i = n % (BACKGROUND * 2);
                 ready[i] = !ready[i];
@@ -338,7 +338,7 @@ async fn measure(
     };
 
     let (mut to_slice, mut slice_to_map, mut to_map) = (Vec::new(), Vec::new(), Vec::new());
-    let mut ready = vec![[true; 2]; MEASURED];
+    let mut ready = [[true; 2]; MEASURED];
     for i in 0..samples {
         let s = i % MEASURED;
         let p = (i / MEASURED) % 2;

@@ -52,9 +52,11 @@ pub fn testbed_bin() -> PathBuf {
 /// Spawns processes from one thread that lives as long as the test
 /// process: PR_SET_PDEATHSIG fires when the *thread* that forked a child
 /// exits, and a test thread ends long before a shared control plane.
-fn spawner() -> &'static Mutex<mpsc::Sender<(Command, mpsc::Sender<io::Result<Child>>)>> {
-    static S: OnceLock<Mutex<mpsc::Sender<(Command, mpsc::Sender<io::Result<Child>>)>>> =
-        OnceLock::new();
+/// A command to spawn and where to send the child.
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static S: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     S.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<(Command, mpsc::Sender<io::Result<Child>>)>();
         std::thread::spawn(move || {

@@ -10,6 +10,8 @@ pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 pub const FIN: u8 = 0x01;
 
+/// An Ethernet/IPv4/TCP frame: every field a test varies, as arguments.
+#[allow(clippy::too_many_arguments)]
 pub fn tcp(
     src: Mac,
     dst: Mac,

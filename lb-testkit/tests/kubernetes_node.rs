@@ -230,7 +230,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
     // The apiserver through the `kubernetes` Service (10.96.0.1:443): a TCP
     // connection opens (TLS needs a client; the open is the translation).
     let opened = in_client(
-        &cp,
+        cp,
         "echo | nc -w 2 10.96.0.1 443 >/dev/null 2>&1; echo rc=$?",
     );
     assert!(opened.contains("rc=0"), "kubernetes ClusterIP: {opened}");

@@ -434,8 +434,10 @@ proptest! {
     }
 }
 
+type Endpoints = Vec<(IpAddr, u16)>;
+
 /// frontend → (sorted active backends, sorted terminating backends), by address.
-fn summary(state: &MapState) -> BTreeMap<(IpAddr, u16), (Vec<(IpAddr, u16)>, Vec<(IpAddr, u16)>)> {
+fn summary(state: &MapState) -> BTreeMap<(IpAddr, u16), (Endpoints, Endpoints)> {
     state
         .frontends()
         .map(|(k, v)| {

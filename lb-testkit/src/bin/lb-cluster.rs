@@ -73,6 +73,9 @@ fn up(node: bool) {
             Ok(())
         });
     }
+    // Once up, serve is meant to outlive this process (a daemon in a session
+    // of its own; `down` stops it): it is not waited for.
+    #[allow(clippy::zombie_processes)]
     let mut child = cmd.spawn().expect("starting lb-cluster serve");
     let deadline = Instant::now() + Duration::from_secs(600);
     while !dir.join("ready").exists() {
@@ -85,6 +88,7 @@ fn up(node: bool) {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
+            let _ = child.wait();
             eprintln!(
                 "the cluster did not come up in 10 minutes; see {}",
                 dir.join("serve.log").display()

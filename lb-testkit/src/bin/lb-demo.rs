@@ -185,8 +185,7 @@ fn run() -> anyhow::Result<()> {
         agent
             .log_text()
             .lines()
-            .filter(|l| l.contains("reconciled"))
-            .last()
+            .rfind(|l| l.contains("reconciled"))
             .unwrap_or("")
     );
     print!("{}", agent.lbctl(&["service", "list"]));

@@ -19,6 +19,9 @@ use crate::{
     source::SourceEvent,
 };
 
+/// What the worker calls with the UDP backends a reconcile removed.
+pub type OnRemovedUdp = Box<dyn FnMut(Vec<(IpAddr, u16)>) + Send>;
+
 /// Changes to this many services at once count as a large batch (see
 /// `crate::sys::heap`).
 const LARGE_BATCH: usize = 1000;
@@ -31,7 +34,7 @@ pub struct Worker<M: LbMaps> {
     pub metrics: Metrics,
     /// Called with the UDP backends a reconcile removed (connected sockets
     /// pinned to them are destroyed, see `crate::sockets`).
-    pub on_removed_udp: Box<dyn FnMut(Vec<(IpAddr, u16)>) + Send>,
+    pub on_removed_udp: OnRemovedUdp,
     /// Where the refused services are written for `lbctl status`.
     pub status_file: Option<PathBuf>,
     pub retry_every: Duration,

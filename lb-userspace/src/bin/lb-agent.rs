@@ -62,7 +62,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install the data path and follow the source (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
     /// Detach every program and remove every pinned map and link.
@@ -320,7 +320,7 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Some(Command::Run(args)) => run(args),
+        Some(Command::Run(args)) => run(*args),
         None => run(cli.run),
     }
 }
@@ -830,10 +830,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Connected UDP sockets that socket LB pinned to a backend that was just
 /// removed fail over: they are destroyed in the background (scanning every
 /// namespace takes a moment; the maps are already up to date).
-fn terminate_stale_udp(
-    pin_dir: PathBuf,
-    metrics: Metrics,
-) -> Box<dyn FnMut(Vec<(std::net::IpAddr, u16)>) + Send> {
+fn terminate_stale_udp(pin_dir: PathBuf, metrics: Metrics) -> lb::agent::worker::OnRemovedUdp {
     Box::new(move |gone| {
         let (pin_dir, metrics) = (pin_dir.clone(), metrics.clone());
         std::thread::spawn(move || match lb::sockets::terminate_udp(&pin_dir, &gone) {

@@ -187,7 +187,7 @@ pub fn watch(
         .name("pod-devices".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let events = match w.next() {
+                let events = match w.next_events() {
                     Ok(e) => e,
                     Err(e) => {
                         warn!("rtnetlink: {e}; pod devices made from now on are not served");

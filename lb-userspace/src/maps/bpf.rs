@@ -432,12 +432,6 @@ pub fn read_ct(
 ) -> anyhow::Result<Vec<(lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value)>> {
     let map: HashMap<MapData, lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value> =
         HashMap::try_from(open_pinned(pin_dir, names::LB4_CT)?)?;
-    let mut out = Vec::new();
-    for e in map.iter() {
-        // An LRU entry can vanish between listing its key and reading it.
-        if let Ok(kv) = e {
-            out.push(kv);
-        }
-    }
-    Ok(out)
+    // An LRU entry can vanish between listing its key and reading it.
+    Ok(map.iter().flatten().collect())
 }

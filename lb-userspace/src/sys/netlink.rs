@@ -196,7 +196,7 @@ impl LinkWatch {
     }
 
     /// Blocks until the next batch of changes.
-    pub fn next(&mut self) -> io::Result<Vec<LinkEvent>> {
+    pub fn next_events(&mut self) -> io::Result<Vec<LinkEvent>> {
         let n = recv(&self.fd, &mut self.buf)?;
         let mut out = Vec::new();
         messages(&self.buf[..n], |ty, l| {

@@ -322,7 +322,7 @@ pub fn translate<'a>(
             });
         }
     }
-    frontends.sort_by(|a, b| (a.address, a.port, a.protocol).cmp(&(b.address, b.port, b.protocol)));
+    frontends.sort_by_key(|a| (a.address, a.port, a.protocol));
     frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
     Translation {
         service: Some(Service {
@@ -365,16 +365,12 @@ fn topology_mode(eps: &[(Backend, Hints)], node: &NodeContext) -> TopologyMode {
         return TopologyMode::None;
     }
     let all_node = ready.iter().all(|h| !h.nodes.is_empty());
-    let for_node = ready
-        .iter()
-        .any(|h| h.nodes.iter().any(|n| *n == node.name));
+    let for_node = ready.iter().any(|h| h.nodes.contains(&node.name));
     if all_node && for_node && !node.name.is_empty() {
         return TopologyMode::SameNode;
     }
     let all_zone = ready.iter().all(|h| !h.zones.is_empty());
-    let for_zone = ready
-        .iter()
-        .any(|h| h.zones.iter().any(|z| *z == node.zone));
+    let for_zone = ready.iter().any(|h| h.zones.contains(&node.zone));
     if all_zone && for_zone && !node.zone.is_empty() {
         return TopologyMode::SameZone;
     }
@@ -391,8 +387,8 @@ fn apply_topology(eps: Vec<(Backend, Hints)>, node: &NodeContext) -> Vec<(Backen
             let allowed = b.state != BackendState::Active
                 || match mode {
                     TopologyMode::None => true,
-                    TopologyMode::SameNode => h.nodes.iter().any(|n| *n == node.name),
-                    TopologyMode::SameZone => h.zones.iter().any(|z| *z == node.zone),
+                    TopologyMode::SameNode => h.nodes.contains(&node.name),
+                    TopologyMode::SameZone => h.zones.contains(&node.zone),
                 };
             (b, allowed)
         })
