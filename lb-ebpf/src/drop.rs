@@ -24,16 +24,17 @@ fn record(reason: DropReason, direction: Direction, event: &mut Event) {
     event.reason = reason as u32;
 }
 
-/// Counts the drop and reports it; `event` carries the flow and hook.
+/// A socket hook's drop: counted and reported with the calling task;
+/// `event` carries the flow and hook.
 #[inline(always)]
-pub fn drop(reason: DropReason, direction: Direction, event: &mut Event) {
+pub fn from_socket(reason: DropReason, direction: Direction, event: &mut Event) {
     record(reason, direction, event);
     events::emit(event);
 }
 
-/// For packet programs (tc, XDP): no task context to report.
+/// A packet program's drop (tc, XDP): no task context to report.
 #[inline(always)]
-pub fn drop_packet(reason: DropReason, direction: Direction, event: &mut Event) {
+pub fn from_packet(reason: DropReason, direction: Direction, event: &mut Event) {
     record(reason, direction, event);
     events::emit_packet(event);
 }

@@ -1,55 +1,21 @@
 //! Events to user space through the `LB_EVENTS` ring buffer, behind a per-CPU
 //! token bucket so that a flood of drops cannot turn into a flood of events
-//! (the counters in LB_DROPS stay exact either way). Also the run-time
-//! configuration and the generic counters.
+//! (the counters in LB_DROPS stay exact either way).
 use aya_ebpf::helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns};
 use lb_common::{
     config::{
-        CFG_EVENT_RATE, CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY,
-        CFG_LOG_LEVEL, CFG_TRACE, CNT_EVENTS_LOST, CNT_EVENTS_RATE_LIMITED, CNT_EVENTS_SENT,
+        CFG_EVENT_RATE, CNT_EVENTS_LOST, CNT_EVENTS_RATE_LIMITED, CNT_EVENTS_SENT,
         DEFAULT_EVENT_RATE,
     },
     event::Event,
 };
 
-use crate::maps::{LB_CONFIG, LB_COUNTERS, LB_EVENTS, LB_EVENT_RATE};
+use crate::{
+    maps::{LB_EVENTS, LB_EVENT_RATE},
+    runtime::{bump, config},
+};
 
 const NS_PER_SEC: u64 = 1_000_000_000;
-
-#[inline(always)]
-pub fn config(index: u32) -> u32 {
-    LB_CONFIG.get(index).copied().unwrap_or(0)
-}
-
-/// With host-namespace-only socket LB, is this socket out of scope?
-#[inline(always)]
-pub fn outside_host_namespace(netns_cookie: u64) -> bool {
-    if config(CFG_HOST_NS_ONLY) == 0 {
-        return false;
-    }
-    let host =
-        (config(CFG_HOST_NETNS_COOKIE_HI) as u64) << 32 | config(CFG_HOST_NETNS_COOKIE_LO) as u64;
-    netns_cookie != host
-}
-
-#[inline(always)]
-pub fn tracing() -> bool {
-    config(CFG_TRACE) != 0
-}
-
-/// aya-log levels: 1 error .. 5 trace (aya_log_common::Level).
-#[inline(always)]
-pub fn log_enabled(level: u32) -> bool {
-    level <= config(CFG_LOG_LEVEL)
-}
-
-#[inline(always)]
-pub fn bump(counter: u32) {
-    if let Some(c) = LB_COUNTERS.get_ptr_mut(counter) {
-        // SAFETY: a per-CPU slot from get_ptr_mut: no other CPU writes it, the pointer is valid for this run.
-        unsafe { *c += 1 };
-    }
-}
 
 /// Takes one token from this CPU's bucket; a bucket holds at most one
 /// second's worth of events.

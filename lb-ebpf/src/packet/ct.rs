@@ -16,7 +16,7 @@ use lb_common::{
 };
 
 use super::access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
-use crate::{events::config, maps::LB4_CT};
+use crate::{maps::LB4_CT, runtime::config};
 
 pub const NS: u64 = 1_000_000_000;
 

@@ -25,9 +25,9 @@ use super::{
     Action, Hook,
 };
 use crate::{
-    events::bump,
     lb::{Family, V4},
     maps::{LB4_CT, LB_DEVICES},
+    runtime::bump,
 };
 
 const BPF_NOEXIST: u64 = 1;

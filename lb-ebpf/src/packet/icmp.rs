@@ -24,7 +24,7 @@ use super::{
     parse::Flow,
     record_drop, scratch, Action, Hook,
 };
-use crate::{events::bump, maps::LB_EVENT_RATE};
+use crate::{maps::LB_EVENT_RATE, runtime::bump};
 
 /// Length of what we send: Ethernet, a 24-byte IPv4 header (see
 /// `reply`), the ICMP header, the quoted IPv4 header and 8 bytes.

@@ -71,9 +71,9 @@ use self::{
 };
 use crate::{
     drop,
-    events::{self, bump},
     lb::{self, Family, Lookup, V4},
     maps::{LB4_CT, LB4_SRC_RANGES, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
+    runtime::{self, bump},
 };
 
 /// Per-CPU room for what does not fit the 512-byte BPF stack along a call
@@ -219,7 +219,7 @@ pub fn record_drop<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u
             let e = unsafe { &mut (*s).event };
             fill_event(e, ctx, f);
             e.service_id = service_id;
-            drop::drop_packet(reason, Direction::Ingress, e);
+            drop::from_packet(reason, Direction::Ingress, e);
         }
         None => drop::count(reason, Direction::Ingress),
     }
@@ -570,7 +570,7 @@ fn new_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
 /// Backend on another node: SNAT or DSR by mode, routed by a FIB lookup.
 #[inline(never)]
 fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
-    let mode = events::config(CFG_LB_MODE);
+    let mode = runtime::config(CFG_LB_MODE);
     let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
     let needs_option = dsr && dsr::needs_option(f);
     if needs_option && C::IS_XDP {
@@ -636,7 +636,7 @@ fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
 /// Maglev: the flow's hash picks a slot of the service's table.
 #[inline(always)]
 fn maglev(f: &Flow, svc: &ServiceValue) -> Result<(u32, Backend4), DropReason> {
-    let m = events::config(CFG_MAGLEV_M);
+    let m = runtime::config(CFG_MAGLEV_M);
     // A NonZero divisor: no panic path for the verifier to reject.
     let Some(m) = core::num::NonZeroU32::new(m) else {
         return Err(DropReason::MaglevMissing);

@@ -33,8 +33,8 @@ use super::{
     scratch, Hook,
 };
 use crate::{
-    events::{bump, config},
     maps::LB4_CT,
+    runtime::{bump, config},
 };
 
 const BPF_NOEXIST: u64 = 1;

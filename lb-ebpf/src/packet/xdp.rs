@@ -25,7 +25,7 @@ use super::{
     parse::Flow,
     Hook, Verdict,
 };
-use crate::events::bump;
+use crate::runtime::bump;
 
 struct Xdp<'a> {
     ctx: &'a XdpContext,

@@ -23,10 +23,10 @@ use super::{
     ECONNREFUSED,
 };
 use crate::{
-    drop,
-    events::{self, bump, log_enabled},
+    drop, events,
     lb::{self, Lookup, V4, V6},
     maps::{LB4_SOCK_REVNAT, LB6_SOCK_REVNAT},
+    runtime::{self, bump, log_enabled},
 };
 
 const LOG_WARN: u32 = 2;
@@ -99,7 +99,7 @@ fn v4_bytes(a: u32) -> [u8; 16] {
 fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     // The client's namespace: the host-only check and session affinity key.
     let netns = netns_cookie(ctx);
-    if events::outside_host_namespace(netns) {
+    if runtime::outside_host_namespace(netns) {
         return ALLOW;
     }
     let sa = SockAddr::new(ctx.sock_addr);
@@ -176,7 +176,7 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     }
     sa.set_user_port(backend.port);
     bump(CNT_SOCK_TRANSLATIONS);
-    if events::tracing() {
+    if runtime::tracing() {
         let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
         e.kind = EVENT_TRACE;
         e.service_id = svc.service_id;
@@ -195,7 +195,7 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
 fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
     // The client's namespace: the host-only check and session affinity key.
     let netns = netns_cookie(ctx);
-    if events::outside_host_namespace(netns) {
+    if runtime::outside_host_namespace(netns) {
         return ALLOW;
     }
     let sa = SockAddr::new(ctx.sock_addr);
@@ -268,7 +268,7 @@ fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
     sa.set_user_ip6_words(bytes_to_words(&backend.address));
     sa.set_user_port(backend.port);
     bump(CNT_SOCK_TRANSLATIONS);
-    if events::tracing() {
+    if runtime::tracing() {
         let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
         e.kind = EVENT_TRACE;
         e.service_id = svc.service_id;
@@ -293,7 +293,7 @@ fn keeps_choice(hook: u8, protocol: u8, svc: &ServiceValue) -> bool {
 /// Fails the syscall with ECONNREFUSED, as kube-proxy's REJECT rule would.
 #[inline(always)]
 fn reject(reason: DropReason, event: &mut Event) -> i32 {
-    drop::drop(reason, Direction::Egress, event);
+    drop::from_socket(reason, Direction::Egress, event);
     // SAFETY: a plain helper call from a cgroup hook (Linux 5.18+), no pointers.
     unsafe { bpf_set_retval(-ECONNREFUSED) };
     DENY

@@ -10,8 +10,8 @@ use lb_common::{
 
 use super::{bytes_to_words, map_v4, v4_mapped, words_to_bytes, SockAddr, ALLOW};
 use crate::{
-    events::bump,
     maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT},
+    runtime::bump,
 };
 
 #[cgroup_sock_addr(recvmsg4)]

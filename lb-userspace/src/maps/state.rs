@@ -27,7 +27,15 @@ pub struct MapState {
     /// address → number of ClusterIP frontends on it (the VIP marker's users).
     vip_refs: HashMap<IpAddr, u32>,
     /// Entries per family (v4, v6): services, backends, revnat.
-    sizes: [[usize; 3]; 2],
+    sizes: [Sizes; 2],
+}
+
+/// Entries of one family's services, backends and reverse-NAT maps.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sizes {
+    services: usize,
+    backends: usize,
+    revnat: usize,
 }
 
 fn fam(address: &IpAddr) -> usize {
@@ -123,24 +131,24 @@ impl MapState {
             }
             MapOp::UpsertBackend(id, b) => {
                 if let Some(old) = self.backends.insert(id, b) {
-                    self.sizes[fam(&old.address)][1] -= 1;
+                    self.sizes[fam(&old.address)].backends -= 1;
                 }
-                self.sizes[fam(&b.address)][1] += 1;
+                self.sizes[fam(&b.address)].backends += 1;
             }
             MapOp::DeleteBackend(id, _) => {
                 if let Some(old) = self.backends.remove(&id) {
-                    self.sizes[fam(&old.address)][1] -= 1;
+                    self.sizes[fam(&old.address)].backends -= 1;
                 }
             }
             MapOp::UpsertRevNat(id, r) => {
                 if let Some(old) = self.revnat.insert(id, r) {
-                    self.sizes[fam(&old.address)][2] -= 1;
+                    self.sizes[fam(&old.address)].revnat -= 1;
                 }
-                self.sizes[fam(&r.address)][2] += 1;
+                self.sizes[fam(&r.address)].revnat += 1;
             }
             MapOp::DeleteRevNat(id, _) => {
                 if let Some(old) = self.revnat.remove(&id) {
-                    self.sizes[fam(&old.address)][2] -= 1;
+                    self.sizes[fam(&old.address)].revnat -= 1;
                 }
             }
             MapOp::UpsertAffinityMatch(svc, backend) => {
@@ -161,14 +169,14 @@ impl MapState {
             MapOp::UpsertService(k, v) => {
                 match self.services.insert(k, v) {
                     Some(old) => self.unindex(&k, &old),
-                    None => self.sizes[fam(&k.address)][0] += 1,
+                    None => self.sizes[fam(&k.address)].services += 1,
                 }
                 self.index(&k, &v);
             }
             MapOp::DeleteService(k) => {
                 if let Some(old) = self.services.remove(&k) {
                     self.unindex(&k, &old);
-                    self.sizes[fam(&k.address)][0] -= 1;
+                    self.sizes[fam(&k.address)].services -= 1;
                 }
             }
         }
@@ -244,7 +252,7 @@ impl MapState {
     }
 
     pub fn counts(&self, family: Family) -> (usize, usize, usize) {
-        let [s, b, r] = self.sizes[family as usize];
-        (s, b, r)
+        let c = self.sizes[family as usize];
+        (c.services, c.backends, c.revnat)
     }
 }
