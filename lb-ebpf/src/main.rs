@@ -24,6 +24,7 @@ mod lb;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod packet;
+#[cfg(target_arch = "bpf")]
 mod runtime;
 #[cfg(target_arch = "bpf")]
 mod sock;
