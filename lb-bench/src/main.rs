@@ -63,6 +63,7 @@ fn main() {
         client::main(args);
         return;
     }
+    // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("lb-bench: loads BPF programs and creates network namespaces: run as root (cargo xtask bench)");
         std::process::exit(1);

@@ -80,6 +80,7 @@ static PEAK: std::sync::atomic::AtomicIsize = std::sync::atomic::AtomicIsize::ne
 // are plain atomics and allocate nothing.
 unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, passed on as is.
         let p = unsafe { std::alloc::System.alloc(l) };
         if !p.is_null() {
             let now = LIVE.fetch_add(l.size() as isize, Relaxed) + l.size() as isize;
@@ -89,9 +90,11 @@ unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
     }
     unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
         LIVE.fetch_sub(l.size() as isize, Relaxed);
+        // SAFETY: `p` and `l` come from our alloc, which is System's.
         unsafe { std::alloc::System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: `p` and `l` come from our alloc, which is System's.
         let q = unsafe { std::alloc::System.realloc(p, l, new) };
         if !q.is_null() {
             let now = LIVE.fetch_add(new as isize - l.size() as isize, Relaxed) + new as isize

@@ -23,6 +23,9 @@ pub mod proto {
 }
 
 /// Marks a type as plain old data for aya when built for user space.
+/// SAFETY (of the impl it writes): every type it is used on is `repr(C)`,
+/// `Copy`, and made of integers and arrays of them with no implicit padding
+/// (checked at compile time in `layout`), so any bytes are a valid value.
 #[cfg(feature = "user")]
 macro_rules! user_pod {
     ($($t:ty),* $(,)?) => { $( unsafe impl aya::Pod for $t {} )* };

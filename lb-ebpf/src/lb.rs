@@ -35,10 +35,12 @@ impl Family for V4 {
     type Backend = Backend4;
     #[inline(always)]
     fn service(key: &Service4Key) -> Option<ServiceValue> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
         unsafe { LB4_SERVICES.get(key) }.copied()
     }
     #[inline(always)]
     fn backend(id: u32) -> Option<Backend4> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
         unsafe { LB4_BACKENDS.get(&id) }.copied()
     }
     #[inline(always)]
@@ -56,10 +58,12 @@ impl Family for V6 {
     type Backend = Backend6;
     #[inline(always)]
     fn service(key: &Service6Key) -> Option<ServiceValue> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
         unsafe { LB6_SERVICES.get(key) }.copied()
     }
     #[inline(always)]
     fn backend(id: u32) -> Option<Backend6> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
         unsafe { LB6_BACKENDS.get(&id) }.copied()
     }
     #[inline(always)]

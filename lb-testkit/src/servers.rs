@@ -33,6 +33,7 @@ fn set_timeout(fd: i32) {
         tv_sec: 0,
         tv_usec: 100_000,
     };
+    // SAFETY: a socket we own and a timeval of the size given.
     unsafe {
         libc::setsockopt(
             fd,

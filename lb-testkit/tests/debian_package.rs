@@ -209,6 +209,7 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
     assert!(ok && list.contains(&format!("{VIP}:80/TCP")), "{list}");
 
     // The agent stops (as `systemctl stop` would); the data path stays.
+    // SAFETY: kill(2) on our own child, which has not been waited for.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     let _ = agent.wait();
     assert!(lb::datapath::pins::has_state(&w.pins.path));

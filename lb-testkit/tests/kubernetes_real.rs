@@ -946,6 +946,7 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
     // The restarted apiserver's watch cache starts at the current
     // revision: the agent's is older than anything it or etcd still holds.
     cp.restart_apiserver();
+    // SAFETY: kill(2) on the agent this test started and stopped.
     unsafe { libc::kill(pid, libc::SIGCONT) };
 
     let new = format!("{new_ip}:80");

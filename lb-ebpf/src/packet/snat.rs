@@ -81,6 +81,7 @@ pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
             }
         }
     }
+    // SAFETY: a helper without arguments.
     let start = unsafe { bpf_get_prandom_u32() } % span_nz;
     let mut spare: Option<u16> = None;
     // A range smaller than the attempts is searched once.

@@ -70,6 +70,7 @@ impl Hook for Tc<'_> {
 
     #[inline(always)]
     fn ingress_ifindex(&self) -> u32 {
+        // SAFETY: reading a field of the context the program was given.
         unsafe { (*self.ctx.skb.skb).ingress_ifindex }
     }
     #[inline(always)]
@@ -119,6 +120,8 @@ impl Hook for Tc<'_> {
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
+        // SAFETY: the context of this run and a parameter block we own, of
+        // the size given.
         unsafe {
             fib(
                 self.ctx.as_ptr(),
@@ -161,6 +164,8 @@ impl Hook for Tc<'_> {
         if udp {
             flags |= BPF_F_MARK_MANGLED_0;
         }
+        // SAFETY: the skb of this run; the helper checks the offset against
+        // the packet.
         unsafe {
             bpf_l4_csum_replace(
                 self.ctx.as_ptr().cast(),

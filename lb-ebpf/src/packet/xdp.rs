@@ -34,10 +34,13 @@ struct Xdp<'a> {
 impl Pkt for Xdp<'_> {
     #[inline(always)]
     fn data(&self) -> usize {
+        // SAFETY: the xdp_md of this run; read volatile so the verifier sees
+        // the load it tracks as the packet start.
         unsafe { core::ptr::read_volatile(&(*self.ctx.ctx).data) as usize }
     }
     #[inline(always)]
     fn data_end(&self) -> usize {
+        // SAFETY: as `data`: the packet end of this run.
         unsafe { core::ptr::read_volatile(&(*self.ctx.ctx).data_end) as usize }
     }
     /// Single-buffer XDP: the frame is all linear.
@@ -87,6 +90,8 @@ impl Hook for Xdp<'_> {
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
+        // SAFETY: the context of this run and a parameter block we own, of
+        // the size given.
         unsafe {
             fib(
                 self.ctx.as_ptr(),

@@ -129,6 +129,7 @@ fn serve(with_node: bool) {
     std::fs::write(dir.join("netns"), &cp.netns.name).unwrap();
     std::fs::write(dir.join("ready"), "").unwrap();
     // Until SIGTERM (lb-cluster down): then drop everything.
+    // SAFETY: an all-zero sigset_t is a valid (empty) set.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: a local signal set; SIGTERM/SIGINT blocked and waited for.
     unsafe {

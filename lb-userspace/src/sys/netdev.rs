@@ -5,6 +5,7 @@ use anyhow::{bail, Context as _};
 
 pub fn ifindex(name: &str) -> anyhow::Result<u32> {
     let c = CString::new(name).context("device name")?;
+    // SAFETY: a NUL-terminated string that outlives the call.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if i == 0 {
         bail!("device {name:?} does not exist in this network namespace: check --devices");
@@ -14,27 +15,10 @@ pub fn ifindex(name: &str) -> anyhow::Result<u32> {
 
 /// The first IPv4 address of a device.
 pub fn ipv4_address(name: &str) -> anyhow::Result<Option<Ipv4Addr>> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("getifaddrs");
-    }
-    let mut found = None;
-    let mut cur = list;
-    while !cur.is_null() {
-        let ifa = unsafe { &*cur };
-        let this = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-        if this == name
-            && !ifa.ifa_addr.is_null()
-            && unsafe { (*ifa.ifa_addr).sa_family } as i32 == libc::AF_INET
-        {
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            break;
-        }
-        cur = ifa.ifa_next;
-    }
-    unsafe { libc::freeifaddrs(list) };
-    Ok(found)
+    Ok(all_addresses()?.into_iter().find_map(|(dev, a)| match a {
+        std::net::IpAddr::V4(v4) if dev == name => Some(v4),
+        _ => None,
+    }))
 }
 
 /// Every address of every device of the caller's network namespace
@@ -58,12 +42,14 @@ pub fn all_addresses() -> anyhow::Result<Vec<(String, std::net::IpAddr)>> {
             // SAFETY: the family says which sockaddr it is.
             let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
             if family == libc::AF_INET {
+                // SAFETY: AF_INET: the address is a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                 out.push((
                     name,
                     Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into(),
                 ));
             } else if family == libc::AF_INET6 {
+                // SAFETY: AF_INET6: the address is a sockaddr_in6.
                 let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
                 out.push((
                     name,
