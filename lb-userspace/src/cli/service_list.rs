@@ -30,6 +30,13 @@ pub struct ServiceRow {
     /// The node-local view of an externalTrafficPolicy: Local frontend.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub local_view: bool,
+    /// loadBalancerSourceRanges: new flows from outside only from these.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<String>,
+    /// An external IP this node does not own: its sockets and pods reach
+    /// the real address (CVE-2020-8554); only traffic from outside is served.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub foreign_external_ip: bool,
     pub backends: Vec<BackendRow>,
 }
 
@@ -144,6 +151,16 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                     "random"
                 },
                 local_view: key.scope == lb_common::service::SCOPE_LOCAL,
+                source_ranges: state
+                    .source_ranges
+                    .get(&master.service_id)
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c.to_string())
+                    .collect(),
+                foreign_external_ip: master.flags
+                    & lb_common::service::SVC_FLAG_FOREIGN_EXTERNAL_IP
+                    != 0,
                 backends,
             }
         })
@@ -190,12 +207,18 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
             .map(|(i, b)| format!("{} => {} ({})", i + 1, b.endpoint, b.state))
             .collect();
         let first = backends.first().cloned().unwrap_or_default();
-        table.push([
-            r.id.to_string(),
-            r.frontend.to_string(),
-            r.kind.to_string(),
-            first,
-        ]);
+        // What changes who the frontend serves, after its type.
+        let mut kind = r.kind.to_string();
+        if r.local_view {
+            kind.push_str(", local");
+        }
+        if !r.source_ranges.is_empty() {
+            kind.push_str(&format!(", from {}", r.source_ranges.join(" ")));
+        }
+        if r.foreign_external_ip {
+            kind.push_str(", not this node's");
+        }
+        table.push([r.id.to_string(), r.frontend.to_string(), kind, first]);
         for b in backends.iter().skip(1) {
             table.push([String::new(), String::new(), String::new(), b.clone()]);
         }
@@ -220,6 +243,12 @@ services:
   - name: empty
     externalIPs: [192.0.2.1]
     ports: [{port: 443}]
+  - name: guarded
+    type: LoadBalancer
+    loadBalancerIPs: [203.0.113.9]
+    loadBalancerSourceRanges: [198.51.100.0/24, 10.0.0.0/8]
+    ports: [{port: 443}]
+    backends: [{address: 10.244.1.4, state: maintenance}]
 "#,
         )
         .unwrap();
@@ -227,17 +256,27 @@ services:
         r.reconcile(&model).unwrap();
         let out = render_table(&rows(r.state()));
         let golden = "\
-ID   Frontend            Service Type   Backend
-1    192.0.2.1:443/TCP   ExternalIP
-2    10.96.0.10:80/TCP   ClusterIP      1 => 10.244.1.2:8080/TCP (active)
-                                        2 => 10.244.1.3:8080/TCP (terminating)
-3    10.96.0.10:53/UDP   ClusterIP      1 => 10.244.1.2:53/UDP (active)
-                                        2 => 10.244.1.3:53/UDP (terminating)
+ID   Frontend              Service Type                                    Backend
+1    192.0.2.1:443/TCP     ExternalIP, not this node's
+2    203.0.113.9:443/TCP   LoadBalancer, from 10.0.0.0/8 198.51.100.0/24   1 => 10.244.1.4:443/TCP (maintenance)
+3    10.96.0.10:80/TCP     ClusterIP                                       1 => 10.244.1.2:8080/TCP (active)
+                                                                           2 => 10.244.1.3:8080/TCP (terminating)
+4    10.96.0.10:53/UDP     ClusterIP                                       1 => 10.244.1.2:53/UDP (active)
+                                                                           2 => 10.244.1.3:53/UDP (terminating)
 ";
         assert_eq!(out, golden, "\n{out}");
         let json = serde_json::to_value(rows(r.state())).unwrap();
-        assert_eq!(json[1]["frontend"]["address"], "10.96.0.10");
-        assert_eq!(json[1]["backends"][1]["state"], "terminating");
-        assert_eq!(json[1]["backends"][0]["port"], 8080);
+        assert_eq!(json[2]["frontend"]["address"], "10.96.0.10");
+        assert_eq!(json[2]["backends"][1]["state"], "terminating");
+        assert_eq!(json[2]["backends"][0]["port"], 8080);
+        assert_eq!(json[0]["foreign_external_ip"], true);
+        assert_eq!(
+            json[1]["source_ranges"],
+            serde_json::json!(["10.0.0.0/8", "198.51.100.0/24"])
+        );
+        assert!(
+            json[2].get("source_ranges").is_none(),
+            "left out when empty"
+        );
     }
 }
