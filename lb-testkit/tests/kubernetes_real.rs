@@ -502,7 +502,8 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         json.as_array()
             .unwrap()
             .iter()
-            .any(|s| s["frontend"]["port"] == np_port && s["local_view"] == true),
+            .any(|s| s["frontend"]["port"] == np_port.parse::<u64>().unwrap()
+                && s["local_view"] == true),
         "{json:#}"
     );
 }
