@@ -180,7 +180,11 @@ impl Dataplane {
 
         let pins = PinDir::create(tag);
         let (mut ebpf, _) = datapath::load(&pins.path, sizes).expect("loading the object");
-        for name in [datapath::TC_INGRESS, datapath::TC_EGRESS] {
+        for name in [
+            datapath::TC_INGRESS,
+            datapath::TC_EGRESS,
+            datapath::pods::TC_POD_INGRESS,
+        ] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
@@ -251,6 +255,12 @@ impl Dataplane {
 
     pub fn tc_ingress(&self, packet: &[u8]) -> (u32, Vec<u8>) {
         let (rc, out, _) = self.run_tc(datapath::TC_INGRESS, packet, 1);
+        (rc, out)
+    }
+
+    /// The pod-facing program: a packet as it leaves a pod on this node.
+    pub fn pod_ingress(&self, packet: &[u8]) -> (u32, Vec<u8>) {
+        let (rc, out, _) = self.run_tc(datapath::pods::TC_POD_INGRESS, packet, 1);
         (rc, out)
     }
 

@@ -263,6 +263,22 @@ services:
     let (rc, _) = dp.xdp(&syn_to(30008, 40011));
     assert_eq!(rc, XDP_DROP);
     assert_eq!(dp.drops("no-local-backend"), 2);
+    // A pod on this node is a client on the node: it uses every endpoint
+    // (kube-proxy sends pods' traffic to such a service cluster-wide).
+    let from_pod = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        ip("10.244.1.77"),
+        NODE_IP,
+        40012,
+        30008,
+        SYN,
+        b"",
+    );
+    let (rc, out) = dp.pod_ingress(&from_pod);
+    assert_eq!(rc, TC_ACT_OK, "DNAT, the stack routes it");
+    assert_eq!(inspect(&out).daddr, ip("10.244.2.40"));
+    assert_eq!(dp.drops("no-local-backend"), 2);
     // The node-local endpoint serves its service, only it.
     for port in 40020..40030 {
         let (rc, out) = dp.tc_ingress(&syn_to(30009, port));

@@ -97,12 +97,21 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
             *d.vip_users.entry(fe.key.address).or_default() -= 1;
         }
         let old_total = old_master.map_or(0, |m| m.master_slots() as usize);
+        // Maintenance slots (after the selectable ones) are written after
+        // the master: before it, the old master may still count such a slot
+        // as selectable, and a drained backend would take a new flow.
+        let selectable = fe.value.count as usize + fe.value.terminating_count as usize;
+        let mut parked = Vec::new();
         for slot in 1..=fe.slots.len() {
             let key = fe.key.with_slot(slot as u16);
             let want = fe.slot_value(slot);
             let have = current.services.get(&key);
             if have != Some(&want) {
-                frontends.push(MapOp::UpsertService(key, want));
+                if slot > selectable {
+                    parked.push(MapOp::UpsertService(key, want));
+                } else {
+                    frontends.push(MapOp::UpsertService(key, want));
+                }
             }
             if have.map(|v| v.backend_id) != Some(want.backend_id) {
                 *d.backend_refs.entry(want.backend_id).or_default() += 1;
@@ -114,6 +123,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         if old_master != Some(&fe.value) {
             frontends.push(MapOp::UpsertService(fe.key, fe.value));
         }
+        frontends.extend(parked);
         for slot in fe.slots.len() + 1..=old_total {
             let key = fe.key.with_slot(slot as u16);
             if let Some(h) = current.services.get(&key) {

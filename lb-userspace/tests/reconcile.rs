@@ -720,3 +720,76 @@ fn a_bad_source_range_names_its_field() {
     assert_eq!(e.field, "services[0].loadBalancerSourceRanges[1]");
     assert!(e.message.contains("203.0.113.0/24"), "{e}");
 }
+
+/// A backend that drains is parked after the selectable slots only once the
+/// master no longer counts that slot as selectable: no new flow can draw it
+/// in between.
+#[test]
+fn a_drained_backend_is_parked_after_the_master_stops_counting_its_slot() {
+    let model = |a_state: &str| {
+        lb::model::file::parse(&format!(
+            "services: [{{name: web, clusterIPs: [10.96.0.1], ports: [{{port: 80}}], backends: [{{address: 10.0.0.1, state: {a_state}}}, {{address: 10.0.0.2}}, {{address: 10.0.0.3}}]}}]"
+        ))
+        .unwrap()
+    };
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(&model("active")).unwrap();
+    r.maps_mut().take_log();
+    r.reconcile(&model("maintenance")).unwrap();
+    let log = r.maps_mut().take_log();
+    let master = log
+        .iter()
+        .position(|op| matches!(op, MapOp::UpsertService(k, v) if k.slot == 0 && k.port == 80 && v.count == 2))
+        .expect("the master drops to two selectable backends");
+    for (i, op) in log.iter().enumerate() {
+        if let MapOp::UpsertService(k, _) = op {
+            if k.slot > 2 {
+                assert!(
+                    i > master,
+                    "slot {} written before the master: {log:#?}",
+                    k.slot
+                );
+            }
+        }
+    }
+    let (_, m) = r.state().frontends().find(|(k, _)| k.port == 80).unwrap();
+    assert_eq!(
+        (m.count, m.backend_id),
+        (2, 1),
+        "two selectable, one parked"
+    );
+}
+
+/// externalTrafficPolicy turning Local: the node-local view is written
+/// before the master that names it, so no packet finds a master pointing
+/// at a view that is not there yet.
+#[test]
+fn the_local_view_is_written_before_the_master_that_names_it() {
+    use lb_common::service::{SCOPE_LOCAL, SVC_FLAG_TWO_SCOPES};
+    let model = |policy: &str| {
+        lb::model::file::parse_with(
+            &format!("services: [{{name: np, type: NodePort, externalTrafficPolicy: {policy}, clusterIPs: [10.96.0.1], ports: [{{port: 80, nodePort: 30080}}], backends: [{{address: 10.0.0.1, local: true}}]}}]"),
+            &lb::model::file::FileContext {
+                nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(&model("Cluster")).unwrap();
+    r.maps_mut().take_log();
+    r.reconcile(&model("Local")).unwrap();
+    let log = r.maps_mut().take_log();
+    let view = log
+        .iter()
+        .position(
+            |op| matches!(op, MapOp::UpsertService(k, _) if k.slot == 0 && k.scope == SCOPE_LOCAL),
+        )
+        .expect("the local view");
+    let master = log
+        .iter()
+        .position(|op| matches!(op, MapOp::UpsertService(k, v) if k.slot == 0 && v.flags & SVC_FLAG_TWO_SCOPES != 0))
+        .expect("the master naming it");
+    assert!(view < master, "{log:#?}");
+}

@@ -306,7 +306,7 @@ fn follow_fragment(s: *mut Scratch) -> bool {
 /// reason), left to the stack otherwise.
 #[inline(never)]
 fn reject_unless_passable<C: Hook>(ctx: &C, f: &Flow, ports: bool) -> Action {
-    if ports && !matches!(frontend(f), Frontend::None) {
+    if ports && !matches!(frontend(f, ctx.from_pod()), Frontend::None) {
         drop_packet(ctx, f, DropReason::InvalidPacket, 0)
     } else {
         Action::PASS
@@ -356,15 +356,18 @@ enum Frontend {
     Found(ServiceValue, Service4Key),
 }
 
-/// The frontend a packet is addressed to; the node-local view when the
-/// service has one (externalTrafficPolicy: Local).
+/// The frontend a packet is addressed to; for traffic from outside, the
+/// node-local view when the service has one (externalTrafficPolicy: Local).
 #[inline(always)]
-fn frontend(f: &Flow) -> Frontend {
+fn frontend(f: &Flow, from_pod: bool) -> Frontend {
     let key = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_ALL, 0);
     match lb::lookup_service::<V4>(&key) {
         Lookup::NotService => Frontend::None,
         Lookup::UnknownPort => Frontend::UnknownPort,
-        Lookup::Service(svc) if svc.flags & SVC_FLAG_TWO_SCOPES != 0 => {
+        // Pods on this node are clients on the node: they use every
+        // endpoint, as kube-proxy sends pods' traffic to an
+        // externalTrafficPolicy: Local service to the cluster-wide ones.
+        Lookup::Service(svc) if svc.flags & SVC_FLAG_TWO_SCOPES != 0 && !from_pod => {
             let local = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_LOCAL, 0);
             match V4::service(&local) {
                 Some(s) => Frontend::Found(s, local),
@@ -445,7 +448,7 @@ fn no_backend<C: Hook>(ctx: &C, f: &Flow, svc: &ServiceValue, key: &Service4Key)
 /// NEXT when there is one; else what to do with the packet.
 #[inline(never)]
 fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
-    let (svc, key) = match frontend(f) {
+    let (svc, key) = match frontend(f, ctx.from_pod()) {
         Frontend::None => return Action::PASS,
         Frontend::UnknownPort => return drop_packet(ctx, f, DropReason::NoServicePort, 0),
         Frontend::Found(svc, key) => (svc, key),

@@ -7,11 +7,8 @@
 //! ```
 use serde::Serialize;
 
-use lb_common::{
-    backend::{BACKEND_STATE_ACTIVE, BACKEND_STATE_MAINTENANCE, BACKEND_STATE_TERMINATING},
-    service::{
-        SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
-    },
+use lb_common::service::{
+    SVC_FLAG_CLUSTER_IP, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
 };
 
 use crate::{maps::MapState, model::Protocol};
@@ -83,15 +80,6 @@ pub fn type_name(flags: u16) -> &'static str {
     }
 }
 
-fn state_name(s: u8) -> &'static str {
-    match s {
-        BACKEND_STATE_ACTIVE => "active",
-        BACKEND_STATE_TERMINATING => "terminating",
-        BACKEND_STATE_MAINTENANCE => "maintenance",
-        _ => "unknown",
-    }
-}
-
 /// Rows sorted by service id; backends in slot order.
 pub fn rows(state: &MapState) -> Vec<ServiceRow> {
     let mut rows: Vec<ServiceRow> = state
@@ -116,7 +104,9 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                             state: if active {
                                 "active"
                             } else if selectable {
-                                state_name(b.state.max(BACKEND_STATE_TERMINATING))
+                                // The slot region decides; the entry's
+                                // state byte is shared with other services.
+                                "terminating"
                             } else {
                                 // Parked after the selectable slots: only
                                 // established flows reach it.

@@ -147,8 +147,10 @@ pub fn build<'a>(
                     cfg,
                     &mut out.backends,
                 )?;
-                out.frontends.push(all);
+                // The local view first: the scope-0 master that names it
+                // (SVC_FLAG_TWO_SCOPES) must never point at nothing.
                 out.frontends.push(view);
+                out.frontends.push(all);
             } else {
                 out.frontends.push(all);
             }
