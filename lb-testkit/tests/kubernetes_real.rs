@@ -385,7 +385,7 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
             &cp,
             &ns,
             "lb",
-            "  type: LoadBalancer\n  sessionAffinity: ClientIP\n  externalIPs: [198.51.100.7]\n",
+            "  type: LoadBalancer\n  sessionAffinity: ClientIP\n  externalIPs: [198.51.100.7]\n  loadBalancerSourceRanges: [192.0.2.0/24, 10.1.0.0/16]\n",
         );
         ready_pod(&cp, &ns, "lb-1", &node, "lb", &[&b0]);
         cp.kubectl(&[
@@ -497,6 +497,22 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         lb["affinity_timeout_s"], 10800,
         "ClientIP, the default 3 h: {lb}"
     );
+    // loadBalancerSourceRanges as the apiserver stored them, sorted, on the
+    // load balancer's address only.
+    assert_eq!(
+        lb["source_ranges"],
+        serde_json::json!(["10.1.0.0/16", "192.0.2.0/24"]),
+        "{lb}"
+    );
+    let ext = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["frontend"]["address"] == "198.51.100.7")
+        .unwrap();
+    assert!(ext.get("source_ranges").is_none(), "{ext}");
+    // Not the agent's address: its sockets reach the real one (CVE-2020-8554).
+    assert_eq!(ext["foreign_external_ip"], true, "{ext}");
     // eTP Local: the NodePort has its node-local view too.
     assert!(
         json.as_array()
