@@ -227,6 +227,17 @@ impl Dataplane {
         self.reconciler.reconcile(model).expect("reconcile");
     }
 
+    /// The standard `SERVICES` plus the services of `extra` (a services
+    /// file of more services), as this node's services file.
+    pub fn apply_with_extra(&mut self, extra: &str) {
+        let ctx = node_context();
+        let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
+        model
+            .services
+            .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
+        self.apply(&model);
+    }
+
     fn skb_ctx(&self) -> Vec<u8> {
         // struct __sk_buff: ingress_ifindex at 36, ifindex at 40; the kernel
         // accepts those (and a few others) from user space and rejects the rest.

@@ -240,21 +240,11 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn helm_bin() -> PathBuf {
-    let bin = root().join("target/testbed/helm");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo xtask testbed` (it builds Helm from its Go module)",
-        bin.display()
-    );
-    bin
-}
-
 /// `helm SUBCOMMAND` on the chart with `--set` values: stdout, or the
 /// error text. Helm's own directories stay in a temporary directory.
 fn helm(subcommand: &str, sets: &[&str]) -> Result<String, String> {
     let home = std::env::temp_dir().join(format!("lb-helm-{}", std::process::id()));
-    let mut cmd = Command::new(helm_bin());
+    let mut cmd = Command::new(lb_testkit::k8s::helm_bin());
     cmd.arg(subcommand);
     if subcommand == "template" {
         cmd.args(["lb-agent", "--namespace", "kube-system"]);
@@ -514,7 +504,7 @@ fn chart_version_is_the_workspace_version() {
 #[test]
 fn kustomize_base_is_the_chart_rendered_with_its_values() {
     let home = std::env::temp_dir().join(format!("lb-helm-{}", std::process::id()));
-    let out = Command::new(helm_bin())
+    let out = Command::new(lb_testkit::k8s::helm_bin())
         .args(["template", "lb-agent", "--namespace", "kube-system"])
         .arg(root().join(CHART))
         .arg("--values")

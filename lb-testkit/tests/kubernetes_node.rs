@@ -151,20 +151,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
     // (it finds the pins from the ConfigMap's LB_PIN_DIR, as an operator
     // would run it).
     let frontend = format!("{cluster_ip}:80/TCP");
-    let lbctl = |args: &[&str]| {
-        let mut full = vec![
-            "-n",
-            "kube-system",
-            "exec",
-            "ds/lb-agent",
-            "-c",
-            "agent",
-            "--",
-            "lbctl",
-        ];
-        full.extend_from_slice(args);
-        cp.kubectl_try(&full).unwrap_or_default()
-    };
+    let lbctl = |args: &[&str]| lbctl_in_agent(cp, args);
     // Waits until `frontend` has the three backends active in the maps.
     let all_backends_in_maps = |frontend: &str| {
         assert!(
@@ -258,18 +245,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "started", "the load did not start");
     std::thread::sleep(Duration::from_secs(2));
-    let agent_pods = || {
-        cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=lb-agent",
-            "-o",
-            "jsonpath={.items[*].metadata.uid}",
-        ])
-    };
+    let agent_pods = || agent_pod_uids(cp);
     let before = agent_pods();
     cp.kubectl(&["-n", "kube-system", "rollout", "restart", "ds/lb-agent"]);
     cp.kubectl(&[
@@ -311,6 +287,23 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
     );
 }
 
+/// `lbctl ARGS` in the agent's container, as an operator runs it (it finds
+/// the pins from the ConfigMap's LB_PIN_DIR); "" when it fails.
+fn lbctl_in_agent(cp: &ControlPlane, args: &[&str]) -> String {
+    let mut full = vec![
+        "-n",
+        "kube-system",
+        "exec",
+        "ds/lb-agent",
+        "-c",
+        "agent",
+        "--",
+        "lbctl",
+    ];
+    full.extend_from_slice(args);
+    cp.kubectl_try(&full).unwrap_or_default()
+}
+
 /// The agent's pods' uids.
 fn agent_pod_uids(cp: &ControlPlane) -> String {
     cp.kubectl(&[
@@ -340,20 +333,7 @@ fn helm_installed_agent_serves_a_cluster_ip_a_helm_upgrade_rolls_it_to_maglev_an
     ]);
     let cluster_ip = cp.kubectl(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
     let frontend = format!("{cluster_ip}:80/TCP");
-    let lbctl = |args: &[&str]| {
-        let mut full = vec![
-            "-n",
-            "kube-system",
-            "exec",
-            "ds/lb-agent",
-            "-c",
-            "agent",
-            "--",
-            "lbctl",
-        ];
-        full.extend_from_slice(args);
-        cp.kubectl_try(&full).unwrap_or_default()
-    };
+    let lbctl = |args: &[&str]| lbctl_in_agent(cp, args);
     assert!(
         lb_testkit::wait_until(Duration::from_secs(60), || {
             lbctl(&["service", "get", &frontend])

@@ -249,12 +249,7 @@ services:
     backends: [{address: 10.244.1.40, local: true}, {address: 10.244.2.41}]
 "#;
     let mut dp = dataplane("np_etp_local");
-    let ctx = node_context();
-    let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
-    model
-        .services
-        .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
-    dp.apply(&model);
+    dp.apply_with_extra(extra);
     let (rc, _) = dp.tc_ingress(&syn_to(30008, 40010));
     assert_eq!(rc, TC_ACT_SHOT, "no ICMP: kube-proxy drops here");
     assert_eq!(dp.drops("no-local-backend"), 1);
@@ -575,12 +570,7 @@ services:
     ports: [{port: 80, targetPort: 8080, nodePort: 30009}]
     backends: [{address: 10.99.0.10}]
 "#;
-    let ctx = node_context();
-    let mut model = parse_with(SERVICES, &ctx).unwrap();
-    model
-        .services
-        .extend(parse_with(extra, &ctx).unwrap().services);
-    dp.apply(&model);
+    dp.apply_with_extra(extra);
 
     // One SNAT port: the first flow takes it, the second finds none while
     // the first lives.
@@ -724,13 +714,8 @@ services:
     ports: [{port: 53, protocol: UDP, targetPort: 5353, nodePort: 30007}]
     backends: [{address: 10.244.3.20}]
 "#;
-    let ctx = node_context();
-    let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
-    model
-        .services
-        .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
     let mut dp = dp;
-    dp.apply(&model);
+    dp.apply_with_extra(extra);
     let mut dgram = packets::udp(
         CLIENT_MAC,
         EXT0_MAC,
@@ -993,16 +978,8 @@ services:
     backends: [{address: 10.244.1.50, local: true}]
 "#;
     let mut dp = dataplane("np_src_ranges");
-    let apply = |dp: &mut Dataplane, ranges: &str| {
-        let ctx = node_context();
-        let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
-        model.services.extend(
-            lb::model::file::parse_with(&guarded.replace("RANGES", ranges), &ctx)
-                .unwrap()
-                .services,
-        );
-        dp.apply(&model);
-    };
+    let apply =
+        |dp: &mut Dataplane, ranges: &str| dp.apply_with_extra(&guarded.replace("RANGES", ranges));
     let to_lb = |sport: u16| {
         packets::tcp(
             CLIENT_MAC,
@@ -1067,12 +1044,7 @@ services:
     backends: [{address: 10.244.1.71, local: true}, {address: 10.244.1.72, local: true}, {address: 10.244.1.73, local: true}]
 "#;
     let mut dp = dataplane("np_affinity");
-    let ctx = node_context();
-    let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
-    model
-        .services
-        .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
-    dp.apply(&model);
+    dp.apply_with_extra(extra);
     let syn_from = |client: Ipv4Addr, sport: u16, dport: u16| {
         packets::tcp(
             CLIENT_MAC, EXT0_MAC, client, NODE_IP, sport, dport, SYN, b"",
@@ -1131,15 +1103,7 @@ fn a_backend_in_maintenance_keeps_its_established_flows_and_takes_no_new_ones() 
     };
     let (a, b) = ("10.244.1.81", "10.244.1.82");
     let mut dp = dataplane("np_drain");
-    let apply = |dp: &mut Dataplane, extra: &str| {
-        let ctx = node_context();
-        let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
-        model
-            .services
-            .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
-        dp.apply(&model);
-    };
-    apply(&mut dp, &drained(a, b, Some("active")));
+    dp.apply_with_extra(&drained(a, b, Some("active")));
     let syn = syn_to(30015, 44000);
     let (rc, out) = dp.tc_ingress(&syn);
     assert_eq!(rc, TC_ACT_OK);
@@ -1150,7 +1114,7 @@ fn a_backend_in_maintenance_keeps_its_established_flows_and_takes_no_new_ones() 
     );
 
     // The flow's backend turns not ready.
-    apply(&mut dp, &drained(x, y, Some("maintenance")));
+    dp.apply_with_extra(&drained(x, y, Some("maintenance")));
     let rows = lb::cli::service_list::rows(dp.reconciler.state());
     let row = rows
         .iter()
@@ -1182,7 +1146,7 @@ fn a_backend_in_maintenance_keeps_its_established_flows_and_takes_no_new_ones() 
     }
 
     // Gone from the service: gone from the maps.
-    apply(&mut dp, &drained(x, y, None));
+    dp.apply_with_extra(&drained(x, y, None));
     assert!(
         !dp.reconciler
             .state()

@@ -115,67 +115,56 @@ fn apt() -> anyhow::Result<()> {
     super::run(install)
 }
 
-fn bpf_linker() -> anyhow::Result<()> {
-    let current = Command::new("bpf-linker")
-        .arg("--version")
+/// A tool from crates.io at an exact version, with `cargo install`, unless
+/// `probe` (run with $CARGO_HOME/bin on PATH) already prints that version.
+fn cargo_tool(
+    krate: &str,
+    version: &str,
+    probe: &[&str],
+    install_args: &[&str],
+    env: &[(&str, &str)],
+    how_long: &str,
+) -> anyhow::Result<()> {
+    let current = Command::new(probe[0])
+        .args(&probe[1..])
         .env("PATH", path_with_cargo_bin())
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    if current
-        .as_deref()
-        .is_some_and(|v| v.contains(BPF_LINKER_VERSION))
-    {
-        eprintln!("xtask: bpf-linker {BPF_LINKER_VERSION} present");
+    if current.as_deref().is_some_and(|v| v.contains(version)) {
+        eprintln!("xtask: {krate} {version} present");
         return Ok(());
     }
-    eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} against Debian's LLVM 22 (about a minute)");
-    // Its default feature wants LLVM 23, which Debian does not ship.
-    let mut c = super::cmd(
-        "cargo",
-        &[
-            "install",
-            "bpf-linker",
-            "--version",
-            BPF_LINKER_VERSION,
-            "--locked",
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-        ],
-    );
-    c.env("LLVM_PREFIX", "/usr/lib/llvm-22")
+    eprintln!("xtask: installing {krate} {version} ({how_long})");
+    let mut args = vec!["install", krate, "--version", version, "--locked"];
+    args.extend(install_args);
+    let mut c = super::cmd("cargo", &args);
+    c.envs(env.iter().copied())
         .current_dir(std::env::temp_dir());
     super::run(c)
 }
 
+fn bpf_linker() -> anyhow::Result<()> {
+    // Its default feature wants LLVM 23, which Debian does not ship.
+    cargo_tool(
+        "bpf-linker",
+        BPF_LINKER_VERSION,
+        &["bpf-linker", "--version"],
+        &["--no-default-features", "--features", "llvm-22"],
+        &[("LLVM_PREFIX", "/usr/lib/llvm-22")],
+        "against Debian's LLVM 22, about a minute",
+    )
+}
+
 fn cargo_deb() -> anyhow::Result<()> {
-    let current = Command::new("cargo")
-        .args(["deb", "--version"])
-        .env("PATH", path_with_cargo_bin())
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    if current
-        .as_deref()
-        .is_some_and(|v| v.contains(CARGO_DEB_VERSION))
-    {
-        eprintln!("xtask: cargo-deb {CARGO_DEB_VERSION} present");
-        return Ok(());
-    }
-    eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION} (about two minutes)");
-    let mut c = super::cmd(
-        "cargo",
-        &[
-            "install",
-            "cargo-deb",
-            "--version",
-            CARGO_DEB_VERSION,
-            "--locked",
-        ],
-    );
-    c.current_dir(std::env::temp_dir());
-    super::run(c)
+    cargo_tool(
+        "cargo-deb",
+        CARGO_DEB_VERSION,
+        &["cargo", "deb", "--version"],
+        &[],
+        &[],
+        "about two minutes",
+    )
 }
 
 /// Where the test suite finds kubernetes-validate.
