@@ -4,9 +4,12 @@
 //! - at compile time, for both the BPF target and the host: each type is
 //!   exactly the sum of its fields (no implicit padding: padding is a named
 //!   field, so the kernel, the object and user space agree byte for byte);
-//! - by a test that hashes every type's size, alignment and field offsets
-//!   and fails when they change while `maps::LAYOUT_VERSION` does not: pins
-//!   of an older layout must never be reused by a newer agent.
+//! - by a test that hashes each type's size, alignment and field offsets
+//!   and fails when one changes while `maps::LAYOUT_VERSION` does not: pins
+//!   of an older layout must never be reused by a newer agent. A type that
+//!   is new (the key or value of a new map, which an install creates beside
+//!   the older pins) may join a released layout: it changes nothing an
+//!   older agent pinned.
 
 /// One line per type: `name size align field@offset:size ...`.
 macro_rules! layouts {
@@ -67,6 +70,10 @@ layouts! {
     service::Service4Key { address: u32, dport: u16, backend_slot: u16, proto: u8, scope: u8, pad: [u8; 2] },
     service::ServiceValue { backend_id: u32, service_id: u32, count: u16, terminating_count: u16, flags: u16, algorithm: u8, pad: u8, affinity_timeout_s: u32 },
     service::Service6Key { address: [u8; 16], dport: u16, backend_slot: u16, proto: u8, scope: u8, pad: [u8; 2] },
+    sock::SockPeer { backend: [u32; 4], frontend: [u32; 4], backend_port: u16, frontend_port: u16, service_id: u32, family: u8, pad: [u8; 3] },
+    sock::SockPeers { entries: [crate::sock::SockPeer; crate::sock::SOCK_PEERS], next: u32 },
+    sock::UdpChoice { address: [u32; 4], port: u16, slot: u16, backend_id: u32, used: u32 },
+    sock::UdpChoices { entries: [crate::sock::UdpChoice; crate::sock::UDP_CHOICES], next: u32, pad: u32 },
 }
 
 /// FNV-1a, 64 bits: a hash with no dependency, stable across builds.
@@ -79,33 +86,95 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The layout hash each layout version was released with. Version 2 was
-/// recorded when this check came (with LB4_SRC_RANGES' key, a new map that
-/// an install adds beside older pins; no existing type changed).
-pub const LAYOUT_HASHES: [(u32, u64); 1] = [(2, 0xf520_c19a_e7f7_e8b2)];
+/// The layout version the per-type hashes below were recorded for.
+pub const RECORDED_VERSION: u32 = 2;
+
+/// FNV-1a of each type's line of `describe`, as released with
+/// `RECORDED_VERSION`. Version 2 was recorded when this check came, with
+/// LB4_SRC_RANGES' key (a new map); the socket storage types joined later
+/// with their maps (LB_SOCK_UDP had been pinned unchecked until then, with
+/// the same layout).
+pub const RECORDED: [(&str, u64); 26] = [
+    ("AffinityKey", 0xae7692cdde92f917),
+    ("AffinityValue", 0xb90e3ef7df6cb90e),
+    ("AffinityMatchKey", 0x6446390e934adce6),
+    ("Backend4", 0x7724d85c5bc0e9b2),
+    ("Backend6", 0xa0e3c8f097db02d9),
+    ("RateState", 0x53de71e3148aaf82),
+    ("Event", 0xc05c1a7b71b2507c),
+    ("Ct4Key", 0x9b2ace0d098b107a),
+    ("Ct4Value", 0xaf26f47399efaaa6),
+    ("Device", 0x9ee151f8de9624a4),
+    ("Frag4Key", 0x394d9972adf768db),
+    ("Frag4Value", 0xbdd6178c8ef036a1),
+    ("RevNat4", 0x704811ae190edfaf),
+    ("SockRevNat4Key", 0x6b8ecf82a746788b),
+    ("SockRevNat4Value", 0x44ca9eaafc2d8dca),
+    ("RevNat6", 0x177b28096f7bbbfc),
+    ("SockRevNat6Key", 0x56bf8ae5be472a32),
+    ("SockRevNat6Value", 0x2f2bae032aa40650),
+    ("SourceRange4", 0xde6d5989befde97c),
+    ("Service4Key", 0x2956a6738867d2e7),
+    ("ServiceValue", 0xb43b5f56a95281b4),
+    ("Service6Key", 0x57fde5a5976112d2),
+    ("SockPeer", 0xcd6a730083c2b4a4),
+    ("SockPeers", 0xe07079ae361946c2),
+    ("UdpChoice", 0x25b6a2c7ebf25d0c),
+    ("UdpChoices", 0xc5c3e61d58566a91),
+];
 
 #[cfg(test)]
 mod tests {
     extern crate std;
-    use std::string::String;
+    use std::{format, string::String, vec::Vec};
 
     use super::*;
 
     #[test]
-    fn the_layout_hash_changes_only_with_the_layout_version() {
+    fn no_released_type_changes_without_a_new_layout_version() {
         let mut text = String::new();
         describe(&mut text).unwrap();
-        let hash = fnv1a(text.as_bytes());
         let version = crate::maps::LAYOUT_VERSION;
-        let recorded = LAYOUT_HASHES.iter().find(|(v, _)| *v == version);
-        assert_eq!(
-            recorded,
-            Some(&(version, hash)),
-            "the shared types' layout is {hash:#018x} but layout version {version} was \
-             released with another: a pinned map of the old layout would be misread. Bump \
-             LAYOUT_VERSION in maps.rs and add ({}, {hash:#018x}) to LAYOUT_HASHES.\n{text}",
-            version + 1
-        );
+        let mut problems = Vec::new();
+        let mut current = Vec::new();
+        for line in text.lines() {
+            let name = line.split(' ').next().unwrap();
+            let hash = fnv1a(line.as_bytes());
+            current.push(name);
+            match RECORDED.iter().find(|(n, _)| *n == name) {
+                _ if version != RECORDED_VERSION => {}
+                Some((_, h)) if *h == hash => {}
+                Some(_) => problems.push(format!(
+                    "{name} changed ({line}): a pinned map of the old layout would be \
+                     misread. Bump LAYOUT_VERSION in maps.rs and record every type again \
+                     for it"
+                )),
+                None => problems.push(format!(
+                    "{name} is new: if it belongs to a new map only, add (\"{name}\", \
+                     {hash:#018x}) to RECORDED; if an existing map now uses it, bump \
+                     LAYOUT_VERSION"
+                )),
+            }
+        }
+        if version != RECORDED_VERSION {
+            let all: Vec<String> = text
+                .lines()
+                .map(|l| {
+                    let name = l.split(' ').next().unwrap();
+                    format!("(\"{name}\", {:#018x}),", fnv1a(l.as_bytes()))
+                })
+                .collect();
+            problems.push(format!(
+                "LAYOUT_VERSION is {version}: set RECORDED_VERSION to it and RECORDED to\n{}",
+                all.join("\n")
+            ));
+        }
+        for (name, _) in RECORDED.iter() {
+            if !current.contains(name) {
+                problems.push(format!("{name} was removed: bump LAYOUT_VERSION"));
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 
     #[test]
