@@ -15,6 +15,7 @@ pub mod maps;
 pub mod nodeport;
 pub mod revnat;
 pub mod service;
+pub mod sock;
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol` and IP headers.
 pub mod proto {

@@ -23,10 +23,11 @@ pub const LB_DEVICES: &str = "LB_DEVICES";
 pub const LB_MAGLEV: &str = "LB_MAGLEV";
 pub const LB4_FRAGS: &str = "LB4_FRAGS";
 pub const LB_SOCK_UDP: &str = "LB_SOCK_UDP";
+pub const LB_SOCK_PEERS: &str = "LB_SOCK_PEERS";
 pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 21] = [
+pub const ALL: [&str; 22] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -35,6 +36,7 @@ pub const ALL: [&str; 21] = [
     LB6_BACKENDS,
     LB6_REVNAT,
     LB6_SOCK_REVNAT,
+    LB_SOCK_PEERS,
     LB_SOCK_UDP,
     LB_AFFINITY,
     LB_AFFINITY_MATCH,

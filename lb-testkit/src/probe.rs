@@ -58,6 +58,12 @@ pub fn run(cgroup: &Path, netns: &str, mode: &str, target: &str, count: usize) -
         .lines()
         .map(|l| serde_json::from_str(l).expect("probe json"))
         .collect();
+    // udp-fanout: `count` rounds over every target.
+    let count = if mode == "udp-fanout" {
+        count * target.split(',').count()
+    } else {
+        count
+    };
     assert_eq!(
         attempts.len(),
         count,

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use lb_testkit::{
     agent::Agent,
-    probe::Attempt,
+    probe::{Attempt, Held},
     servers::Server,
     topology::{Topology, CLIENT_IP},
     world::World,
@@ -202,6 +202,104 @@ fn connected_udp_getpeername_returns_the_vip() {
         assert!(a.ok, "{a:?}");
         assert_eq!(a.peer.as_deref(), Some("10.96.0.10:53"), "{a:?}");
         assert_eq!(a.reply_from.as_deref(), Some("10.96.0.10:53"), "{a:?}");
+    }
+}
+
+/// Socket LB keeps a UDP socket's translation in the socket's own storage
+/// (LB_SOCK_PEERS), not only in the shared LB4_SOCK_REVNAT LRU: sockets
+/// opened far beyond that LRU's size (256 here) must not make an idle,
+/// long-lived UDP socket's replies or getpeername() show the backend (a
+/// resolver drops such replies). With the translation in the LRU alone, the
+/// churn evicts the idle sockets' entries. (TCP's getpeername stays on the
+/// LRU: see lb-ebpf/src/sock/peers.rs.)
+#[test]
+fn idle_long_lived_udp_sockets_still_see_the_vip_after_socket_churn_far_beyond_the_shared_lru() {
+    let w = World::new("sock_churn_idle", 2);
+    let _dns = w.udp_servers(5353, false);
+    let _web = w.tcp_servers(8080, false);
+    let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
+    w.write_services(&format!(
+        "services:\n  - name: mixed\n    clusterIPs: [{VIP}]\n    ports:\n      - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n      - {{name: web, port: 80, targetPort: 8080}}\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
+    ));
+    let _agent = Agent::start_with(
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--map-size-sock-revnat=256"],
+    );
+    let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
+    let mut resolver = Held::start(cg, ns, &format!("{VIP}:53"));
+    let mut sendto = Held::udp_sendto(cg, ns, &format!("{VIP}:53"));
+    let check = |resolver: &mut Held, sendto: &mut Held, when: &str| {
+        let a = resolver.ask();
+        assert!(a.ok, "{when}: {a:?}");
+        assert_eq!(
+            a.reply_from.as_deref(),
+            Some("10.96.0.10:53"),
+            "{when}: {a:?}"
+        );
+        assert_eq!(a.peer.as_deref(), Some("10.96.0.10:53"), "{when}: {a:?}");
+        let a = sendto.ask();
+        assert!(a.ok, "{when}: {a:?}");
+        assert_eq!(
+            a.reply_from.as_deref(),
+            Some("10.96.0.10:53"),
+            "{when}: {a:?}"
+        );
+    };
+    check(&mut resolver, &mut sendto, "before the churn");
+
+    // 10x the LRU's size in new sockets of every kind that socket LB
+    // translates: TCP connects, unconnected and connected UDP.
+    for (mode, target, n) in [
+        ("tcp", "10.96.0.10:80", 1500),
+        ("udp", "10.96.0.10:53", 500),
+        ("udp-connected", "10.96.0.10:53", 600),
+    ] {
+        let attempts = w.probe(mode, target, n);
+        let failed: Vec<_> = attempts.iter().filter(|a| !a.ok).collect();
+        assert!(
+            failed.is_empty(),
+            "{mode}: {} failed, first {:?}",
+            failed.len(),
+            failed[0]
+        );
+    }
+    check(&mut resolver, &mut sendto, "after 2600 other sockets");
+}
+
+/// One unconnected UDP socket sending to more backends than its own
+/// storage holds (4) before reading any answer: the oldest translations
+/// move to the shared LRU, so every reply, in every round, still comes from
+/// the address it was sent to.
+#[test]
+fn one_udp_socket_sending_to_six_services_sees_each_reply_from_its_own_vip() {
+    let w = World::new("udp_fanout_six", 6);
+    let _dns = w.udp_servers(5353, false);
+    let vip = |i: usize| format!("10.96.0.{}", 20 + i);
+    let services: String = (0..6)
+        .map(|i| {
+            format!(
+                "  - name: dns{i}\n    clusterIPs: [{}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {}}}]\n",
+                vip(i),
+                Topology::backend_ip(i)
+            )
+        })
+        .collect();
+    w.write_services(&format!("services:\n{services}"));
+    let _agent = w.start_agent();
+    let targets: Vec<String> = (0..6).map(|i| format!("{}:53", vip(i))).collect();
+    let attempts = w.probe("udp-fanout", &targets.join(","), 3);
+    assert_eq!(attempts.len(), 18);
+    for (n, a) in attempts.iter().enumerate() {
+        assert!(a.ok, "answer {n}: {a:?}");
+        // Answers may come in any order: the backend says whose it is.
+        let b: usize = a.backend().unwrap()[1..].parse().unwrap();
+        assert_eq!(
+            a.reply_from.as_deref(),
+            Some(targets[b - 1].as_str()),
+            "answer {n}: {a:?}"
+        );
     }
 }
 

@@ -1,6 +1,8 @@
 //! cgroup/connect4, connect6, sendmsg4, sendmsg6: service address → backend.
+//! One body for both families (`forward::<F>`); the entry points only say
+//! where the address is and how to write it back.
 use aya_ebpf::{
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
     EbpfContext,
@@ -11,21 +13,16 @@ use lb_common::{
     drop::{Direction, DropReason},
     event::{Event, EVENT_TRACE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_SENDMSG4, HOOK_SENDMSG6},
     proto,
-    revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
-    service::{
-        Service4Key, Service6Key, ServiceValue, SCOPE_ALL, SVC_FLAG_AFFINITY,
-        SVC_FLAG_FOREIGN_EXTERNAL_IP,
-    },
+    service::{ServiceValue, SVC_FLAG_AFFINITY, SVC_FLAG_FOREIGN_EXTERNAL_IP},
 };
 
 use super::{
-    bytes_to_words, map_v4, udp_choice, v4_mapped, words_to_bytes, SockAddr, ALLOW, DENY,
-    ECONNREFUSED,
+    family::{SockFamily, Translation},
+    peers, udp_choice, v4_mapped, words_to_bytes, Dest, SockAddr, ALLOW, DENY, ECONNREFUSED,
 };
 use crate::{
     drop, events,
     lb::{self, Lookup, V4, V6},
-    maps::{LB4_SOCK_REVNAT, LB6_SOCK_REVNAT},
     runtime::{self, bump, log_enabled},
 };
 
@@ -34,23 +31,36 @@ const LOG_DEBUG: u32 = 4;
 
 #[cgroup_sock_addr(connect4)]
 pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx, HOOK_CONNECT4, false)
+    let sa = SockAddr::new(ctx.sock_addr);
+    forward::<V4>(&ctx, HOOK_CONNECT4, [sa.user_ip4(), 0, 0, 0], Dest::Ip4)
 }
 
 /// Unconnected UDP: every sendto() is translated on its own.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx, HOOK_SENDMSG4, false)
+    let sa = SockAddr::new(ctx.sock_addr);
+    forward::<V4>(&ctx, HOOK_SENDMSG4, [sa.user_ip4(), 0, 0, 0], Dest::Ip4)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn lb_connect6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx, HOOK_CONNECT6)
+    forward6(&ctx, HOOK_CONNECT6, HOOK_CONNECT4)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn lb_sendmsg6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx, HOOK_SENDMSG6)
+    forward6(&ctx, HOOK_SENDMSG6, HOOK_SENDMSG4)
+}
+
+/// An IPv6 socket dialing a v4-mapped address goes through the IPv4 maps:
+/// the kernel routes it as IPv4.
+#[inline(always)]
+fn forward6(ctx: &SockAddrContext, hook: u8, hook4: u8) -> i32 {
+    let words = SockAddr::new(ctx.sock_addr).user_ip6_words();
+    match v4_mapped(&words) {
+        Some(a) => forward::<V4>(ctx, hook4, [a, 0, 0, 0], Dest::Mapped),
+        None => forward::<V6>(ctx, hook, words, Dest::Ip6),
+    }
 }
 
 #[inline(always)]
@@ -61,22 +71,20 @@ fn tcp_or_udp(sa: &SockAddr) -> Option<u8> {
 
 /// The event skeleton for this call: hook, protocol, original destination.
 #[inline(always)]
-fn event(
+fn event<F: SockFamily>(
     ctx: &SockAddrContext,
     hook: u8,
     proto: u8,
-    family: u8,
-    daddr: [u8; 16],
+    daddr: [u32; 4],
     dport: u16,
 ) -> Event {
     let mut e = Event::zeroed();
     e.hook = hook;
     e.proto = proto;
-    e.family = family;
-    e.daddr = daddr;
+    e.family = F::FAMILY;
+    e.daddr = words_to_bytes(&daddr);
     e.dport = dport;
-    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
-    e.cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    e.cookie = peers::cookie(ctx);
     e
 }
 
@@ -87,16 +95,10 @@ fn netns_cookie(ctx: &SockAddrContext) -> u64 {
     unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
 }
 
+/// `address` is what the socket dialed (IPv4 in the first word); `dest`
+/// says how to write the backend back.
 #[inline(always)]
-fn v4_bytes(a: u32) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[..4].copy_from_slice(&a.to_ne_bytes());
-    b
-}
-
-/// `mapped`: the socket is IPv6 and dialed a v4-mapped address.
-#[inline(always)]
-fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
+fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: [u32; 4], dest: Dest) -> i32 {
     // The client's namespace: the host-only check and session affinity key.
     let netns = netns_cookie(ctx);
     if runtime::outside_host_namespace(netns) {
@@ -106,14 +108,12 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
     let Some(protocol) = tcp_or_udp(&sa) else {
         return ALLOW;
     };
-    let Some(address) = sa.ipv4(mapped) else {
-        return ALLOW;
-    };
-    let key = Service4Key::new(address, sa.user_port(), protocol, SCOPE_ALL, 0);
-    let svc = match lb::lookup_service::<V4>(&key) {
+    let dport = sa.user_port();
+    let key = F::frontend_key(address, dport, protocol);
+    let svc = match lb::lookup_service::<F>(&key) {
         Lookup::NotService => return ALLOW,
         Lookup::UnknownPort => {
-            let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
+            let mut e = event::<F>(ctx, hook, protocol, address, dport);
             return reject(DropReason::NoServicePort, &mut e);
         }
         // CVE-2020-8554: an external IP the node does not own is the real
@@ -121,11 +121,10 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
         Lookup::Service(svc) if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 => return ALLOW,
         Lookup::Service(svc) => svc,
     };
-    let per_socket = keeps_choice(hook, protocol, &svc);
-    let picked = if per_socket {
-        udp_choice::choose::<V4>(ctx, [address, 0, 0, 0], key.dport, &key, &svc)
+    let picked = if keeps_choice(hook, protocol, &svc) {
+        udp_choice::choose::<F>(ctx, address, dport, &key, &svc)
     } else {
-        lb::select_backend_for::<V4>(&key, &svc, netns)
+        lb::select_backend_for::<F>(&key, &svc, netns)
     };
     let (backend_id, backend) = match picked {
         Ok(found) => found,
@@ -133,149 +132,57 @@ fn forward4(ctx: &SockAddrContext, hook: u8, mapped: bool) -> i32 {
             if reason == DropReason::BackendMissing && log_enabled(LOG_WARN) {
                 warn!(
                     ctx,
-                    "service {} names a backend that is not in LB4_BACKENDS", svc.service_id
+                    "service {} names a backend that is not in LB{}_BACKENDS",
+                    svc.service_id,
+                    F::FAMILY
                 );
             }
-            let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
+            let mut e = event::<F>(ctx, hook, protocol, address, dport);
             e.service_id = svc.service_id;
             return reject(reason, &mut e);
         }
     };
+    let (baddr, bport) = F::target(&backend);
 
     // Remember the translation for this socket so replies (recvmsg) and
     // getpeername() show the service address again.
-    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let rev_key = SockRevNat4Key {
-        cookie,
-        address: backend.address,
-        port: backend.port,
-        pad: 0,
-    };
-    let rev = SockRevNat4Value {
-        address: key.address,
-        port: key.dport,
-        pad: 0,
+    let t = Translation {
+        frontend: address,
+        frontend_port: dport,
         service_id: svc.service_id,
     };
-    // A socket that keeps its choice finds its entry in place: no rewrite.
-    let current = per_socket
-        // SAFETY: the value is copied or read before any helper call could delete the entry (RCU keeps it alive for this run).
-        && unsafe { LB4_SOCK_REVNAT.get(&rev_key) }.is_some_and(|v| {
-            v.address == rev.address && v.port == rev.port && v.service_id == rev.service_id
-        });
-    if !current && LB4_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
+    // TCP: the shared LRU (cheaper per connect than creating socket
+    // storage); UDP: the socket's own storage, which churn cannot evict
+    // (see `peers` for both measurements and reasons).
+    let kept = if protocol == proto::TCP {
+        F::lru_put(peers::cookie(ctx), baddr, bport, &t)
+    } else if hook == HOOK_CONNECT4 || hook == HOOK_CONNECT6 {
+        // A connected UDP socket is also indexed in the shared LRU: the
+        // agent finds it there (by cookie and backend) when its backend
+        // goes, to destroy it.
+        let stored = peers::remember::<F>(ctx, baddr, bport, &t);
+        F::lru_put(peers::cookie(ctx), baddr, bport, &t) && stored
+    } else {
+        peers::remember::<F>(ctx, baddr, bport, &t)
+    };
+    if !kept {
         // The connection itself still works; only the reverse view is lost.
         drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
     }
 
-    if mapped {
-        sa.set_user_ip6_words(map_v4(backend.address));
-    } else {
-        sa.set_user_ip4(backend.address);
-    }
-    sa.set_user_port(backend.port);
+    dest.write(&sa, baddr, bport);
     bump(CNT_SOCK_TRANSLATIONS);
     if runtime::tracing() {
-        let mut e = event(ctx, hook, protocol, 4, v4_bytes(key.address), key.dport);
+        let mut e = event::<F>(ctx, hook, protocol, address, dport);
         e.kind = EVENT_TRACE;
         e.service_id = svc.service_id;
         e.backend_id = backend_id;
-        e.xaddr = v4_bytes(backend.address);
-        e.xport = backend.port;
+        e.xaddr = words_to_bytes(&baddr);
+        e.xport = bport;
         events::emit(&mut e);
     }
     if log_enabled(LOG_DEBUG) {
         debug!(ctx, "service {} -> backend {}", svc.service_id, backend_id);
-    }
-    ALLOW
-}
-
-#[inline(always)]
-fn forward6(ctx: &SockAddrContext, hook: u8) -> i32 {
-    // The client's namespace: the host-only check and session affinity key.
-    let netns = netns_cookie(ctx);
-    if runtime::outside_host_namespace(netns) {
-        return ALLOW;
-    }
-    let sa = SockAddr::new(ctx.sock_addr);
-    let words = sa.user_ip6_words();
-    if v4_mapped(&words).is_some() {
-        let hook4 = if hook == HOOK_CONNECT6 {
-            HOOK_CONNECT4
-        } else {
-            HOOK_SENDMSG4
-        };
-        return forward4(ctx, hook4, true);
-    }
-    let Some(protocol) = tcp_or_udp(&sa) else {
-        return ALLOW;
-    };
-    let key = Service6Key::new(
-        words_to_bytes(&words),
-        sa.user_port(),
-        protocol,
-        SCOPE_ALL,
-        0,
-    );
-    let svc = match lb::lookup_service::<V6>(&key) {
-        Lookup::NotService => return ALLOW,
-        Lookup::UnknownPort => {
-            let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
-            return reject(DropReason::NoServicePort, &mut e);
-        }
-        // CVE-2020-8554: an external IP the node does not own is the real
-        // address it looks like, for every socket.
-        Lookup::Service(svc) if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 => return ALLOW,
-        Lookup::Service(svc) => svc,
-    };
-    let per_socket = keeps_choice(hook, protocol, &svc);
-    let picked = if per_socket {
-        udp_choice::choose::<V6>(ctx, words, key.dport, &key, &svc)
-    } else {
-        lb::select_backend_for::<V6>(&key, &svc, netns)
-    };
-    let (backend_id, backend) = match picked {
-        Ok(found) => found,
-        Err(reason) => {
-            let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
-            e.service_id = svc.service_id;
-            return reject(reason, &mut e);
-        }
-    };
-    // SAFETY: the hook's own context, valid for this run; the helper only reads the socket.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let rev_key = SockRevNat6Key {
-        cookie,
-        address: backend.address,
-        port: backend.port,
-        pad: [0; 6],
-    };
-    let rev = SockRevNat6Value {
-        address: key.address,
-        port: key.dport,
-        pad: 0,
-        service_id: svc.service_id,
-    };
-    let current = per_socket
-        // SAFETY: the value is copied or read before any helper call could delete the entry (RCU keeps it alive for this run).
-        && unsafe { LB6_SOCK_REVNAT.get(&rev_key) }.is_some_and(|v| {
-            v.address == rev.address && v.port == rev.port && v.service_id == rev.service_id
-        });
-    if !current && LB6_SOCK_REVNAT.insert(&rev_key, &rev, 0).is_err() {
-        drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
-    }
-    sa.set_user_ip6_words(bytes_to_words(&backend.address));
-    sa.set_user_port(backend.port);
-    bump(CNT_SOCK_TRANSLATIONS);
-    if runtime::tracing() {
-        let mut e = event(ctx, hook, protocol, 6, key.address, key.dport);
-        e.kind = EVENT_TRACE;
-        e.service_id = svc.service_id;
-        e.backend_id = backend_id;
-        e.xaddr = backend.address;
-        e.xport = backend.port;
-        events::emit(&mut e);
     }
     ALLOW
 }

@@ -13,7 +13,9 @@
 //! full-width stores to all of them (net/core/filter.c,
 //! `sock_addr_is_valid_access`), so every access goes through the volatile
 //! helpers below: LLVM may not narrow or merge them.
+pub mod family;
 pub mod forward;
+pub mod peers;
 pub mod reverse;
 pub mod udp_choice;
 
@@ -51,17 +53,6 @@ impl SockAddr {
         // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
         // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::read_volatile(&(*self.0).user_ip4) }
-    }
-
-    /// The IPv4 address: `user_ip4`, or for an IPv6 socket (`mapped`) the
-    /// v4-mapped address it carries; None when it carries a real IPv6 one.
-    #[inline(always)]
-    pub fn ipv4(&self, mapped: bool) -> Option<u32> {
-        if mapped {
-            v4_mapped(&self.user_ip6_words())
-        } else {
-            Some(self.user_ip4())
-        }
     }
 
     #[inline(always)]
@@ -110,6 +101,31 @@ impl SockAddr {
         // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
         // volatile access, as sock_addr_is_valid_access asks.
         unsafe { core::ptr::write_volatile(&mut (*self.0).user_port, port as u32) }
+    }
+}
+
+/// Where the hook found the address, and so how to write one back.
+#[derive(Clone, Copy)]
+pub enum Dest {
+    /// `user_ip4` of an IPv4 socket.
+    Ip4,
+    /// A v4-mapped address in `user_ip6` of an IPv6 socket.
+    Mapped,
+    /// An IPv6 address in `user_ip6`.
+    Ip6,
+}
+
+impl Dest {
+    /// Writes `address` (IPv4 in the first word) and `port` where the hook
+    /// found them.
+    #[inline(always)]
+    pub fn write(self, sa: &SockAddr, address: [u32; 4], port: u16) {
+        match self {
+            Dest::Ip4 => sa.set_user_ip4(address[0]),
+            Dest::Mapped => sa.set_user_ip6_words(map_v4(address[0])),
+            Dest::Ip6 => sa.set_user_ip6_words(address),
+        }
+        sa.set_user_port(port);
     }
 }
 

@@ -10,32 +10,12 @@
 //! the socket cookie into the slots, which moves when the backend count
 //! changes; a stored choice does not.
 use aya_ebpf::{btf_maps::SkStorage, macros::btf_map, programs::SockAddrContext};
-use lb_common::service::ServiceValue;
+use lb_common::{
+    service::ServiceValue,
+    sock::{UdpChoice, UdpChoices, UDP_CHOICES as CHOICES},
+};
 
 use crate::lb::{self, Family};
-
-/// Frontends remembered per socket.
-const CHOICES: usize = 4;
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct UdpChoice {
-    /// The frontend: address (IPv4 in the first word), port, protocol.
-    pub address: [u32; 4],
-    pub port: u16,
-    /// Where the backend was when chosen.
-    pub slot: u16,
-    pub backend_id: u32,
-    pub used: u32,
-}
-
-#[repr(C)]
-pub struct UdpChoices {
-    pub entries: [UdpChoice; CHOICES],
-    /// Entry to reuse next when all are taken.
-    pub next: u32,
-    pub pad: u32,
-}
 
 #[btf_map]
 pub static LB_SOCK_UDP: SkStorage<UdpChoices> = SkStorage::new();

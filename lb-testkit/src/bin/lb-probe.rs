@@ -3,6 +3,7 @@
 //!
 //!   lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]
 //!   lb-probe --cgroup DIR --netns NAME udp-held|udp-sendto-held|tcp-held ADDR:PORT
+//!   lb-probe --cgroup DIR --netns NAME udp-fanout ADDR:PORT,ADDR:PORT,... [ROUNDS]
 //!
 //! The `-held` modes keep one socket and ask through it once per line read
 //! from stdin: a resolver that connected its UDP socket once, one that
@@ -12,6 +13,10 @@
 //!
 //! It joins the cgroup first (so the socket hooks apply to it), then the
 //! network namespace, both before creating any socket.
+//!
+//! `udp-fanout` sends from one unconnected socket to every target, then
+//! reads every answer, ROUNDS times (a resolver or a metrics client talking
+//! to many services through one socket), one line per answer.
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
@@ -28,7 +33,11 @@ fn main() {
         std::process::exit(2);
     }
     let (cgroup, netns, mode) = (&args[2], &args[4], args[5].as_str());
-    let target: SocketAddr = args[6].parse().expect("ADDR:PORT");
+    let targets: Vec<SocketAddr> = args[6]
+        .split(',')
+        .map(|t| t.parse().expect("ADDR:PORT"))
+        .collect();
+    let target = targets[0];
     let count: usize = args.get(7).map_or(1, |c| c.parse().expect("COUNT"));
 
     std::fs::write(format!("{cgroup}/cgroup.procs"), "0").expect("joining the cgroup");
@@ -46,6 +55,19 @@ fn main() {
     }
     if mode == "tcp-held" {
         tcp_held(target, &mut out);
+        return;
+    }
+    if mode == "udp-fanout" {
+        let s = udp_socket(target);
+        for _ in 0..count {
+            // Every datagram out first, then every answer: a reply then
+            // arrives after datagrams to the other targets.
+            let sent: Vec<_> = targets.iter().map(|t| s.send_to(b"ping", t)).collect();
+            for r in sent {
+                let attempt = udp_answer(&s, r, false);
+                writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
+            }
+        }
         return;
     }
     for _ in 0..count {

@@ -17,6 +17,7 @@ use lb_common::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
+    sock::{SockPeers, UdpChoices},
 };
 
 use super::pins::MapSizes;
@@ -58,7 +59,7 @@ const fn spec(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capac
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 21] = [
+pub const CATALOG: [MapSpec; 22] = [
     spec(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -99,9 +100,16 @@ pub const CATALOG: [MapSpec; 21] = [
         kv::<SockRevNat6Key, SockRevNat6Value>(),
         Capacity::Sized(|s| s.sock_revnat),
     ),
+    // Socket storage: the key is the socket (an int fd from user space).
+    MapSpec {
+        name: names::LB_SOCK_PEERS,
+        sizes: kv::<i32, SockPeers>(),
+        capacity: Capacity::Unchecked,
+        btf: true,
+    },
     MapSpec {
         name: names::LB_SOCK_UDP,
-        sizes: None,
+        sizes: kv::<i32, UdpChoices>(),
         capacity: Capacity::Unchecked,
         btf: true,
     },
@@ -221,5 +229,6 @@ mod tests {
         );
         assert_eq!(of(names::LB_DROPS), Some(DROP_SLOTS));
         assert_eq!(of(names::LB_SOCK_UDP), None);
+        assert_eq!(of(names::LB_SOCK_PEERS), None);
     }
 }

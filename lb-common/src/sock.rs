@@ -1,0 +1,68 @@
+//! Per-socket state of socket LB, kept in the socket's own storage
+//! (`BPF_MAP_TYPE_SK_STORAGE`): it is created with the first translation a
+//! socket makes and freed by the kernel with the socket, so there is no
+//! global table to fill, evict or clean (Linux 5.2+, from sock_addr hooks
+//! 5.11+: net/core/bpf_sk_storage.c, `bpf_sk_storage_get_cg_sock_proto`).
+//!
+//! Addresses are four 32-bit words as they sit in `bpf_sock_addr.user_ip6`
+//! (network order); an IPv4 address fills the first word, the rest zero.
+
+/// Translations remembered per socket (`LB_SOCK_PEERS`).
+pub const SOCK_PEERS: usize = 4;
+/// Frontends whose backend an unconnected UDP socket keeps (`LB_SOCK_UDP`).
+pub const UDP_CHOICES: usize = 4;
+
+/// One translation a socket made: what it asked for (the frontend) and
+/// where it was sent (the backend). recvmsg and getpeername show the
+/// frontend again for the backend's address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockPeer {
+    pub backend: [u32; 4],
+    pub frontend: [u32; 4],
+    /// Network order.
+    pub backend_port: u16,
+    /// Network order.
+    pub frontend_port: u16,
+    pub service_id: u32,
+    /// 4 or 6; 0: the entry is free.
+    pub family: u8,
+    pub pad: [u8; 3],
+}
+
+/// `LB_SOCK_PEERS` value. A connected socket uses one entry; an unconnected
+/// UDP socket one per backend it sends to, the oldest reused after
+/// `SOCK_PEERS` (its translation then moves to `LB4/6_SOCK_REVNAT`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockPeers {
+    pub entries: [SockPeer; SOCK_PEERS],
+    /// The entry to reuse next when all are taken.
+    pub next: u32,
+}
+
+/// One frontend an unconnected UDP socket sends to, and its backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct UdpChoice {
+    /// The frontend.
+    pub address: [u32; 4],
+    /// Network order.
+    pub port: u16,
+    /// The backend's slot when it was chosen.
+    pub slot: u16,
+    pub backend_id: u32,
+    pub used: u32,
+}
+
+/// `LB_SOCK_UDP` value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct UdpChoices {
+    pub entries: [UdpChoice; UDP_CHOICES],
+    /// The entry to reuse next when all are taken.
+    pub next: u32,
+    pub pad: u32,
+}
+
+crate::user_pod!(SockPeer, SockPeers, UdpChoice, UdpChoices);

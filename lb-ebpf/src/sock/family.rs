@@ -1,0 +1,144 @@
+//! What the socket hooks need per address family, so `forward` and
+//! `reverse` are written once. Addresses travel as the four 32-bit words of
+//! `bpf_sock_addr.user_ip6` (an IPv4 address in the first word, the rest
+//! zero), the form the per-socket storage keeps.
+use lb_common::{
+    backend::{Backend4, Backend6},
+    revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    service::{Service4Key, Service6Key, SCOPE_ALL},
+};
+
+use super::{bytes_to_words, words_to_bytes};
+use crate::{
+    lb::{Family, V4, V6},
+    maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT},
+};
+
+/// A translation as the shared LRU (`LB4/6_SOCK_REVNAT`) keeps it.
+#[derive(Clone, Copy)]
+pub struct Translation {
+    pub frontend: [u32; 4],
+    pub frontend_port: u16,
+    pub service_id: u32,
+}
+
+pub trait SockFamily: Family {
+    /// 4 or 6, as events and `SockPeer::family` carry it.
+    const FAMILY: u8;
+    fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Self::Key;
+    /// The backend's address and port.
+    fn target(b: &Self::Backend) -> ([u32; 4], u16);
+    /// The service's frontend as the agent wrote it (LB4/6_REVNAT).
+    fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)>;
+    fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation>;
+    fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool;
+    fn lru_remove(cookie: u64, backend: [u32; 4], port: u16);
+}
+
+#[inline(always)]
+fn key4(cookie: u64, backend: [u32; 4], port: u16) -> SockRevNat4Key {
+    SockRevNat4Key {
+        cookie,
+        address: backend[0],
+        port,
+        pad: 0,
+    }
+}
+
+#[inline(always)]
+fn key6(cookie: u64, backend: [u32; 4], port: u16) -> SockRevNat6Key {
+    SockRevNat6Key {
+        cookie,
+        address: words_to_bytes(&backend),
+        port,
+        pad: [0; 6],
+    }
+}
+
+impl SockFamily for V4 {
+    const FAMILY: u8 = 4;
+    #[inline(always)]
+    fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Service4Key {
+        Service4Key::new(address[0], port, proto, SCOPE_ALL, 0)
+    }
+    #[inline(always)]
+    fn target(b: &Backend4) -> ([u32; 4], u16) {
+        ([b.address, 0, 0, 0], b.port)
+    }
+    #[inline(always)]
+    fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
+        let r = unsafe { LB4_REVNAT.get(&service_id) }?;
+        Some(([r.address, 0, 0, 0], r.port))
+    }
+    #[inline(always)]
+    fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
+        let v = unsafe { LB4_SOCK_REVNAT.get(&key4(cookie, backend, port)) }?;
+        Some(Translation {
+            frontend: [v.address, 0, 0, 0],
+            frontend_port: v.port,
+            service_id: v.service_id,
+        })
+    }
+    #[inline(always)]
+    fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool {
+        let v = SockRevNat4Value {
+            address: t.frontend[0],
+            port: t.frontend_port,
+            pad: 0,
+            service_id: t.service_id,
+        };
+        LB4_SOCK_REVNAT
+            .insert(&key4(cookie, backend, port), &v, 0)
+            .is_ok()
+    }
+    #[inline(always)]
+    fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
+        let _ = LB4_SOCK_REVNAT.remove(&key4(cookie, backend, port));
+    }
+}
+
+impl SockFamily for V6 {
+    const FAMILY: u8 = 6;
+    #[inline(always)]
+    fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Service6Key {
+        Service6Key::new(words_to_bytes(&address), port, proto, SCOPE_ALL, 0)
+    }
+    #[inline(always)]
+    fn target(b: &Backend6) -> ([u32; 4], u16) {
+        (bytes_to_words(&b.address), b.port)
+    }
+    #[inline(always)]
+    fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
+        let r = unsafe { LB6_REVNAT.get(&service_id) }?;
+        Some((bytes_to_words(&r.address), r.port))
+    }
+    #[inline(always)]
+    fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation> {
+        // SAFETY: a lookup in our own map, the value copied out at once.
+        let v = unsafe { LB6_SOCK_REVNAT.get(&key6(cookie, backend, port)) }?;
+        Some(Translation {
+            frontend: bytes_to_words(&v.address),
+            frontend_port: v.port,
+            service_id: v.service_id,
+        })
+    }
+    #[inline(always)]
+    fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool {
+        let v = SockRevNat6Value {
+            address: words_to_bytes(&t.frontend),
+            port: t.frontend_port,
+            pad: 0,
+            service_id: t.service_id,
+        };
+        LB6_SOCK_REVNAT
+            .insert(&key6(cookie, backend, port), &v, 0)
+            .is_ok()
+    }
+    #[inline(always)]
+    fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
+        let _ = LB6_SOCK_REVNAT.remove(&key6(cookie, backend, port));
+    }
+}
