@@ -2,6 +2,9 @@
 //!
 //! * `direct`: to the backend's own address, nothing in the way (the peer
 //!   every other variant is divided by);
+//! * `direct, hooks attached`: the same from the cgroup with our programs,
+//!   which look the backend's address up and leave it alone: what socket LB
+//!   costs every connect that is not to a service;
 //! * `lb`: to the service address, translated by our connect4 program;
 //! * `iptables`: kube-proxy's iptables layout (iptables-legacy, nat table);
 //! * `nftables`: kube-proxy's nftables layout.
@@ -39,14 +42,16 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
     Direct,
+    DirectHooked,
     Lb,
     Iptables,
     Nftables,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 4] = [
+    pub const ALL: [Variant; 5] = [
         Variant::Direct,
+        Variant::DirectHooked,
         Variant::Lb,
         Variant::Iptables,
         Variant::Nftables,
@@ -55,6 +60,7 @@ impl Variant {
     pub fn name(self) -> &'static str {
         match self {
             Variant::Direct => "direct to backend",
+            Variant::DirectHooked => "direct, hooks attached",
             Variant::Lb => "lb (socket LB)",
             Variant::Iptables => "kube-proxy iptables",
             Variant::Nftables => "kube-proxy nftables",
@@ -83,6 +89,9 @@ pub struct Scale {
     pub setup_iptables: Option<Duration>,
     pub setup_nftables: Option<Duration>,
     pub memory: Option<Memory>,
+    /// connect4's own run time (kernel BPF stats), per run: dialing the
+    /// service address, and dialing a backend directly (no service there).
+    pub connect4_ns: Option<(f64, f64)>,
 }
 
 impl Scale {
@@ -177,7 +186,7 @@ pub fn run(p: &Profile) -> Vec<Scale> {
             Duration::from_secs(600),
         );
         let setup_lb = t.elapsed();
-        let mut variants = vec![Variant::Direct, Variant::Lb];
+        let mut variants = vec![Variant::Direct, Variant::DirectHooked, Variant::Lb];
         let setup_iptables = (n <= p.iptables_max_services).then(|| {
             variants.push(Variant::Iptables);
             timed_in_netns(
@@ -207,6 +216,7 @@ pub fn run(p: &Profile) -> Vec<Scale> {
         let target = |v: Variant| -> (&std::path::Path, &str, Vec<SocketAddr>) {
             match v {
                 Variant::Direct => (&plain_cgroup.path, &topo.client.name, direct.clone()),
+                Variant::DirectHooked => (&lb_cgroup.path, &topo.client.name, direct.clone()),
                 Variant::Lb => (&lb_cgroup.path, &topo.client.name, vec![vip]),
                 Variant::Iptables => (&plain_cgroup.path, &ipt_ns, vec![vip]),
                 Variant::Nftables => (&plain_cgroup.path, &nft_ns, vec![vip]),
@@ -245,6 +255,10 @@ pub fn run(p: &Profile) -> Vec<Scale> {
                 latencies[i].extend(s.latencies_ns.iter().map(|&ns| Duration::from_nanos(ns)));
             }
         }
+        let connect4_ns = connect4_cost(|v| {
+            let (cg, ns, addr) = target(v);
+            client::run(cg, ns, &addr, p.connect_per_round, p.round_ms);
+        });
         let results = variants
             .iter()
             .enumerate()
@@ -270,8 +284,34 @@ pub fn run(p: &Profile) -> Vec<Scale> {
             setup_iptables,
             setup_nftables,
             memory,
+            connect4_ns,
         });
     }
     let _ = std::fs::remove_file(&services_file);
     scales
+}
+
+/// The newest loaded program named `lb_connect4`: the agent of this scale's.
+fn connect4_program() -> Option<aya::programs::ProgramInfo> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .filter(|p| p.name_as_str() == Some("lb_connect4"))
+        .max_by_key(|p| p.id())
+}
+
+/// connect4's mean run time in ns, through the VIP and direct to a backend,
+/// from the kernel's per-program statistics (BPF_ENABLE_STATS), enabled
+/// only for this extra pair of runs: the statistics cost every program two
+/// clock reads per run, which the timed rounds above must not pay.
+fn connect4_cost(run: impl Fn(Variant)) -> Option<(f64, f64)> {
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()?;
+    let per_run = |v: Variant| -> Option<f64> {
+        let before = connect4_program()?;
+        run(v);
+        let after = connect4_program()?;
+        let runs = after.run_count().checked_sub(before.run_count())?;
+        let ns = after.run_time().checked_sub(before.run_time())?.as_nanos() as f64;
+        (runs > 0).then(|| ns / runs as f64)
+    };
+    Some((per_run(Variant::Lb)?, per_run(Variant::DirectHooked)?))
 }
