@@ -2,14 +2,23 @@
 //! kernel's own measurement (BPF_PROG_TEST_RUN with `repeat`), at few and at
 //! many LoadBalancer services.
 //!
-//! `repeat` runs the program again and again on the same buffer, so a
-//! packet the program rewrites would be a different packet from the second
-//! run on. The established-flow case therefore uses a service whose backend
-//! is its own address and port: the DNAT writes what is already there, and
-//! every run does the same lookups, the same checksum helper calls and the
-//! same writes as a real rewrite. A new flow cannot be repeated (the first
-//! run creates its conntrack entry): those are timed one packet per run,
-//! each with a new source port, so they include the timer's own overhead.
+//! `repeat` runs the program again and again on the same buffer, and what a
+//! run rewrites stays rewritten for the next. Two established-flow rows:
+//!
+//! * the last service's backend is its own address and port: every run
+//!   finds the flow in conntrack and takes the DNAT path, but the rewrite
+//!   finds nothing to change and returns before any store or checksum
+//!   helper: it times the lookups, not the rewrite;
+//! * two services forward to each other (A → B's address and port, B → A's):
+//!   each run turns the packet from one into the other, a conntrack hit and
+//!   a real DNAT (address and port stored, IP and TCP checksums updated).
+//!
+//! A new flow cannot be repeated (the first run creates its conntrack
+//! entry): those are timed one packet per run, each with a new source port,
+//! so they include the timer's own overhead. Remote backends (FIB lookup,
+//! SNAT, redirect) are not timed here: a repeated run would decrement the
+//! TTL and allocate a new SNAT port each time; the north-south section
+//! measures them with real traffic.
 use std::{net::Ipv4Addr, time::Duration};
 
 use lb::{
@@ -24,7 +33,7 @@ use lb_testkit::{
 
 use crate::{
     profile::Profile,
-    workload::{service, Workload},
+    workload::{service, Svc, Workload},
 };
 
 #[derive(Clone, Debug)]
@@ -77,6 +86,29 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     model
         .services
         .insert(ServiceName::new("default", &last.name), svc);
+    // The pair that forwards to each other, on two more addresses.
+    let (a, b) = (lb_ip(n), lb_ip(n + 1));
+    for (name, from, from_port, to, to_port) in
+        [("ping", a, 80, b, 8080), ("pong", b, 8080, a, 80)]
+    {
+        let spec = Svc {
+            name: name.to_string(),
+            vip: from,
+            port: from_port,
+            endpoints: Vec::new(),
+        };
+        let mut svc = service(&spec, FrontendKind::LoadBalancer);
+        svc.frontends[0].backends = vec![Backend {
+            address: to.into(),
+            port: to_port,
+            state: BackendState::Active,
+            local: true,
+            weight: 1,
+        }];
+        model
+            .services
+            .insert(ServiceName::new("default", name), svc);
+    }
     dp.apply(&model);
 
     let established = packets::tcp(
@@ -97,6 +129,16 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         "the rewrite is idempotent"
     );
     assert_eq!(dp.xdp(&established).0, XDP_PASS);
+    let ping = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, a, 40_001, 80, ACK, b"");
+    let (rc, once) = dp.tc_ingress(&ping);
+    assert_eq!(rc, TC_ACT_OK);
+    let seen = packets::inspect(&once);
+    assert_eq!((seen.daddr, seen.dport), (b, 8080), "A's packet goes to B");
+    let (_, twice) = dp.tc_ingress(&once);
+    let seen = packets::inspect(&twice);
+    assert_eq!((seen.daddr, seen.dport), (a, 80), "and back: every run rewrites");
+    assert_eq!(dp.xdp(&ping).0, XDP_PASS);
+    assert_eq!(dp.xdp(&once).0, XDP_PASS);
     assert_eq!(
         dp.tc_ingress(&miss),
         (TC_ACT_OK, miss.clone()),
@@ -110,11 +152,14 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         path,
         ns_per_packet: per_run.as_nanos() as f64,
     };
-    const ESTABLISHED: &str = "established flow (conntrack hit, DNAT)";
+    const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing nothing)";
+    const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
     const MISS: &str = "not a service (passes)";
     let mut out = vec![
         row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
         row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
+        row("tc", REWRITE, dp.tc_ingress_timed(&ping, repeat)),
+        row("XDP", REWRITE, dp.xdp_timed(&ping, repeat)),
         row("tc", MISS, dp.tc_ingress_timed(&miss, repeat)),
         row("XDP", MISS, dp.xdp_timed(&miss, repeat)),
     ];

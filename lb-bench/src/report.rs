@@ -334,10 +334,7 @@ impl Report {
                 .filter(|p| p.services == max && p.path.starts_with("established"))
             {
                 rows.push([
-                    format!(
-                        "{} per packet, {} services, established flow",
-                        r.program, max
-                    ),
+                    format!("{} per packet, {} services, {}", r.program, max, r.path),
                     format!("{:.0} ns", r.ns_per_packet),
                     "≤ 100 ns".into(),
                     verdict(
@@ -489,8 +486,11 @@ impl Report {
         o.push_str(
             "## 3. Packet path (tc and XDP)\n\n\
              ns per packet as the kernel measures it (BPF_PROG_TEST_RUN), N LoadBalancer services with\n\
-             node-local backends. Established flow: `repeat` runs on one packet whose rewrite is\n\
-             idempotent (the backend is the service's own address), so every run does the full work.\n\
+             node-local backends. Established flow, `repeat` runs on one packet: \"DNAT writing nothing\"\n\
+             sends it to a backend at the service's own address, so the rewrite finds nothing to change\n\
+             (lookups only); \"real DNAT\" uses two services that forward to each other, so every run\n\
+             rewrites address and port and updates both checksums. Remote backends (FIB, SNAT, DSR) are\n\
+             not repeatable this way (TTL, SNAT ports) and are measured with traffic in section 5.\n\
              New flow: one SYN per run with a new source port, averaged (includes the timer's overhead).\n\
              Not a service: a packet to the node's own port 22, passed untouched.\n\n\
              | Services | Program | Path | ns/packet |\n|---:|---|---|---:|\n",
