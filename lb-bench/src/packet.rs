@@ -88,8 +88,7 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         .insert(ServiceName::new("default", &last.name), svc);
     // The pair that forwards to each other, on two more addresses.
     let (a, b) = (lb_ip(n), lb_ip(n + 1));
-    for (name, from, from_port, to, to_port) in
-        [("ping", a, 80, b, 8080), ("pong", b, 8080, a, 80)]
+    for (name, from, from_port, to, to_port) in [("ping", a, 80, b, 8080), ("pong", b, 8080, a, 80)]
     {
         let spec = Svc {
             name: name.to_string(),
@@ -136,7 +135,11 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     assert_eq!((seen.daddr, seen.dport), (b, 8080), "A's packet goes to B");
     let (_, twice) = dp.tc_ingress(&once);
     let seen = packets::inspect(&twice);
-    assert_eq!((seen.daddr, seen.dport), (a, 80), "and back: every run rewrites");
+    assert_eq!(
+        (seen.daddr, seen.dport),
+        (a, 80),
+        "and back: every run rewrites"
+    );
     assert_eq!(dp.xdp(&ping).0, XDP_PASS);
     assert_eq!(dp.xdp(&once).0, XDP_PASS);
     assert_eq!(
