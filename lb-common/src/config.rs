@@ -30,6 +30,12 @@ pub const CFG_CT_TCP_S: u32 = 10;
 pub const CFG_CT_TCP_SYN_S: u32 = 11;
 pub const CFG_CT_CLOSING_S: u32 = 12;
 pub const CFG_CT_UDP_S: u32 = 13;
+/// Non-zero: `LB4_FE_FILTER` holds every frontend, the packet programs may
+/// let a packet whose bit is clear go early. The agent clears it before it
+/// attaches programs and sets it once a full sync wrote the filter, so a
+/// filter left stale by an older agent (or a fresh, empty one) is never
+/// trusted.
+pub const CFG_FRONTEND_FILTER: u32 = 14;
 
 pub const CONFIG_SLOTS: u32 = 16;
 

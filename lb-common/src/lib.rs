@@ -10,6 +10,7 @@ pub mod backend;
 pub mod config;
 pub mod drop;
 pub mod event;
+pub mod filter;
 pub mod layout;
 pub mod maps;
 pub mod nodeport;

@@ -11,6 +11,7 @@ use lb_common::{
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
+    filter::FILTER_WORDS,
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
         DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX,
@@ -92,6 +93,11 @@ pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 #[map]
 pub static LB4_SRC_RANGES: LpmTrie<SourceRange4, u8> =
     LpmTrie::pinned(DEFAULT_SOURCE_RANGES_MAX, 0);
+
+/// One bit per IPv4 frontend (address, port): see `lb_common::filter`.
+/// An array: the verifier inlines its lookups, a few instructions each.
+#[map]
+pub static LB4_FE_FILTER: Array<u64> = Array::pinned(FILTER_WORDS, 0);
 
 /// (service, backend) pairs a service may currently select, written by the agent.
 #[map]

@@ -1156,3 +1156,54 @@ fn a_backend_in_maintenance_keeps_its_established_flows_and_takes_no_new_ones() 
         "a removed backend stays in LB4_BACKENDS"
     );
 }
+
+/// The frontend filter (LB4_FE_FILTER) is what lets packets that are not
+/// for a service go before any hash lookup, on tc and XDP. Its bit cleared
+/// by hand, a NodePort's packets pass untranslated while the programs trust
+/// the filter, and are served again once they do not: so the early exit is
+/// real, and a filter the agent has not vouched for is never used.
+#[test]
+fn a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted() {
+    use aya::maps::{Array, MapData};
+    use lb_common::{
+        config::CFG_FRONTEND_FILTER,
+        filter::{filter_bit, word_and_mask},
+    };
+    let dp = dataplane("fe_filter");
+    let (rc, out) = dp.tc_ingress(&syn_to(30001, 40100));
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        inspect(&out).daddr,
+        ip("10.244.1.10"),
+        "served with the filter as written"
+    );
+
+    let (word, mask) = word_and_mask(filter_bit(
+        u32::from_ne_bytes(NODE_IP.octets()),
+        30001u16.to_be(),
+    ));
+    let mut filter: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
+        MapData::from_pin(dp.pins.path.join(lb_common::maps::LB4_FE_FILTER)).unwrap(),
+    ))
+    .unwrap();
+    let was = filter.get(&word, 0).unwrap();
+    assert_ne!(was & mask, 0, "the agent set the NodePort's bit");
+    filter.set(word, was & !mask, 0).unwrap();
+
+    let syn = syn_to(30001, 40101);
+    assert_eq!(
+        dp.tc_ingress(&syn),
+        (TC_ACT_OK, syn.clone()),
+        "tc lets it go untouched"
+    );
+    assert_eq!(dp.xdp(&syn), (XDP_PASS, syn.clone()), "so does XDP");
+
+    dp.config(CFG_FRONTEND_FILTER, 0);
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        inspect(&out).daddr,
+        ip("10.244.1.10"),
+        "an untrusted filter is not used"
+    );
+}

@@ -342,6 +342,7 @@ impl<M: LbMaps> Reconciler<M> {
             let sweep_ops = sweep(&self.state, &unowned);
             ops += sweep_ops.len();
             self.write("full-sync sweep", &sweep_ops)?;
+            self.repair_filter()?;
             self.ids.retain_applied(&self.state);
             self.needs_full_sync = false;
         }
@@ -403,7 +404,92 @@ impl<M: LbMaps> Reconciler<M> {
         Ok(ops.len())
     }
 
+    /// Writes `ops`, keeping LB4_FE_FILTER a superset of the IPv4 frontends
+    /// in the maps at every moment: the bits of new frontends are set before
+    /// them, bits no frontend uses any more are cleared after their deletes
+    /// (`lb_common::filter`).
     fn write(&mut self, what: &str, ops: &[MapOp]) -> Result<(), ReconcileError> {
+        let before = self.filter_words_for(ops, true);
+        self.write_ops(what, &before)?;
+        self.write_ops(what, ops)?;
+        let after = self.filter_words_for(ops, false);
+        self.write_ops(what, &after)
+    }
+
+    /// `set`: the words that must gain the bits of the frontends `ops`
+    /// upserts; else: the words that can lose the bits of the frontends
+    /// `ops` deleted, now that no entry uses them.
+    fn filter_words_for(&self, ops: &[MapOp], set: bool) -> Vec<MapOp> {
+        let mut words: std::collections::BTreeMap<u32, u64> = Default::default();
+        for op in ops {
+            let key = match op {
+                MapOp::UpsertService(k, _) if set => k,
+                MapOp::DeleteService(k) if !set => k,
+                _ => continue,
+            };
+            let Some(bit) = crate::maps::state::filter_bit(key) else {
+                continue;
+            };
+            let change = if set {
+                !self.state.filter_bit_set(bit)
+            } else {
+                self.state.filter_bit_set(bit) && !self.state.filter_bit_used(bit)
+            };
+            if change {
+                let (w, mask) = lb_common::filter::word_and_mask(bit);
+                let word = words
+                    .entry(w)
+                    .or_insert_with(|| self.state.filter_words.get(&w).copied().unwrap_or(0));
+                if set {
+                    *word |= mask;
+                } else {
+                    *word &= !mask;
+                }
+            }
+        }
+        words
+            .into_iter()
+            .map(|(w, v)| MapOp::SetFilterWord(w, v))
+            .collect()
+    }
+
+    /// After a full sync: the filter made exactly what the entries need
+    /// (set bits first, then clear the rest), then trusted.
+    fn repair_filter(&mut self) -> Result<(), ReconcileError> {
+        let wanted = self.state.filter_wanted();
+        let mut ops: Vec<MapOp> = Vec::new();
+        for (w, v) in &wanted {
+            let have = self.state.filter_words.get(w).copied().unwrap_or(0);
+            if have | v != have {
+                ops.push(MapOp::SetFilterWord(*w, have | v));
+            }
+        }
+        let mut clears: Vec<MapOp> = Vec::new();
+        for (w, have) in &self.state.filter_words {
+            let v = wanted.get(w).copied().unwrap_or(0);
+            if *have | v != v {
+                clears.push(MapOp::SetFilterWord(*w, v));
+            }
+        }
+        ops.sort_by_key(|op| match op {
+            MapOp::SetFilterWord(w, _) => *w,
+            _ => 0,
+        });
+        clears.sort_by_key(|op| match op {
+            MapOp::SetFilterWord(w, _) => *w,
+            _ => 0,
+        });
+        ops.extend(clears);
+        if !self.state.filter_trusted {
+            ops.push(MapOp::TrustFilter(true));
+        }
+        self.write_ops("frontend filter", &ops)
+    }
+
+    fn write_ops(&mut self, what: &str, ops: &[MapOp]) -> Result<(), ReconcileError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
         let (applied, failure) = match self.maps.apply_all(ops) {
             Ok(()) => (ops.len(), None),
             Err((applied, e)) => (applied, Some(e)),

@@ -119,6 +119,38 @@ fn assert_consistent(state: &MapState) {
         );
     }
     assert_eq!(state.revnat.len(), ids.len(), "stray revnat entries");
+    // The frontend filter: exactly the bits the IPv4 frontends use, trusted.
+    let wanted: BTreeMap<u32, u64> = state.filter_wanted().into_iter().collect();
+    let words: BTreeMap<u32, u64> = state.filter_words.clone().into_iter().collect();
+    assert_eq!(
+        words, wanted,
+        "LB4_FE_FILTER holds a stale or a missing bit"
+    );
+    assert!(
+        state.filter_trusted,
+        "the filter is trusted after a reconcile"
+    );
+}
+
+/// Replays a write log from `start`: after every single write, each IPv4
+/// frontend entry in the maps (master or address marker) has its filter bit
+/// set, or the packet programs would let its packets pass untranslated.
+fn assert_filter_covers_at_every_step(start: &MapState, log: &[MapOp]) {
+    let mut replay = start.clone();
+    for (i, op) in log.iter().enumerate() {
+        replay.apply(op);
+        if !replay.filter_trusted {
+            continue;
+        }
+        for k in replay.services.keys() {
+            if let Some(bit) = lb::maps::state::filter_bit(k) {
+                assert!(
+                    replay.filter_bit_set(bit),
+                    "after write {i} ({op:?}) {k:?} is in the maps but its filter bit is clear"
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -422,9 +454,12 @@ proptest! {
     fn any_sequence_of_models_converges_to_the_last_one(models in prop::collection::vec(arb_model(), 1..8)) {
         let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
         for m in &models {
+            let before = r.state().clone();
             r.reconcile(m).unwrap();
             assert_consistent(r.state());
             prop_assert_eq!(&r.maps().state, r.state());
+            let log = r.maps_mut().take_log();
+            assert_filter_covers_at_every_step(&before, &log);
         }
         let last = models.last().unwrap();
         let fresh = reconciled(last);
@@ -707,7 +742,9 @@ fn source_ranges_go_in_before_the_check_turns_on_and_out_after_it_turns_off() {
     assert_eq!(r.state().source_range_entries(), 1);
     r.reconcile(&Model::default()).unwrap();
     assert_eq!(r.state().source_range_entries(), 0);
-    assert_eq!(r.state(), &MapState::default());
+    let mut empty = MapState::default();
+    empty.apply(&MapOp::TrustFilter(true));
+    assert_eq!(r.state(), &empty);
 }
 
 /// A bad network in the services file names its field and the fix.
@@ -792,4 +829,68 @@ fn the_local_view_is_written_before_the_master_that_names_it() {
         .position(|op| matches!(op, MapOp::UpsertService(k, v) if k.slot == 0 && v.flags & SVC_FLAG_TWO_SCOPES != 0))
         .expect("the master naming it");
     assert!(view < master, "{log:#?}");
+}
+
+fn pos(log: &[MapOp], f: &dyn Fn(&MapOp) -> bool) -> Option<usize> {
+    log.iter().position(f)
+}
+
+#[test]
+fn a_frontend_filter_bit_is_set_before_its_frontend_and_cleared_after_the_last_one_on_it() {
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    let mut m = cluster(1);
+    r.reconcile(&m).unwrap();
+    let log = r.maps_mut().take_log();
+    let master = pos(
+        &log,
+        &|op| matches!(op, MapOp::UpsertService(k, _) if k.slot == 0 && k.port == 80),
+    )
+    .unwrap();
+    let bit = lb::maps::state::filter_bit(match &log[master] {
+        MapOp::UpsertService(k, _) => k,
+        _ => unreachable!(),
+    })
+    .unwrap();
+    let (word, mask) = lb_common::filter::word_and_mask(bit);
+    let set = pos(
+        &log,
+        &|op| matches!(op, MapOp::SetFilterWord(w, v) if *w == word && v & mask != 0),
+    )
+    .unwrap();
+    assert!(set < master, "{log:#?}");
+    let trust = pos(&log, &|op| matches!(op, MapOp::TrustFilter(true))).unwrap();
+    assert_eq!(
+        trust,
+        log.len() - 1,
+        "trusted last, once the full sync wrote it: {log:#?}"
+    );
+
+    // A second service: its own bit; then the first goes, and only its bit.
+    m.services.insert(name(1), service(1, 80, &[7]));
+    r.reconcile(&m).unwrap();
+    r.maps_mut().take_log();
+    m.services.remove(&name(0));
+    r.reconcile(&m).unwrap();
+    let log = r.maps_mut().take_log();
+    let deleted = pos(
+        &log,
+        &|op| matches!(op, MapOp::DeleteService(k) if k.slot == 0 && k.port == 80),
+    )
+    .unwrap();
+    let cleared = pos(
+        &log,
+        &|op| matches!(op, MapOp::SetFilterWord(w, v) if *w == word && v & mask == 0),
+    )
+    .unwrap();
+    assert!(deleted < cleared, "{log:#?}");
+    assert_consistent(r.state());
+
+    // A restart trusts nothing until its full sync checked the filter: a
+    // stale bit left behind is cleared, a missing one set, then trusted.
+    let mut maps = std::mem::take(r.maps_mut());
+    maps.state.apply(&MapOp::TrustFilter(false));
+    maps.state.apply(&MapOp::SetFilterWord(word, mask));
+    let mut r = Reconciler::restore(maps).unwrap();
+    r.reconcile(&m).unwrap();
+    assert_consistent(r.state());
 }

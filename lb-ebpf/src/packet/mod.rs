@@ -50,11 +50,12 @@ use lb_common::{
     affinity::CLIENT_IS_ADDRESS,
     backend::{Backend4, BACKEND_FLAG_LOCAL},
     config::{
-        CFG_LB_MODE, CFG_MAGLEV_M, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD,
-        CNT_NP_REVERSE,
+        CFG_FRONTEND_FILTER, CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
+        CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD, CNT_NP_REVERSE,
     },
     drop::{Direction, DropReason},
     event::Event,
+    filter::{filter_bit, word_and_mask},
     nodeport::*,
     service::{
         Service4Key, ServiceValue, SourceRange4, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL,
@@ -72,7 +73,7 @@ use self::{
 use crate::{
     drop,
     lb::{self, Family, Lookup, V4},
-    maps::{LB4_CT, LB4_SRC_RANGES, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
+    maps::{LB4_CT, LB4_FE_FILTER, LB4_SRC_RANGES, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
     runtime::{self, bump},
 };
 
@@ -242,6 +243,11 @@ pub fn drop_packet<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u
 /// stack frames are never live at the same time.
 #[inline(always)]
 pub fn ingress<C: Hook>(ctx: &C) -> Action {
+    // Most packets reaching a node are not for a service: let them go
+    // before the parse and any hash lookup.
+    if cannot_concern_a_service(ctx) {
+        return Action::PASS;
+    }
     let Some(s) = scratch() else {
         return Action::PASS;
     };
@@ -284,6 +290,53 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
         return a;
     }
     new_flow(ctx, f)
+}
+
+/// The early exit, read straight from the packet: an IPv4 TCP or UDP
+/// packet with a plain 20-byte header, not a fragment, that is neither for a
+/// frontend, nor for a known flow to one, nor a reply to our SNAT: the bits
+/// of its (address, port) and of its address alone (a ClusterIP's marker:
+/// its other ports are dropped) are clear in LB4_FE_FILTER, and its port is
+/// outside the SNAT range (every SNATed flow's port is taken from it).
+/// Everything else takes the full path, which decides as it always did: IP
+/// options (a DSR option), fragments, ICMP, broken headers; and everything
+/// while the agent has not said the filter is complete. Not on a pod-facing
+/// device: a pod's reply to a hairpinned flow goes to the frontend's
+/// address on the client's port, which no bit covers.
+#[inline(always)]
+fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
+    if ctx.from_pod() || runtime::config(CFG_FRONTEND_FILTER) == 0 {
+        return false;
+    }
+    let ip = ETH_HLEN;
+    if load::<u16, C>(ctx, 12) != Some(ETH_P_IP.to_be()) || load::<u8, C>(ctx, ip) != Some(0x45) {
+        return false;
+    }
+    let proto = load::<u8, C>(ctx, ip + IP_PROTO);
+    if proto != Some(IPPROTO_TCP) && proto != Some(IPPROTO_UDP) {
+        return false;
+    }
+    if load::<u16, C>(ctx, ip + IP_FRAG_OFF).is_none_or(|f| f & IP_MF_OR_OFFSET != 0) {
+        return false;
+    }
+    let (Some(daddr), Some(dport)) = (
+        load::<u32, C>(ctx, ip + IP_DADDR),
+        load::<u16, C>(ctx, ip + 20 + L4_DPORT),
+    ) else {
+        return false;
+    };
+    let port = u16::from_be(dport) as u32;
+    if port >= runtime::config(CFG_SNAT_PORT_MIN) && port <= runtime::config(CFG_SNAT_PORT_MAX) {
+        return false;
+    }
+    !filter_has(daddr, dport) && !filter_has(daddr, 0)
+}
+
+#[inline(always)]
+fn filter_has(address: u32, port: u16) -> bool {
+    let (word, mask) = word_and_mask(filter_bit(address, port));
+    // A missing word (cannot happen: the array has every index) passes.
+    LB4_FE_FILTER.get(word).is_none_or(|w| w & mask != 0)
 }
 
 #[inline(never)]

@@ -11,6 +11,7 @@ use lb_common::{
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
+    filter::FILTER_WORDS,
     maps as names,
     nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
     revnat::{
@@ -59,7 +60,7 @@ const fn spec(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capac
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 22] = [
+pub const CATALOG: [MapSpec; 23] = [
     spec(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -152,6 +153,11 @@ pub const CATALOG: [MapSpec; 22] = [
             size_of::<u8>(),
         )),
         Capacity::Sized(|s| s.source_ranges),
+    ),
+    spec(
+        names::LB4_FE_FILTER,
+        kv::<u32, u64>(),
+        Capacity::Fixed(FILTER_WORDS),
     ),
     spec(
         names::LB_DROPS,

@@ -160,6 +160,22 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     Ok((ebpf, maps_reused))
 }
 
+/// Before any program of this build is attached: the programs must not
+/// trust LB4_FE_FILTER until this agent's first full sync has written it
+/// (`lb_common::config::CFG_FRONTEND_FILTER`). An older agent may have
+/// changed the services without keeping the filter; a fresh filter is empty.
+fn distrust_frontend_filter(ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    let map = ebpf
+        .map_mut(lb_common::maps::LB_CONFIG)
+        .context("LB_CONFIG missing from the object")?;
+    let mut config: aya::maps::Array<&mut aya::maps::MapData, u32> =
+        aya::maps::Array::try_from(map)?;
+    config
+        .set(lb_common::config::CFG_FRONTEND_FILTER, 0, 0)
+        .context("clearing CFG_FRONTEND_FILTER")?;
+    Ok(())
+}
+
 /// Loads the programs and makes every hook run them, reusing pinned maps and
 /// links. Idempotent: running it again (an agent restart or upgrade) stacks
 /// nothing and keeps every map entry.
@@ -169,6 +185,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
     features::check(!cfg.devices.is_empty() || !cfg.pod_devices.is_none())?;
     sys::fs::check_cgroup2(&cfg.cgroup)?;
     let (mut ebpf, maps_reused) = load(&cfg.pin_dir, &cfg.sizes)?;
+    distrust_frontend_filter(&mut ebpf)?;
     let layout = PinLayout::new(&cfg.pin_dir);
     let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
         Ok(l) => Some(l),

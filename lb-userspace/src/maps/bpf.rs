@@ -10,6 +10,7 @@ use aya::maps::{
 use lb_common::{
     affinity::AffinityMatchKey,
     backend::{Backend4, Backend6},
+    config::CFG_FRONTEND_FILTER,
     drop::{drop_index, Direction, DropReason},
     maps as names,
     revnat::{RevNat4, RevNat6},
@@ -28,6 +29,8 @@ pub struct BpfMaps {
     affinity: HashMap<MapData, AffinityMatchKey, u8>,
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
     source_ranges: LpmTrie<MapData, SourceRange4, u8>,
+    fe_filter: Array<MapData, u64>,
+    config: Array<MapData, u32>,
     capacity: Capacity,
 }
 
@@ -97,6 +100,8 @@ impl BpfMaps {
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
             maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
             source_ranges: LpmTrie::try_from(open_pinned(pin_dir, names::LB4_SRC_RANGES)?)?,
+            fe_filter: Array::try_from(open_pinned(pin_dir, names::LB4_FE_FILTER)?)?,
+            config: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
             capacity,
         })
     }
@@ -282,6 +287,11 @@ impl LbMaps for BpfMaps {
                 Ok(k) => ignore_missing(self.source_ranges.remove(&k)),
                 Err(e) => Err(e),
             },
+            MapOp::SetFilterWord(i, w) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
+            MapOp::TrustFilter(t) => self
+                .config
+                .set(CFG_FRONTEND_FILTER, *t as u32, 0)
+                .map_err(io_error),
         };
         result.map_err(|source| MapWriteError {
             map: op.map_name(),
@@ -346,14 +356,22 @@ impl LbMaps for BpfMaps {
                 },
             ));
         }
-        Ok(MapState::from_entries(
-            services,
-            backends,
-            revnat,
-            affinity,
-            maglev,
-            source_ranges,
-        ))
+        let mut state =
+            MapState::from_entries(services, backends, revnat, affinity, maglev, source_ranges);
+        let words: Vec<u64> = crate::sys::bpf::array_lookup_all(
+            self.fe_filter.map().fd().as_fd(),
+            self.fe_filter.len() as usize,
+        )
+        .context("reading LB4_FE_FILTER")?;
+        for (i, w) in words.into_iter().enumerate() {
+            state.apply(&MapOp::SetFilterWord(i as u32, w));
+        }
+        let trusted = self
+            .config
+            .get(&CFG_FRONTEND_FILTER, 0)
+            .context("reading LB_CONFIG")?;
+        state.apply(&MapOp::TrustFilter(trusted != 0));
+        Ok(state)
     }
 
     fn capacity(&self) -> Capacity {

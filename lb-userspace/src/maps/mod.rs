@@ -105,6 +105,10 @@ pub enum MapOp {
     /// (service id, network): a loadBalancerSourceRanges entry (IPv4).
     UpsertSourceRange(u32, Cidr),
     DeleteSourceRange(u32, Cidr),
+    /// One 64-bit word of LB4_FE_FILTER (`lb_common::filter`).
+    SetFilterWord(u32, u64),
+    /// LB_CONFIG[CFG_FRONTEND_FILTER]: the filter holds every frontend.
+    TrustFilter(bool),
 }
 
 impl MapOp {
@@ -122,6 +126,7 @@ impl MapOp {
             MapOp::UpsertSourceRange(_, c) | MapOp::DeleteSourceRange(_, c) => {
                 Family::of(&c.address)
             }
+            MapOp::SetFilterWord(..) | MapOp::TrustFilter(..) => Family::V4,
         }
     }
 
@@ -154,6 +159,8 @@ impl MapOp {
             }
             MapOp::SetMaglev(..) | MapOp::DeleteMaglev(..) => names::LB_MAGLEV,
             MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => names::LB4_SRC_RANGES,
+            MapOp::SetFilterWord(..) => names::LB4_FE_FILTER,
+            MapOp::TrustFilter(..) => names::LB_CONFIG,
         }
     }
 }

@@ -28,6 +28,12 @@ pub struct MapState {
     vip_refs: HashMap<IpAddr, u32>,
     /// Entries per family (v4, v6): services, backends, revnat.
     sizes: [Sizes; 2],
+    /// LB4_FE_FILTER as written: word index → word (zero words absent).
+    pub filter_words: HashMap<u32, u64>,
+    /// Whether the programs trust the filter (CFG_FRONTEND_FILTER).
+    pub filter_trusted: bool,
+    /// filter bit → IPv4 frontend entries (slot 0, markers included) on it.
+    filter_refs: HashMap<u32, u32>,
 }
 
 /// Entries of one family's services, backends and reverse-NAT maps.
@@ -55,9 +61,48 @@ impl PartialEq for MapState {
             && self.affinity == other.affinity
             && self.maglev == other.maglev
             && self.source_ranges == other.source_ranges
+            && self.filter_words == other.filter_words
+            && self.filter_trusted == other.filter_trusted
     }
 }
 impl Eq for MapState {}
+
+/// The LB4_FE_FILTER bit of a services-map key the packet programs look
+/// up first (an IPv4 frontend's master entry or an address marker); None
+/// for backend slots and IPv6.
+pub fn filter_bit(k: &SvcKey) -> Option<u32> {
+    match k.address {
+        IpAddr::V4(a) if k.slot == 0 => Some(lb_common::filter::filter_bit(
+            u32::from_ne_bytes(a.octets()),
+            k.port.to_be(),
+        )),
+        _ => None,
+    }
+}
+
+impl MapState {
+    /// Whether an IPv4 frontend entry uses this filter bit.
+    pub fn filter_bit_used(&self, bit: u32) -> bool {
+        self.filter_refs.contains_key(&bit)
+    }
+
+    /// Whether the filter as written has this bit set.
+    pub fn filter_bit_set(&self, bit: u32) -> bool {
+        let (word, mask) = lb_common::filter::word_and_mask(bit);
+        self.filter_words.get(&word).is_some_and(|w| w & mask != 0)
+    }
+
+    /// The words the filter should hold for the entries present: one bit
+    /// per used bit.
+    pub fn filter_wanted(&self) -> HashMap<u32, u64> {
+        let mut words: HashMap<u32, u64> = HashMap::default();
+        for bit in self.filter_refs.keys() {
+            let (word, mask) = lb_common::filter::word_and_mask(*bit);
+            *words.entry(word).or_default() |= mask;
+        }
+        words
+    }
+}
 
 /// The marker entry that says "this address is a ClusterIP".
 pub fn vip_marker_key(address: IpAddr) -> SvcKey {
@@ -169,7 +214,12 @@ impl MapState {
             MapOp::UpsertService(k, v) => {
                 match self.services.insert(k, v) {
                     Some(old) => self.unindex(&k, &old),
-                    None => self.sizes[fam(&k.address)].services += 1,
+                    None => {
+                        self.sizes[fam(&k.address)].services += 1;
+                        if let Some(bit) = filter_bit(&k) {
+                            *self.filter_refs.entry(bit).or_default() += 1;
+                        }
+                    }
                 }
                 self.index(&k, &v);
             }
@@ -177,8 +227,24 @@ impl MapState {
                 if let Some(old) = self.services.remove(&k) {
                     self.unindex(&k, &old);
                     self.sizes[fam(&k.address)].services -= 1;
+                    if let Some(bit) = filter_bit(&k) {
+                        if let Some(n) = self.filter_refs.get_mut(&bit) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.filter_refs.remove(&bit);
+                            }
+                        }
+                    }
                 }
             }
+            MapOp::SetFilterWord(i, w) => {
+                if w == 0 {
+                    self.filter_words.remove(&i);
+                } else {
+                    self.filter_words.insert(i, w);
+                }
+            }
+            MapOp::TrustFilter(t) => self.filter_trusted = t,
         }
     }
 

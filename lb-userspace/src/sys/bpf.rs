@@ -170,10 +170,11 @@ pub fn map_update_batch_of<K: Copy, V: Copy>(
     }
 }
 
-/// Reads an array map of u32 values whole (BPF_MAP_LOOKUP_BATCH).
-pub fn array_lookup_all(map: BorrowedFd<'_>, len: usize) -> io::Result<Vec<u32>> {
+/// Reads an array map whole (BPF_MAP_LOOKUP_BATCH); `V` is its value type
+/// (u32, u64: plain integers, any bytes valid).
+pub fn array_lookup_all<V: Copy + Default>(map: BorrowedFd<'_>, len: usize) -> io::Result<Vec<V>> {
     let mut keys = vec![0u32; len];
-    let mut values = vec![0u32; len];
+    let mut values = vec![V::default(); len];
     let mut out_batch = 0u32;
     let mut attr = Attr::new();
     attr.put_u64(8, (&mut out_batch as *mut u32) as u64); // out_batch
@@ -188,7 +189,7 @@ pub fn array_lookup_all(map: BorrowedFd<'_>, len: usize) -> io::Result<Vec<u32>>
         Err(e) => return Err(e),
     }
     let n = attr.get_u32(32) as usize;
-    let mut out = vec![0u32; len];
+    let mut out = vec![V::default(); len];
     for i in 0..n.min(len) {
         if let Some(slot) = out.get_mut(keys[i] as usize) {
             *slot = values[i];
