@@ -13,6 +13,10 @@
 //!   each run turns the packet from one into the other, a conntrack hit and
 //!   a real DNAT (address and port stored, IP and TCP checksums updated).
 //!
+//! Not a service: a packet to the node's own port 22, beside an empty
+//! program (`return PASS`) timed on the same packet, the floor any program
+//! on the hook pays.
+//!
 //! A new flow cannot be repeated (the first run creates its conntrack
 //! entry): those are timed one packet per run, each with a new source port,
 //! so they include the timer's own overhead. Remote backends (FIB lookup,
@@ -158,6 +162,7 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing nothing)";
     const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
     const MISS: &str = "not a service (passes)";
+    const EMPTY: &str = "empty program (returns at once), same packet";
     let mut out = vec![
         row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
         row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
@@ -166,6 +171,13 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         row("tc", MISS, dp.tc_ingress_timed(&miss, repeat)),
         row("XDP", MISS, dp.xdp_timed(&miss, repeat)),
     ];
+    // The floor: a program that only returns, on the same packet.
+    for (program, xdp) in [("tc", false), ("XDP", true)] {
+        let empty = lb_testkit::empty_program::load(xdp).expect("loading an empty program");
+        let t = lb_testkit::empty_program::timed(&empty, &miss, repeat)
+            .expect("running the empty program");
+        out.push(row(program, EMPTY, t));
+    }
     // New flows to a service with two real (other) backends: service lookup,
     // random choice, conntrack insert, DNAT. One run each.
     let target = w.services[0].vip;

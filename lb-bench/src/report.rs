@@ -344,6 +344,26 @@ impl Report {
                 ]);
             }
         }
+        if let Some(max) = self.packet.iter().map(|p| p.services).max() {
+            for program in ["tc", "XDP"] {
+                let at = |prefix: &str| {
+                    self.packet.iter().find(|p| {
+                        p.services == max && p.program == program && p.path.starts_with(prefix)
+                    })
+                };
+                if let (Some(miss), Some(empty)) = (at("not a service"), at("empty program")) {
+                    let over = miss.ns_per_packet - empty.ns_per_packet;
+                    rows.push([
+                        format!(
+                            "{program}: a packet not for a service, {max} services, over an empty program"
+                        ),
+                        format!("{over:+.0} ns"),
+                        "≤ 10 ns".into(),
+                        verdict(over <= 10.0, format!("{:+.0} ns", over - 10.0)),
+                    ]);
+                }
+            }
+        }
         if let Some(m) = self
             .maglev
             .iter()
@@ -499,7 +519,8 @@ impl Report {
              rewrites address and port and updates both checksums. Remote backends (FIB, SNAT, DSR) are\n\
              not repeatable this way (TTL, SNAT ports) and are measured with traffic in section 5.\n\
              New flow: one SYN per run with a new source port, averaged (includes the timer's overhead).\n\
-             Not a service: a packet to the node's own port 22, passed untouched.\n\n\
+             Not a service: a packet to the node's own port 22, passed untouched; beside it an empty\n\
+             program (`return PASS`) on the same packet, the floor of running anything on the hook.\n\n\
              | Services | Program | Path | ns/packet |\n|---:|---|---|---:|\n",
         );
         for r in &self.packet {

@@ -18,6 +18,7 @@ pub mod cgroup;
 pub mod cluster;
 pub mod conformance;
 pub mod dataplane;
+pub mod empty_program;
 pub mod k8s;
 pub mod netns;
 pub mod node;

@@ -12,20 +12,27 @@ use std::{
     os::fd::{FromRawFd as _, OwnedFd},
 };
 
-const BPF_PROG_LOAD: libc::c_long = 5;
+pub(crate) const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 
 #[repr(C, align(8))]
-struct Attr([u8; 128]);
+pub(crate) struct Attr(pub(crate) [u8; 128]);
 
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
+/// bpf(2); the kernel's non-negative result.
+pub(crate) fn bpf_raw(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
     // SAFETY: attr is a zero-padded bpf_attr of the size passed.
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, 128usize) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(r)
+}
+
+/// bpf(2) for a command that returns a new file descriptor.
+pub(crate) fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
+    let r = bpf_raw(cmd, attr)?;
     // SAFETY: the kernel returned a new file descriptor we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
 }
