@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{agent::free_port, netns::Netns};
+use crate::netns::Netns;
 
 /// The address the apiserver advertises (on the `lo` of its namespace: this
 /// kernel has no dummy devices).
@@ -132,7 +132,12 @@ impl ControlPlane {
         let dir = std::env::temp_dir().join(format!("lb-k8s-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let (etcd_c, etcd_p, api, kcm) = (free_port(), free_port(), free_port(), free_port());
+        // The well-known ports: the namespace is this control plane's alone,
+        // and they lie below the ephemeral range (32768-60999). A port
+        // picked free in the host namespace could be the one the
+        // apiserver's next connection to etcd takes as its source port in
+        // this namespace, and etcd then fails to bind it (seen once).
+        let (etcd_c, etcd_p, api, kcm) = (2379, 2380, 6443, 10257);
         let mut cp = Self {
             dir: dir.clone(),
             api_port: api,
@@ -238,7 +243,7 @@ impl ControlPlane {
         );
         if opts.workloads {
             let kc = p("scheduler.kubeconfig");
-            let port = free_port();
+            let port = 10259;
             cp.run(
                 "scheduler",
                 &[
