@@ -10,6 +10,7 @@
 mod client;
 mod connect;
 mod control;
+mod file_edit;
 mod kube_proxy;
 mod maglev;
 mod memory;
@@ -43,7 +44,7 @@ struct Cli {
     /// target/benchmarks-<profile>.md otherwise].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Only these parts (connect, control, packet, maglev, northsouth, propagation); default all.
+    /// Only these parts (connect, control, file, packet, maglev, northsouth, propagation, memory); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -83,6 +84,10 @@ fn main() {
     if wants("control") {
         eprintln!("lb-bench: control plane (full sync, one endpoint change)");
         r.control = control::run(&p);
+    }
+    if wants("file") {
+        eprintln!("lb-bench: standalone mode, a services-file edit to the maps");
+        r.file_edit = file_edit::run(&p);
     }
     if wants("northsouth") {
         eprintln!("lb-bench: north-south traffic through a NodePort vs routing");

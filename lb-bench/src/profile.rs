@@ -49,6 +49,9 @@ pub struct Profile {
     /// cluster, and pod readiness changes timed one by one.
     pub propagation_services: Vec<usize>,
     pub propagation_samples: usize,
+    /// Services-file edit → maps (standalone mode): file sizes and edits each.
+    pub file_edit_services: Vec<usize>,
+    pub file_edit_samples: usize,
 }
 
 impl Profile {
@@ -76,6 +79,8 @@ impl Profile {
                 ns_ms: 3_000,
                 propagation_services: vec![1_000, 10_000],
                 propagation_samples: 200,
+                file_edit_services: vec![1_000, 10_000],
+                file_edit_samples: 30,
             },
             Name::Quick => Self {
                 name,
@@ -99,6 +104,8 @@ impl Profile {
                 ns_ms: 2_000,
                 propagation_services: vec![1_000],
                 propagation_samples: 60,
+                file_edit_services: vec![10_000],
+                file_edit_samples: 10,
             },
             Name::Smoke => Self {
                 name,
@@ -122,6 +129,8 @@ impl Profile {
                 ns_ms: 300,
                 propagation_services: vec![100],
                 propagation_samples: 10,
+                file_edit_services: vec![100],
+                file_edit_samples: 3,
             },
         }
     }

@@ -107,3 +107,104 @@ proptest! {
         }
     }
 }
+
+/// A service and a changed version of it under the same name (another
+/// port, another backend list), so a cache that kept the old version of a
+/// service it had seen would be caught.
+fn versions() -> impl Strategy<Value = (Svc, Svc)> {
+    (service(), port(), prop::collection::vec(address(), 0..3)).prop_map(|(s, port, backends)| {
+        let changed = Svc {
+            port,
+            backends,
+            ..s.clone()
+        };
+        (s, changed)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The agent's file cache (a service's text → its parse, kept from one
+    /// read to the next) reads every file of a sequence exactly as a whole
+    /// parse does: the same model, or the same error naming the same field.
+    #[test]
+    fn the_file_cache_reads_every_file_of_a_sequence_as_a_whole_parse_does(
+        pool in prop::collection::vec(versions(), 1..8),
+        files in prop::collection::vec(prop::collection::vec((0usize..8, any::<bool>()), 0..8), 1..6),
+    ) {
+        let ctx = lb::model::file::FileContext::default();
+        let mut cache = lb::model::file_cache::FileCache::default();
+        for picks in &files {
+            let svcs: Vec<Svc> = picks
+                .iter()
+                .map(|(i, changed)| {
+                    let (a, b) = &pool[i % pool.len()];
+                    if *changed { b.clone() } else { a.clone() }
+                })
+                .collect();
+            let text = render(&svcs);
+            let whole = lb::model::file::parse_with(&text, &ctx);
+            let cached = cache.parse(&text, &ctx);
+            prop_assert_eq!(cached, whole, "file:\n{}", text);
+        }
+    }
+}
+
+/// Layouts the cache does not cut are parsed whole, with the same result:
+/// flow style, anchors and aliases, comments and blank lines between
+/// services, a block scalar, another document marker.
+#[test]
+fn the_file_cache_reads_other_layouts_as_a_whole_parse_does() {
+    let files = [
+        "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}]\n",
+        "services:\n  - &one {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\n",
+        "# top\n\nservices:\n  # first\n  - name: a\n    clusterIPs: [10.96.0.1]\n\n    ports: [{port: 80}]\n  # second\n  - name: b\n    clusterIPs: [10.96.0.2]\n    ports: [{port: 80}]\n",
+        "services:\n- name: a\n  clusterIPs: [10.96.0.1]\n  ports: [{port: 80}]\n- name: b\n  clusterIPs: [10.96.0.2]\n  ports: [{port: 81}]\n",
+        "services:\n  - name: a\n    namespace: >-\n      team\n    clusterIPs: [10.96.0.1]\n    ports: [{port: 80}]\n",
+        "---\nservices:\n  - {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\n",
+        "services:\n  - {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\nextra: 1\n",
+        "services:\n  - {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\n  - {name: a, clusterIPs: [10.96.0.2], ports: [{port: 80}]}\n",
+        "services:\n    - {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]}\n  - {name: b, clusterIPs: [10.96.0.2], ports: [{port: 80}]}\n",
+        "services:\n  - {name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}]\n",
+        "",
+        "services:\n",
+    ];
+    let ctx = lb::model::file::FileContext::default();
+    let mut cache = lb::model::file_cache::FileCache::default();
+    for text in files {
+        assert_eq!(
+            cache.parse(text, &ctx),
+            lb::model::file::parse_with(text, &ctx),
+            "file:\n{text}"
+        );
+    }
+}
+
+/// An edit of one service of many parses that service only.
+#[test]
+fn the_file_cache_parses_only_the_edited_service() {
+    let svcs: Vec<Svc> = (0..50)
+        .map(|i| Svc {
+            name: format!("s{i}"),
+            vip: format!("10.96.0.{}", i + 1),
+            port: 80,
+            target: 8080,
+            proto: "TCP",
+            backends: vec![format!("10.244.0.{}", i + 1)],
+        })
+        .collect();
+    let ctx = lb::model::file::FileContext::default();
+    let mut cache = lb::model::file_cache::FileCache::default();
+    let first = cache.parse(&render(&svcs), &ctx).unwrap();
+    assert_eq!(cache.last_parsed, 50);
+    let mut edited = svcs.clone();
+    edited[17].backends = vec!["10.244.9.9".to_string()];
+    let second = cache.parse(&render(&edited), &ctx).unwrap();
+    assert_eq!(cache.last_parsed, 1, "only services[17]");
+    assert_ne!(first, second);
+    assert_eq!(
+        second,
+        lb::model::file::parse_with(&render(&edited), &ctx).unwrap()
+    );
+}

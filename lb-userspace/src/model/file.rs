@@ -204,7 +204,7 @@ pub fn to_model(file: &ServicesFile, ctx: &FileContext) -> Result<Model, FileErr
 
 /// Turns service specs into the model one at a time, with the checks that
 /// span services (one owner per frontend, one locality per backend address).
-struct Converter<'a> {
+pub(crate) struct Converter<'a> {
     ctx: &'a FileContext,
     model: Model,
     /// Specs seen so far (the index of the next one).
@@ -218,7 +218,7 @@ struct Converter<'a> {
 }
 
 impl<'a> Converter<'a> {
-    fn new(ctx: &'a FileContext) -> Self {
+    pub(crate) fn new(ctx: &'a FileContext) -> Self {
         Self {
             ctx,
             model: Model::default(),
@@ -229,7 +229,18 @@ impl<'a> Converter<'a> {
         }
     }
 
-    fn add(&mut self, spec: &ServiceSpec) -> Result<(), FileError> {
+    pub(crate) fn add(&mut self, spec: &ServiceSpec) -> Result<(), FileError> {
+        self.add_remembered(spec, &mut None)
+    }
+
+    /// `add`, with the service as converted before (`converted`: the
+    /// conversion depends on the spec and the context only); a conversion
+    /// made here is left there for next time.
+    pub(crate) fn add_remembered(
+        &mut self,
+        spec: &ServiceSpec,
+        converted: &mut Option<Service>,
+    ) -> Result<(), FileError> {
         let i = self.index;
         self.index += 1;
         let at = format!("services[{i}]");
@@ -253,8 +264,15 @@ impl<'a> Converter<'a> {
             }
         }
         let name = ServiceName::new(&spec.namespace, &spec.name);
-        let mut service = to_service(&at, spec, self.ctx)?;
-        service.shrink_to_fit();
+        let service = match converted {
+            Some(s) => s.clone(),
+            None => {
+                let mut service = to_service(&at, spec, self.ctx)?;
+                service.shrink_to_fit();
+                *converted = Some(service.clone());
+                service
+            }
+        };
         for fe in &service.frontends {
             let key = (fe.address, fe.port, fe.protocol.number());
             if let Some((pi, prev)) = self.frontend_owner.insert(key, (i, name.clone())) {
@@ -278,7 +296,7 @@ impl<'a> Converter<'a> {
         Ok(())
     }
 
-    fn finish(self) -> Result<Model, FileError> {
+    pub(crate) fn finish(self) -> Result<Model, FileError> {
         Ok(self.model)
     }
 }

@@ -2,6 +2,7 @@
 //! of where that knowledge came from (services file or apiserver) and of how
 //! the data path stores it.
 pub mod file;
+pub mod file_cache;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

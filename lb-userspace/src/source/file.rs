@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
-use crate::model::{file as services_file, Model};
+use crate::model::{file as services_file, file_cache::FileCache, Model};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -34,6 +34,25 @@ pub fn load(path: &Path, ctx: &services_file::FileContext) -> Result<Model, Load
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// `load`, reusing from `cache` the services whose text did not change
+/// since the last read (see `model::file_cache`).
+pub fn load_cached(
+    path: &Path,
+    ctx: &services_file::FileContext,
+    cache: &mut FileCache,
+) -> Result<Model, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    cache
+        .parse(&text, ctx)
+        .map_err(|source| LoadError::Invalid {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Sends `()` whenever the file may have changed. Keep the returned watcher alive.
@@ -91,8 +110,9 @@ pub async fn run(
         }
     };
     let mut observed = std::time::Instant::now();
+    let mut cache = FileCache::default();
     loop {
-        let event = match load(&path, &ctx) {
+        let event = match load_cached(&path, &ctx, &mut cache) {
             Ok(model) => SourceEvent::Full {
                 model,
                 observed,
@@ -116,8 +136,11 @@ pub async fn run(
             else => return,
         }
         observed = std::time::Instant::now();
-        // Editors write in several steps: let them finish.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Editors that write in place do it in several steps: let them
+        // finish (a rename, what most tools do, is one step). A read that
+        // still caught a partial file is followed by the read of the next
+        // change event.
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         while changes.try_recv().is_ok() {}
     }
 }
