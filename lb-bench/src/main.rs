@@ -13,6 +13,7 @@ mod control;
 mod file_edit;
 mod kube_proxy;
 mod maglev;
+mod map_writes;
 mod memory;
 mod northsouth;
 mod packet;
@@ -84,6 +85,8 @@ fn main() {
     if wants("control") {
         eprintln!("lb-bench: control plane (full sync, one endpoint change)");
         r.control = control::run(&p);
+        eprintln!("lb-bench: what a full sync's writes cost, by map flags, batch and threads");
+        r.map_writes = map_writes::run(p.map_write_elements);
     }
     if wants("file") {
         eprintln!("lb-bench: standalone mode, a services-file edit to the maps");

@@ -52,6 +52,8 @@ pub struct Profile {
     /// Services-file edit → maps (standalone mode): file sizes and edits each.
     pub file_edit_services: Vec<usize>,
     pub file_edit_samples: usize,
+    /// Elements per variant of the map-write measurement.
+    pub map_write_elements: usize,
 }
 
 impl Profile {
@@ -81,6 +83,7 @@ impl Profile {
                 propagation_samples: 200,
                 file_edit_services: vec![1_000, 10_000],
                 file_edit_samples: 30,
+                map_write_elements: 230_000,
             },
             Name::Quick => Self {
                 name,
@@ -106,6 +109,7 @@ impl Profile {
                 propagation_samples: 60,
                 file_edit_services: vec![10_000],
                 file_edit_samples: 10,
+                map_write_elements: 230_000,
             },
             Name::Smoke => Self {
                 name,
@@ -131,6 +135,7 @@ impl Profile {
                 propagation_samples: 10,
                 file_edit_services: vec![100],
                 file_edit_samples: 3,
+                map_write_elements: 10_000,
             },
         }
     }
