@@ -31,11 +31,18 @@ const NOTES: &str = "\
   The cost does not grow with the number of services (the flat row).
 * **Full sync of 10 000 × 10.** About a third is our own computation (the
   in-memory column: desired state, diff, mirror), the rest is the kernel
-  inserting 230 000 hash-map elements (`htab_map_update_elem` and its
-  allocation, ~1.5 µs each on this VM even with batched
-  `BPF_MAP_UPDATE_BATCH` calls). It happens once per agent start with an
-  empty data path; a restart with pinned maps writes nothing, and a change
-  writes only what changed (the one-change column).
+  inserting 230 000 hash-map elements. The table under section 2 prices
+  that per element: our maps (`BPF_F_NO_PREALLOC`, written service by
+  service, about 16 elements per `BPF_MAP_UPDATE_BATCH`) pay about 1.5 µs;
+  preallocated maps about 0.5 µs, and 0.3 µs from two threads; batches of
+  4096 halve the cost without preallocation. Preallocation is not taken:
+  it reserves every map's full capacity at load (tens of MiB at the sizes
+  for 100 000 services) and reuses a deleted element at once, under a
+  program that may still be reading it. The next step is batching across
+  services in a full sync (writes grouped by map in an order that keeps
+  every service's own order). A full sync happens once per agent start
+  with an empty data path; a restart with pinned maps writes nothing, and
+  a change writes only what changed (the one-change column).
 * **Not run.** Loading kube-proxy's nftables layout grows faster than
   linearly here (nft 1.0.6: 19 s for 10 000 services × 2 endpoints), so the
   bench does not load it at 100 000 services, nor either kube-proxy layout
