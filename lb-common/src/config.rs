@@ -36,6 +36,23 @@ pub const CFG_CT_UDP_S: u32 = 13;
 /// filter left stale by an older agent (or a fresh, empty one) is never
 /// trusted.
 pub const CFG_FRONTEND_FILTER: u32 = 14;
+/// Every SNAT port range used since install, as one range that holds them
+/// all: the lowest port in the high 16 bits, the highest in the low 16.
+/// Conntrack entries outlive a restart, so a flow SNATed under an older,
+/// other `--snat-port-range` still gets replies on its port: the packet
+/// programs' early exit must not let those go.
+pub const CFG_SNAT_PORTS_EVER: u32 = 15;
+
+/// `CFG_SNAT_PORTS_EVER` widened by `[min, max]` (0: nothing recorded yet).
+pub const fn snat_ports_ever(recorded: u32, min: u16, max: u16) -> u32 {
+    if recorded == 0 {
+        return (min as u32) << 16 | max as u32;
+    }
+    let (lo, hi) = ((recorded >> 16) as u16, recorded as u16);
+    let lo = if min < lo { min } else { lo };
+    let hi = if max > hi { max } else { hi };
+    (lo as u32) << 16 | hi as u32
+}
 
 pub const CONFIG_SLOTS: u32 = 16;
 
@@ -105,3 +122,17 @@ pub struct RateState {
 }
 
 crate::user_pod!(RateState);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_snat_ports_ever_used_only_widen() {
+        let r = snat_ports_ever(0, 32768, 65535);
+        assert_eq!((r >> 16, r & 0xffff), (32768, 65535));
+        let r = snat_ports_ever(r, 20000, 30000);
+        assert_eq!((r >> 16, r & 0xffff), (20000, 65535));
+        assert_eq!(snat_ports_ever(r, 40000, 50000), r, "inside: unchanged");
+    }
+}

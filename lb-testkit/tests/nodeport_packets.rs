@@ -1157,6 +1157,52 @@ fn a_backend_in_maintenance_keeps_its_established_flows_and_takes_no_new_ones() 
     );
 }
 
+/// The early exit lets a packet go when its port is outside the SNAT range
+/// and no frontend's bit is set; conntrack outlives a restart, so a flow
+/// SNATed under an older --snat-port-range must keep its replies: every
+/// range used since install counts (CFG_SNAT_PORTS_EVER), and without that
+/// record the reply would pass untranslated.
+#[test]
+fn a_reply_to_a_port_of_the_snat_range_before_a_restart_is_still_translated() {
+    use lb_common::config::{
+        snat_ports_ever, CFG_SNAT_PORTS_EVER, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
+    };
+    let dp = dataplane("snat_range_change");
+    let (rc, out) = dp.tc_ingress(&packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40011, 30002, SYN, b"",
+    ));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let snat_port = inspect(&out).sport;
+    assert!((61000..=65535).contains(&snat_port));
+    let reply = packets::tcp(
+        NODE_B_MAC,
+        EXT0_MAC,
+        ip("10.244.2.10"),
+        NODE_IP,
+        8080,
+        snat_port,
+        SYN | ACK,
+        b"",
+    );
+
+    // A restart with another range, as the agent records it.
+    dp.config(CFG_SNAT_PORTS_EVER, snat_ports_ever(0, 61000, 65535));
+    dp.config(
+        CFG_SNAT_PORTS_EVER,
+        snat_ports_ever(snat_ports_ever(0, 61000, 65535), 50000, 50999),
+    );
+    dp.config(CFG_SNAT_PORT_MIN, 50000);
+    dp.config(CFG_SNAT_PORT_MAX, 50999);
+    let (rc, out) = dp.tc_ingress(&reply);
+    assert_eq!(rc, TC_ACT_REDIRECT, "the old flow's reply is still ours");
+    let v = inspect(&out);
+    assert_eq!((v.daddr, v.dport), (CLIENT_IP, 40011));
+
+    // Without the record the early exit would let it go.
+    dp.config(CFG_SNAT_PORTS_EVER, 0);
+    assert_eq!(dp.tc_ingress(&reply), (TC_ACT_OK, reply.clone()));
+}
+
 /// The frontend filter (LB4_FE_FILTER) is what lets packets that are not
 /// for a service go before any hash lookup, on tc and XDP. Its bit cleared
 /// by hand, a NodePort's packets pass untranslated while the programs trust

@@ -50,8 +50,9 @@ use lb_common::{
     affinity::CLIENT_IS_ADDRESS,
     backend::{Backend4, BACKEND_FLAG_LOCAL},
     config::{
-        CFG_FRONTEND_FILTER, CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
-        CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD, CNT_NP_REVERSE,
+        CFG_FRONTEND_FILTER, CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORTS_EVER, CFG_SNAT_PORT_MAX,
+        CFG_SNAT_PORT_MIN, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD,
+        CNT_NP_REVERSE,
     },
     drop::{Direction, DropReason},
     event::Event,
@@ -327,6 +328,11 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
     };
     let port = u16::from_be(dport) as u32;
     if port >= runtime::config(CFG_SNAT_PORT_MIN) && port <= runtime::config(CFG_SNAT_PORT_MAX) {
+        return false;
+    }
+    // Ports of the ranges used before a restart: their flows live on.
+    let ever = runtime::config(CFG_SNAT_PORTS_EVER);
+    if ever != 0 && port >= ever >> 16 && port <= ever & 0xffff {
         return false;
     }
     !filter_has(daddr, dport) && !filter_has(daddr, 0)

@@ -640,6 +640,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     )?;
     config.set(CFG_MAGLEV_M, args.maglev_table_size)?;
+    // The hull first: a reply to a port of the old range must never leave
+    // early (CFG_SNAT_PORTS_EVER), not even between these two writes.
+    let ever = config.get(lb_common::config::CFG_SNAT_PORTS_EVER)?;
+    config.set(
+        lb_common::config::CFG_SNAT_PORTS_EVER,
+        lb_common::config::snat_ports_ever(ever, args.snat_port_range.0, args.snat_port_range.1),
+    )?;
     config.set(CFG_SNAT_PORT_MIN, args.snat_port_range.0 as u32)?;
     config.set(CFG_SNAT_PORT_MAX, args.snat_port_range.1 as u32)?;
     for (index, flag, d) in [

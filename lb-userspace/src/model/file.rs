@@ -163,7 +163,7 @@ pub fn parse(text: &str) -> Result<Model, FileError> {
 /// services. The file is the node's own configuration, written by root:
 /// room for about a million services, keeping the alias limits (the
 /// "billion laughs" guard) as they are.
-fn parse_options() -> serde_saphyr::Options {
+pub(crate) fn parse_options() -> serde_saphyr::Options {
     serde_saphyr::options! {
         budget: serde_saphyr::budget! {
             max_nodes: 40_000_000,

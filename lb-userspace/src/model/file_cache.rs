@@ -104,7 +104,9 @@ fn parse_piece(piece: &str) -> Option<ServiceSpec> {
     let mut doc = String::with_capacity(piece.len() + 10);
     doc.push_str("services:\n");
     doc.push_str(piece);
-    let mut f: ServicesFile = serde_saphyr::from_str(&doc).ok()?;
+    // The whole parse's limits, so a piece is refused exactly when it would be there.
+    let mut f: ServicesFile =
+        serde_saphyr::from_str_with_options(&doc, file::parse_options()).ok()?;
     if f.services.len() != 1 {
         return None;
     }

@@ -86,6 +86,28 @@ pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::R
     Ok((watcher, rx))
 }
 
+/// Waits until the file has stopped changing: its size and modification
+/// time the same 10 ms apart (at most a second). A rename, what most tools
+/// do, settles at once; an editor that writes in place does it in several
+/// steps, and a half-written file can parse (cut at a service) and would
+/// delete the services not yet written.
+async fn settle(path: &Path) {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()))
+    };
+    let mut last = stamp(path);
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let now = stamp(path);
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
 /// The file source as a task: a full model at start and after every change
 /// (inotify) or `reload` request (SIGHUP); an error event when the file
 /// cannot be read or is invalid.
@@ -136,11 +158,7 @@ pub async fn run(
             else => return,
         }
         observed = std::time::Instant::now();
-        // Editors that write in place do it in several steps: let them
-        // finish (a rename, what most tools do, is one step). A read that
-        // still caught a partial file is followed by the read of the next
-        // change event.
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        settle(&path).await;
         while changes.try_recv().is_ok() {}
     }
 }
