@@ -75,7 +75,9 @@ fn render(svcs: &[Svc]) -> String {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+    // Failures are kept in services_file_props.proptest-regressions and
+    // replayed first on every run.
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 
     #[test]
     fn refused_files_name_a_field_and_accepted_ones_match_their_text(svcs in prop::collection::vec(service(), 1..5)) {
@@ -89,12 +91,33 @@ proptest! {
                 // the backends of the frontend's family.
                 prop_assert_eq!(model.services.len(), svcs.len());
                 for s in &svcs {
-                    let svc = model.services.values().find(|m| m.frontends[0].address.to_string() == s.vip.parse::<std::net::IpAddr>().unwrap().to_string());
-                    let svc = svc.expect("the service's frontend");
+                    // By name: two services may share an address (and a
+                    // port, with different protocols).
+                    let svc = model
+                        .services
+                        .get(&lb::model::ServiceName::new("default", &s.name))
+                        .expect("every accepted service is in the model");
+                    prop_assert_eq!(svc.frontends.len(), 1);
                     let fe = &svc.frontends[0];
+                    let vip: std::net::IpAddr = s.vip.parse().unwrap();
+                    prop_assert_eq!(fe.address, vip);
                     prop_assert_eq!(fe.port as i64, s.port);
                     prop_assert!((1..=65535).contains(&s.target));
                     prop_assert_eq!(fe.protocol.as_str(), s.proto);
+                    // The backends of the frontend's family, on targetPort.
+                    let mut want: Vec<std::net::IpAddr> = s
+                        .backends
+                        .iter()
+                        .map(|b| b.parse().unwrap())
+                        .filter(|b: &std::net::IpAddr| b.is_ipv4() == vip.is_ipv4())
+                        .collect();
+                    want.sort();
+                    want.dedup();
+                    let mut got: Vec<std::net::IpAddr> = fe.backends.iter().map(|b| b.address).collect();
+                    got.sort();
+                    got.dedup();
+                    prop_assert_eq!(got, want);
+                    prop_assert!(fe.backends.iter().all(|b| b.port as i64 == s.target));
                 }
             }
         }
@@ -123,7 +146,7 @@ fn versions() -> impl Strategy<Value = (Svc, Svc)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
     /// The agent's file cache (a service's text → its parse, kept from one
     /// read to the next) reads every file of a sequence exactly as a whole
@@ -207,4 +230,24 @@ fn the_file_cache_parses_only_the_edited_service() {
         second,
         lb::model::file::parse_with(&render(&edited), &ctx).unwrap()
     );
+}
+
+/// Found by the property test (its oracle looked services up by address):
+/// two services on one address and port, TCP and UDP, are both accepted,
+/// each with its own frontend.
+#[test]
+fn two_services_on_one_address_and_port_with_different_protocols_are_both_accepted() {
+    let svcs = [("a", "TCP"), ("b", "UDP")].map(|(name, proto)| Svc {
+        name: name.to_string(),
+        vip: "fd00::10".to_string(),
+        port: 1,
+        target: 1,
+        proto,
+        backends: Vec::new(),
+    });
+    let model = parse(&render(&svcs)).unwrap();
+    for s in &svcs {
+        let svc = &model.services[&lb::model::ServiceName::new("default", &s.name)];
+        assert_eq!(svc.frontends[0].protocol.as_str(), s.proto);
+    }
 }
