@@ -36,7 +36,7 @@ use crate::{
     memory::{self, Memory},
     profile::Profile,
     stats::{median_f64, percentile},
-    workload::{Workload, TARGET_PORT},
+    workload::{agent_map_args, Workload, TARGET_PORT},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,10 +145,6 @@ fn kube_proxy_client(topo: &mut Topology, tag: &str) -> String {
     name
 }
 
-fn map_size(needed: usize) -> u32 {
-    (needed.max(65_536)).next_power_of_two() as u32
-}
-
 pub fn run(p: &Profile) -> Vec<Scale> {
     let tag = unique("bench-connect");
     let mut topo = Topology::new(&tag, 2);
@@ -172,10 +168,7 @@ pub fn run(p: &Profile) -> Vec<Scale> {
 
         std::fs::write(&services_file, w.services_yaml()).unwrap();
         let pins = PinDir::create(&format!("{tag}-{n}"));
-        let sizes = [
-            format!("--map-size-services={}", map_size(4 * n + 16)),
-            format!("--map-size-backends={}", map_size(2 * n + 16)),
-        ];
+        let sizes = agent_map_args(n);
         let args: Vec<&str> = sizes.iter().map(String::as_str).collect();
         let t = Instant::now();
         let agent = Agent::start_slow(

@@ -22,7 +22,7 @@ use crate::{
     kube_proxy::{self, timed_in_netns},
     profile::Profile,
     stats::median,
-    workload::{replacement, service, Workload},
+    workload::{map_size as size, replacement, service, Workload},
 };
 
 pub const ENDPOINTS: usize = 10;
@@ -64,10 +64,6 @@ impl LbMaps for NullMaps {
             source_ranges: big,
         }
     }
-}
-
-fn size(needed: usize) -> u32 {
-    needed.max(65_536).next_power_of_two() as u32
 }
 
 pub fn run(p: &Profile) -> Vec<ControlResult> {

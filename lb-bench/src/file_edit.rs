@@ -25,7 +25,7 @@ use lb_testkit::{
 use crate::{
     profile::Profile,
     stats::{median, percentile},
-    workload::{replacement, Workload},
+    workload::{agent_map_args, replacement, Workload},
 };
 
 #[derive(Clone, Debug)]
@@ -80,11 +80,7 @@ fn one_scale(n: usize, samples: usize) -> FileEditResult {
     let tmp = path.with_extension("tmp");
     let mut w = Workload::new(n, 1, &[]);
     std::fs::write(&path, w.services_yaml()).unwrap();
-    let size = |k: usize| (k.max(65_536)).next_power_of_two().to_string();
-    let args = [
-        format!("--map-size-services={}", size(4 * n + 16)),
-        format!("--map-size-backends={}", size(2 * n + 16)),
-    ];
+    let args = agent_map_args(n);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let agent = Agent::start_slow(
         &path,

@@ -37,7 +37,7 @@ use lb_testkit::{
 
 use crate::{
     profile::Profile,
-    workload::{service, Svc, Workload},
+    workload::{map_size, service, Svc, Workload},
 };
 
 #[derive(Clone, Debug)]
@@ -64,9 +64,9 @@ pub fn run(p: &Profile) -> Vec<PacketResult> {
 fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     eprintln!("lb-bench: packet path at {n} services");
     let sizes = MapSizes {
-        services: (4 * n + 16).max(65_536).next_power_of_two() as u32,
-        backends: (2 * n + 16).max(65_536).next_power_of_two() as u32,
-        revnat: (n + 16).max(65_536).next_power_of_two() as u32,
+        services: map_size(4 * n + 16),
+        backends: map_size(2 * n + 16),
+        revnat: map_size(n + 16),
         ct: (new_flows * 4 + 1024).max(262_144).next_power_of_two() as u32,
         ..MapSizes::default()
     };

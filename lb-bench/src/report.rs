@@ -209,8 +209,8 @@ impl Report {
             "## 8. Standalone mode: a services-file edit to the maps\n\n\
              One service of an N-service file gets a new endpoint; the file is written beside and\n\
              renamed over (as editors and config management do); the time is from the rename to the\n\
-             pinned map showing the new endpoint, with the real agent (inotify, its 10 ms settle, read,\n\
-             parse, reconcile, bpf(2)). In process beside it: the edited file read with the agent's\n\
+             pinned map showing the new endpoint, with the real agent (inotify, its wait for the file to\n\
+             settle (size and time unchanged 10 ms apart), read, parse, reconcile, bpf(2)). In process beside it: the edited file read with the agent's\n\
              file cache (only the changed service parsed) and parsed whole, as every edit was before.\n\n\
              | Services | Edits | rename → map p50 | p99 | read with the cache | parsed whole |\n\
              |---:|---:|---:|---:|---:|---:|\n",

@@ -94,6 +94,20 @@ impl Workload {
     }
 }
 
+/// A map capacity for `needed` entries: the agent's default at least, a
+/// power of two.
+pub fn map_size(needed: usize) -> u32 {
+    needed.max(65_536).next_power_of_two() as u32
+}
+
+/// The agent's map-size flags for `n` services with up to two endpoints.
+pub fn agent_map_args(n: usize) -> Vec<String> {
+    vec![
+        format!("--map-size-services={}", map_size(4 * n + 16)),
+        format!("--map-size-backends={}", map_size(2 * n + 16)),
+    ]
+}
+
 pub fn vip(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(VIP_BASE + i as u32 + 1)
 }

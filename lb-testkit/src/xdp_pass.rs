@@ -14,7 +14,6 @@ use std::{
 
 pub(crate) const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 
 #[repr(C, align(8))]
@@ -44,16 +43,7 @@ pub fn attach(netns: &str, dev: &str) -> OwnedFd {
     std::thread::spawn(move || {
         crate::netns::enter(&ns).expect("entering the namespace");
         let ifindex = lb::sys::netdev::ifindex(&dev).expect("device");
-        // r0 = XDP_PASS (2); exit
-        let insns: [u64; 2] = [0x0000_0002_0000_00b7, 0x0000_0000_0000_0095];
-        let license = b"GPL\0";
-        let mut attr = Attr([0; 128]);
-        attr.0[0..4].copy_from_slice(&BPF_PROG_TYPE_XDP.to_ne_bytes());
-        attr.0[4..8].copy_from_slice(&2u32.to_ne_bytes());
-        attr.0[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
-        attr.0[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-        attr.0[68..72].copy_from_slice(&BPF_XDP.to_ne_bytes());
-        let prog = bpf(BPF_PROG_LOAD, &mut attr).expect("loading xdp-pass");
+        let prog = crate::empty_program::load(true).expect("loading xdp-pass");
         let mut attr = Attr([0; 128]);
         use std::os::fd::AsRawFd as _;
         attr.0[0..4].copy_from_slice(&(prog.as_raw_fd() as u32).to_ne_bytes());

@@ -19,6 +19,21 @@ fn ip(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
 }
 
+/// A packet from backend 10.244.2.10:8080 on node B to this node's `dport`
+/// (a reply to our SNAT port).
+fn from_backend_on_node_b(dport: u16, flags: u8) -> Vec<u8> {
+    packets::tcp(
+        NODE_B_MAC,
+        EXT0_MAC,
+        ip("10.244.2.10"),
+        NODE_IP,
+        8080,
+        dport,
+        flags,
+        b"",
+    )
+}
+
 fn syn_to(dport: u16, sport: u16) -> Vec<u8> {
     packets::tcp(
         CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, sport, dport, SYN, b"",
@@ -87,16 +102,7 @@ fn nodeport_to_a_remote_backend_in_snat_mode_is_rewritten_redirected_and_the_rep
     let snat_port = v.sport;
 
     // The backend's reply to our SNAT port goes back to the client, from the NodePort.
-    let reply = packets::tcp(
-        NODE_B_MAC,
-        EXT0_MAC,
-        ip("10.244.2.10"),
-        NODE_IP,
-        8080,
-        snat_port,
-        SYN | ACK,
-        b"",
-    );
+    let reply = from_backend_on_node_b(snat_port, SYN | ACK);
     let (rc, out) = dp.tc_ingress(&reply);
     assert_eq!(rc, TC_ACT_REDIRECT);
     let v = inspect(&out);
@@ -907,16 +913,7 @@ fn a_closed_flows_snat_port_goes_to_a_new_flow_after_a_quiet_second() {
         b"",
     );
     assert_eq!(dp.tc_ingress(&fin).0, TC_ACT_REDIRECT);
-    let back_fin = packets::tcp(
-        NODE_B_MAC,
-        EXT0_MAC,
-        ip("10.244.2.10"),
-        NODE_IP,
-        8080,
-        61000,
-        FIN | ACK,
-        b"",
-    );
+    let back_fin = from_backend_on_node_b(61000, FIN | ACK);
     assert_eq!(dp.tc_ingress(&back_fin).0, TC_ACT_REDIRECT);
     assert_eq!(
         dp.tc_ingress(&syn_to(30002, 42401)).0,
@@ -1174,16 +1171,7 @@ fn a_reply_to_a_port_of_the_snat_range_before_a_restart_is_still_translated() {
     assert_eq!(rc, TC_ACT_REDIRECT);
     let snat_port = inspect(&out).sport;
     assert!((61000..=65535).contains(&snat_port));
-    let reply = packets::tcp(
-        NODE_B_MAC,
-        EXT0_MAC,
-        ip("10.244.2.10"),
-        NODE_IP,
-        8080,
-        snat_port,
-        SYN | ACK,
-        b"",
-    );
+    let reply = from_backend_on_node_b(snat_port, SYN | ACK);
 
     // A restart with another range, as the agent records it.
     dp.config(CFG_SNAT_PORTS_EVER, snat_ports_ever(0, 61000, 65535));

@@ -420,7 +420,7 @@ impl<M: LbMaps> Reconciler<M> {
     /// upserts; else: the words that can lose the bits of the frontends
     /// `ops` deleted, now that no entry uses them.
     fn filter_words_for(&self, ops: &[MapOp], set: bool) -> Vec<MapOp> {
-        let mut words: std::collections::BTreeMap<u32, u64> = Default::default();
+        let mut words: BTreeMap<u32, u64> = BTreeMap::new();
         for op in ops {
             let key = match op {
                 MapOp::UpsertService(k, _) if set => k,
@@ -457,29 +457,24 @@ impl<M: LbMaps> Reconciler<M> {
     /// (set bits first, then clear the rest), then trusted.
     fn repair_filter(&mut self) -> Result<(), ReconcileError> {
         let wanted = self.state.filter_wanted();
-        let mut ops: Vec<MapOp> = Vec::new();
-        for (w, v) in &wanted {
-            let have = self.state.filter_words.get(w).copied().unwrap_or(0);
-            if have | v != have {
-                ops.push(MapOp::SetFilterWord(*w, have | v));
-            }
-        }
-        let mut clears: Vec<MapOp> = Vec::new();
-        for (w, have) in &self.state.filter_words {
-            let v = wanted.get(w).copied().unwrap_or(0);
-            if *have | v != v {
-                clears.push(MapOp::SetFilterWord(*w, v));
-            }
-        }
-        ops.sort_by_key(|op| match op {
-            MapOp::SetFilterWord(w, _) => *w,
-            _ => 0,
-        });
-        clears.sort_by_key(|op| match op {
-            MapOp::SetFilterWord(w, _) => *w,
-            _ => 0,
-        });
-        ops.extend(clears);
+        let want = |w: &u32| wanted.get(w).copied().unwrap_or(0);
+        let have = |w: &u32| self.state.filter_words.get(w).copied().unwrap_or(0);
+        // In word order, for a log that reads the same every time.
+        let words: BTreeSet<u32> = wanted
+            .keys()
+            .chain(self.state.filter_words.keys())
+            .copied()
+            .collect();
+        let sets = words
+            .iter()
+            .filter(|w| have(w) | want(w) != have(w))
+            .map(|w| MapOp::SetFilterWord(*w, have(w) | want(w)));
+        // After the sets, a word holds have | want: clear what is not wanted.
+        let clears = words
+            .iter()
+            .filter(|w| have(w) | want(w) != want(w))
+            .map(|w| MapOp::SetFilterWord(*w, want(w)));
+        let mut ops: Vec<MapOp> = sets.chain(clears).collect();
         if !self.state.filter_trusted {
             ops.push(MapOp::TrustFilter(true));
         }

@@ -326,13 +326,20 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
     ) else {
         return false;
     };
-    let port = u16::from_be(dport) as u32;
-    if port >= runtime::config(CFG_SNAT_PORT_MIN) && port <= runtime::config(CFG_SNAT_PORT_MAX) {
-        return false;
-    }
-    // Ports of the ranges used before a restart: their flows live on.
+    // Every SNAT range used since install (the agent records the current
+    // one there too): flows SNATed before a restart live on. Without a
+    // record (programs driven by hand), the current range.
     let ever = runtime::config(CFG_SNAT_PORTS_EVER);
-    if ever != 0 && port >= ever >> 16 && port <= ever & 0xffff {
+    let (low, high) = if ever != 0 {
+        (ever >> 16, ever & 0xffff)
+    } else {
+        (
+            runtime::config(CFG_SNAT_PORT_MIN),
+            runtime::config(CFG_SNAT_PORT_MAX),
+        )
+    };
+    let port = u16::from_be(dport) as u32;
+    if port >= low && port <= high {
         return false;
     }
     !filter_has(daddr, dport) && !filter_has(daddr, 0)

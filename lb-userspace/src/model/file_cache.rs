@@ -82,15 +82,11 @@ impl FileCache {
         self.pieces = kept;
         let mut converter = Converter::new(ctx);
         for piece in pieces {
-            // Every piece was kept above; a miss would be a bug, read whole.
-            let added = match self.pieces.get_mut(piece) {
-                Some(p) => converter.add_remembered(&p.spec, &mut p.service),
-                None => Err(FileError {
-                    field: String::new(),
-                    message: String::new(),
-                }),
+            // Every piece was kept above (a miss would be a bug: read whole).
+            let Some(p) = self.pieces.get_mut(piece) else {
+                return file::parse_with(text, ctx);
             };
-            if added.is_err() {
+            if converter.add_remembered(&p.spec, &mut p.service).is_err() {
                 // The whole parse reports it exactly as it always has.
                 return file::parse_with(text, ctx);
             }

@@ -26,14 +26,7 @@ pub enum LoadError {
 }
 
 pub fn load(path: &Path, ctx: &services_file::FileContext) -> Result<Model, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    services_file::parse_with(&text, ctx).map_err(|source| LoadError::Invalid {
-        path: path.to_path_buf(),
-        source,
-    })
+    load_cached(path, ctx, &mut FileCache::default())
 }
 
 /// `load`, reusing from `cache` the services whose text did not change
