@@ -57,7 +57,10 @@ layouts! {
     event::Event { ktime_ns: u64, cookie: u64, kind: u8, hook: u8, proto: u8, family: u8, reason: u32, pid: u32, service_id: u32, backend_id: u32, sport: u16, dport: u16, xport: u16, pad: u16, saddr: [u8; 16], daddr: [u8; 16], xaddr: [u8; 16], comm: [u8; 16], pad2: u32 },
     nodeport::Ct4Key { saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, kind: u8, pad: [u8; 2] },
     nodeport::Ct4Value { backend_id: u32, service_id: u32, addr: u32, nat_addr: u32, port: u16, nat_port: u16, flags: u16, pad: u16, last_seen_ns: u64 },
+    nodeport::Ct6Key { saddr: [u32; 4], daddr: [u32; 4], sport: u16, dport: u16, proto: u8, kind: u8, pad: [u8; 2] },
+    nodeport::Ct6Value { backend_id: u32, service_id: u32, addr: [u32; 4], nat_addr: [u32; 4], port: u16, nat_port: u16, flags: u16, pad: u16, last_seen_ns: u64 },
     nodeport::Device { address: u32, flags: u32 },
+    nodeport::Device6 { address: [u32; 4] },
     nodeport::Frag4Key { saddr: u32, daddr: u32, id: u16, proto: u8, pad: u8 },
     nodeport::Frag4Value { sport: u16, dport: u16 },
     revnat::RevNat4 { address: u32, port: u16, pad: u16 },
@@ -93,8 +96,9 @@ pub const RECORDED_VERSION: u32 = 2;
 /// `RECORDED_VERSION`. Version 2 was recorded when this check came, with
 /// LB4_SRC_RANGES' key (a new map); the socket storage types joined later
 /// with their maps (LB_SOCK_UDP had been pinned unchecked until then, with
-/// the same layout).
-pub const RECORDED: [(&str, u64); 26] = [
+/// the same layout); IPv6 conntrack and devices (LB6_CT, LB6_DEVICES) with
+/// their maps.
+pub const RECORDED: [(&str, u64); 29] = [
     ("AffinityKey", 0xae7692cdde92f917),
     ("AffinityValue", 0xb90e3ef7df6cb90e),
     ("AffinityMatchKey", 0x6446390e934adce6),
@@ -105,6 +109,9 @@ pub const RECORDED: [(&str, u64); 26] = [
     ("Ct4Key", 0x9b2ace0d098b107a),
     ("Ct4Value", 0xaf26f47399efaaa6),
     ("Device", 0x9ee151f8de9624a4),
+    ("Ct6Key", 0xd03a6d8fac7a5939),
+    ("Ct6Value", 0xef682c76694bac31),
+    ("Device6", 0x09723eedb0f74ec3),
     ("Frag4Key", 0x394d9972adf768db),
     ("Frag4Value", 0xbdd6178c8ef036a1),
     ("RevNat4", 0x704811ae190edfaf),

@@ -20,6 +20,8 @@ pub const LB_AFFINITY: &str = "LB_AFFINITY";
 pub const LB_AFFINITY_MATCH: &str = "LB_AFFINITY_MATCH";
 pub const LB4_CT: &str = "LB4_CT";
 pub const LB_DEVICES: &str = "LB_DEVICES";
+pub const LB6_CT: &str = "LB6_CT";
+pub const LB6_DEVICES: &str = "LB6_DEVICES";
 pub const LB_MAGLEV: &str = "LB_MAGLEV";
 pub const LB4_FRAGS: &str = "LB4_FRAGS";
 pub const LB_SOCK_UDP: &str = "LB_SOCK_UDP";
@@ -28,7 +30,7 @@ pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 25] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -44,6 +46,8 @@ pub const ALL: [&str; 23] = [
     LB4_CT,
     LB4_FRAGS,
     LB_DEVICES,
+    LB6_CT,
+    LB6_DEVICES,
     LB_MAGLEV,
     LB4_SRC_RANGES,
     LB4_FE_FILTER,

@@ -78,13 +78,16 @@ pub struct CtTimeouts {
     pub udp: u32,
 }
 
-/// Conntrack key: the tuple as seen on the wire in one direction.
+/// Conntrack key: the tuple as seen on the wire in one direction. `A` is
+/// the address: `u32` for IPv4 (`LB4_CT`), `[u32; 4]` for IPv6 (`LB6_CT`),
+/// both in network byte order as on the wire, so one generic body in the
+/// programs serves both families.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct Ct4Key {
+pub struct CtKey<A> {
     /// Network byte order.
-    pub saddr: u32,
-    pub daddr: u32,
+    pub saddr: A,
+    pub daddr: A,
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
@@ -93,10 +96,13 @@ pub struct Ct4Key {
     pub pad: [u8; 2],
 }
 
-impl Ct4Key {
+pub type Ct4Key = CtKey<u32>;
+pub type Ct6Key = CtKey<[u32; 4]>;
+
+impl<A: Copy> CtKey<A> {
     /// Addresses and ports in network byte order, as on the wire.
     #[inline(always)]
-    pub const fn new(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, kind: u8) -> Self {
+    pub const fn new(saddr: A, daddr: A, sport: u16, dport: u16, proto: u8, kind: u8) -> Self {
         Self {
             saddr,
             daddr,
@@ -115,17 +121,20 @@ impl Ct4Key {
 /// for SNAT, destination (`nat_addr`/`nat_port`: the client) become.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Ct4Value {
+pub struct CtValue<A> {
     pub backend_id: u32,
     pub service_id: u32,
-    pub addr: u32,
-    pub nat_addr: u32,
+    pub addr: A,
+    pub nat_addr: A,
     pub port: u16,
     pub nat_port: u16,
     pub flags: u16,
     pub pad: u16,
     pub last_seen_ns: u64,
 }
+
+pub type Ct4Value = CtValue<u32>;
+pub type Ct6Value = CtValue<[u32; 4]>;
 
 /// `LB_DEVICES`: the node's external devices (ifindex → its IPv4 address),
 /// the source address of SNATed packets leaving that device.
@@ -135,6 +144,18 @@ pub struct Device {
     /// Network byte order.
     pub address: u32,
     pub flags: u32,
+}
+
+/// `LB6_DEVICES`: the node's external devices that have a global IPv6
+/// address (ifindex → that address), the source of SNATed IPv6 packets
+/// leaving the device. A device without one has no entry: IPv6 flows to
+/// remote backends through it are dropped (`fib-lookup-failed`), and the
+/// agent says so at start.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Device6 {
+    /// Network byte order, as on the wire.
+    pub address: [u32; 4],
 }
 
 /// Seed of the flow hash; part of the contract between nodes: every node must
@@ -149,6 +170,30 @@ pub const fn flow_hash(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8
     let mut h = FLOW_HASH_SEED;
     h = mix(h ^ saddr);
     h = mix(h ^ daddr);
+    h = mix(h ^ ((sport as u32) << 16 | dport as u32));
+    mix(h ^ proto as u32)
+}
+
+/// `flow_hash` for IPv6: every word of both addresses goes through the mix.
+#[inline(always)]
+pub const fn flow_hash6(
+    saddr: [u32; 4],
+    daddr: [u32; 4],
+    sport: u16,
+    dport: u16,
+    proto: u8,
+) -> u32 {
+    let mut h = FLOW_HASH_SEED;
+    let mut i = 0;
+    while i < 4 {
+        h = mix(h ^ saddr[i]);
+        i += 1;
+    }
+    i = 0;
+    while i < 4 {
+        h = mix(h ^ daddr[i]);
+        i += 1;
+    }
     h = mix(h ^ ((sport as u32) << 16 | dport as u32));
     mix(h ^ proto as u32)
 }
@@ -186,4 +231,4 @@ pub struct Frag4Value {
     pub dport: u16,
 }
 
-crate::user_pod!(Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value);
+crate::user_pod!(Ct4Key, Ct4Value, Ct6Key, Ct6Value, Device, Device6, Frag4Key, Frag4Value);

@@ -17,7 +17,7 @@ use lb_common::{
         DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX,
         DEFAULT_SOCK_REVNAT_MAX, DEFAULT_SOURCE_RANGES_MAX,
     },
-    nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
+    nodeport::{Ct4Key, Ct4Value, Ct6Key, Ct6Value, Device, Device6, Frag4Key, Frag4Value},
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
@@ -116,6 +116,15 @@ pub static LB4_FRAGS: LruHashMap<Frag4Key, Frag4Value> = LruHashMap::pinned(DEFA
 #[map]
 pub static LB_DEVICES: HashMap<u32, Device> = HashMap::pinned(DEFAULT_DEVICES_MAX, 0);
 
+/// IPv6 north-south conntrack (tc / XDP), written by the programs.
+#[map]
+pub static LB6_CT: LruHashMap<Ct6Key, Ct6Value> = LruHashMap::pinned(DEFAULT_CT_MAX, 0);
+
+/// The node's external devices with a global IPv6 address: ifindex → that
+/// address, the SNAT source of IPv6 flows leaving it.
+#[map]
+pub static LB6_DEVICES: HashMap<u32, Device6> = HashMap::pinned(DEFAULT_DEVICES_MAX, 0);
+
 /// BPF_F_INNER_MAP: inner tables may have any size (the configured M), and a
 /// table is replaced by swapping the inner map (one atomic update).
 const BPF_F_INNER_MAP: usize = 1 << 12;
@@ -129,7 +138,12 @@ pub static LB_MAGLEV: btf_maps::HashOfMaps<
     { DEFAULT_MAGLEV_MAX as usize },
 > = btf_maps::HashOfMaps::new();
 
-/// Per-CPU scratch space of the tc and XDP programs (not pinned: nothing in
-/// it outlives one packet).
+/// Per-CPU scratch space of the tc and XDP programs, one per address family
+/// (not pinned: nothing in it outlives one packet).
 #[map]
-pub static LB_SCRATCH: PerCpuArray<crate::packet::Scratch> = PerCpuArray::with_max_entries(1, 0);
+pub static LB_SCRATCH: PerCpuArray<crate::packet::Scratch<crate::lb::V4>> =
+    PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+pub static LB_SCRATCH6: PerCpuArray<crate::packet::Scratch<crate::lb::V6>> =
+    PerCpuArray::with_max_entries(1, 0);

@@ -1,7 +1,10 @@
 //! The north-south programs loaded for BPF_PROG_TEST_RUN, inside a network
 //! namespace of their own (FIB lookups run in the caller's namespace), with
 //! maps filled through the real reconciler.
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use aya::{
     programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
@@ -27,6 +30,12 @@ pub const NODE_B_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 50, 3);
 pub const CLIENT_MAC: Mac = [0x02, 0, 0, 0, 0, 0x01];
 pub const NODE_B_MAC: Mac = [0x02, 0, 0, 0, 0, 0x03];
 pub const EXT0_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
+/// The same node over IPv6: `ext0` fd00:50::2/64, the client fd00:50::1
+/// and node B fd00:50::3 as static neighbours, node B's pods
+/// (fd00:244:2::/64) routed via node B.
+pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 2);
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 1);
+pub const NODE_B_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x50, 0, 0, 0, 0, 0, 3);
 
 /// tc verdicts and XDP actions.
 pub const TC_ACT_OK: u32 = 0;
@@ -79,7 +88,7 @@ services:
 /// What the services file needs to serve NodePorts on this node.
 pub fn node_context() -> FileContext {
     FileContext {
-        nodeport_addresses: vec![NODE_IP.into()],
+        nodeport_addresses: vec![NODE_IP.into(), NODE_IP6.into()],
         ..Default::default()
     }
 }
@@ -164,18 +173,43 @@ impl Dataplane {
             "lock",
             "1400",
         ]);
+        // IPv6: the same shape. `nodad`: usable at once, no duplicate
+        // address detection to wait for.
+        netns.ip(&["addr", "add", "fd00:50::2/64", "dev", "ext0", "nodad"]);
+        for (addr, mac) in [
+            ("fd00:50::1", "02:00:00:00:00:01"),
+            ("fd00:50::3", "02:00:00:00:00:03"),
+        ] {
+            netns.ip(&[
+                "-6",
+                "neigh",
+                "add",
+                addr,
+                "lladdr",
+                mac,
+                "dev",
+                "ext0",
+                "nud",
+                "permanent",
+            ]);
+        }
+        netns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "fd00:244:2::/64",
+            "via",
+            "fd00:50::3",
+            "dev",
+            "ext0",
+        ]);
         // bpf_fib_lookup answers only where forwarding is on (like the stack).
-        crate::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &netns.name,
-                "sysctl",
-                "-qw",
-                "net.ipv4.conf.all.forwarding=1",
-            ],
-        );
+        for key in [
+            "net.ipv4.conf.all.forwarding=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ] {
+            crate::run("ip", &["netns", "exec", &netns.name, "sysctl", "-qw", key]);
+        }
         crate::netns::enter(&netns.name).expect("entering the test namespace");
 
         let pins = PinDir::create(tag);
@@ -335,6 +369,17 @@ impl Dataplane {
         let map: HashMap<MapData, lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value> =
             HashMap::try_from(
                 lb::maps::bpf::open_pinned(&self.pins.path, lb_common::maps::LB4_CT).unwrap(),
+            )
+            .unwrap();
+        map.get(key, 0).ok()
+    }
+
+    /// An IPv6 conntrack entry, as the programs left it.
+    pub fn ct6(&self, key: &lb_common::nodeport::Ct6Key) -> Option<lb_common::nodeport::Ct6Value> {
+        use aya::maps::{HashMap, MapData};
+        let map: HashMap<MapData, lb_common::nodeport::Ct6Key, lb_common::nodeport::Ct6Value> =
+            HashMap::try_from(
+                lb::maps::bpf::open_pinned(&self.pins.path, lb_common::maps::LB6_CT).unwrap(),
             )
             .unwrap();
         map.get(key, 0).ok()

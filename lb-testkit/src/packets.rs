@@ -1,8 +1,8 @@
 //! Packets for BPF_PROG_TEST_RUN: crafted with etherparse, and read back
 //! with their checksums verified independently of the code under test.
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use etherparse::{Ipv4Header, PacketBuilder, TcpHeader, UdpHeader};
+use etherparse::{Ipv4Header, Ipv6Header, PacketBuilder, TcpHeader, UdpHeader};
 
 pub type Mac = [u8; 6];
 
@@ -54,6 +54,117 @@ pub fn udp(
     let mut out = Vec::new();
     b.write(&mut out, payload).unwrap();
     out
+}
+
+/// An Ethernet/IPv6/TCP frame (hop limit 64).
+#[allow(clippy::too_many_arguments)]
+pub fn tcp6(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv6Addr,
+    daddr: Ipv6Addr,
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    tcp6_hop(src, dst, saddr, daddr, sport, dport, flags, payload, 64)
+}
+
+/// `tcp6` with a hop limit of its own.
+#[allow(clippy::too_many_arguments)]
+pub fn tcp6_hop(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv6Addr,
+    daddr: Ipv6Addr,
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    payload: &[u8],
+    hop_limit: u8,
+) -> Vec<u8> {
+    let mut b = PacketBuilder::ethernet2(src, dst)
+        .ipv6(saddr.octets(), daddr.octets(), hop_limit)
+        .tcp(sport, dport, 1000, 65535);
+    if flags & SYN != 0 {
+        b = b.syn();
+    }
+    if flags & ACK != 0 {
+        b = b.ack(1);
+    }
+    if flags & FIN != 0 {
+        b = b.fin();
+    }
+    let mut out = Vec::new();
+    b.write(&mut out, payload).unwrap();
+    out
+}
+
+pub fn udp6(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv6Addr,
+    daddr: Ipv6Addr,
+    sport: u16,
+    dport: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(src, dst)
+        .ipv6(saddr.octets(), daddr.octets(), 64)
+        .udp(sport, dport);
+    let mut out = Vec::new();
+    b.write(&mut out, payload).unwrap();
+    out
+}
+
+/// An IPv6 packet as it came out of a program.
+#[derive(Debug, Clone)]
+pub struct View6 {
+    pub eth_dst: Mac,
+    pub eth_src: Mac,
+    pub saddr: Ipv6Addr,
+    pub daddr: Ipv6Addr,
+    pub hop_limit: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub payload: Vec<u8>,
+}
+
+/// Parses an Ethernet/IPv6/TCP-or-UDP packet and checks its TCP/UDP
+/// checksum (pseudo-header included, RFC 8200 §8.1), computed from scratch
+/// with etherparse. A UDP checksum of zero is refused: IPv6 requires one.
+pub fn inspect6(frame: &[u8]) -> View6 {
+    let eth_dst: Mac = frame[0..6].try_into().unwrap();
+    let eth_src: Mac = frame[6..12].try_into().unwrap();
+    assert_eq!(&frame[12..14], &[0x86, 0xdd], "not IPv6");
+    let (ip, rest) = Ipv6Header::from_slice(&frame[14..]).expect("IPv6 header");
+    let l4 = &rest[..ip.payload_length as usize];
+    let (sport, dport, payload) = match ip.next_header.0 {
+        6 => {
+            let (tcp, payload) = TcpHeader::from_slice(l4).expect("TCP header");
+            let want = tcp.calc_checksum_ipv6(&ip, payload).unwrap();
+            assert_eq!(tcp.checksum, want, "TCP checksum");
+            (tcp.source_port, tcp.destination_port, payload.to_vec())
+        }
+        17 => {
+            let (udp, payload) = UdpHeader::from_slice(l4).expect("UDP header");
+            let want = udp.calc_checksum_ipv6(&ip, payload).unwrap();
+            assert_eq!(udp.checksum, want, "UDP checksum");
+            (udp.source_port, udp.destination_port, payload.to_vec())
+        }
+        p => panic!("unexpected next header {p}"),
+    };
+    View6 {
+        eth_dst,
+        eth_src,
+        saddr: Ipv6Addr::from(ip.source),
+        daddr: Ipv6Addr::from(ip.destination),
+        hop_limit: ip.hop_limit,
+        sport,
+        dport,
+        payload,
+    }
 }
 
 /// A packet as it came out of a program.

@@ -8,6 +8,12 @@ use core::mem::size_of;
 
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const IPV6_HLEN: usize = 40;
+/// IPv6 header field offsets (RFC 8200 §3).
+pub const IP6_PAYLOAD_LEN: usize = 4;
+pub const IP6_NEXT_HEADER: usize = 6;
+pub const IP6_HOP_LIMIT: usize = 7;
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -112,24 +118,20 @@ pub fn store<T: Copy, P: Pkt>(p: &P, off: usize, v: T) -> bool {
 /// path (the verifier checks it). A subprogram of its own: its frame is not
 /// added to its caller's.
 #[inline(never)]
-pub fn socket_holds(ctx: *mut core::ffi::c_void, key: &lb_common::nodeport::Ct4Key) -> bool {
-    let (saddr, daddr, sport, dport) = (key.saddr, key.daddr, key.sport, key.dport);
+pub fn socket_holds<I: super::family::Ip>(
+    ctx: *mut core::ffi::c_void,
+    key: &lb_common::nodeport::CtKey<I::Addr>,
+) -> bool {
     let tcp = key.proto == IPPROTO_TCP;
     use aya_ebpf::{
-        bindings::{bpf_sock_tuple, bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4Tuple},
+        bindings::bpf_sock_tuple,
         helpers::{bpf_sk_lookup_udp, bpf_sk_release, bpf_skc_lookup_tcp},
     };
     const BPF_F_CURRENT_NETNS: u64 = u64::MAX; // (u64)-1
     const TCP_LISTEN: u32 = 10;
     // SAFETY: plain data; all zero is a valid tuple.
     let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
-    tuple.__bindgen_anon_1.ipv4 = V4Tuple {
-        saddr,
-        daddr,
-        sport,
-        dport,
-    };
-    let size = core::mem::size_of::<V4Tuple>() as u32;
+    let size = I::sock_tuple(key, &mut tuple);
     // SAFETY: the helpers read `tuple`, which lives across the call, and
     // take the program's own context.
     let sk = unsafe {

@@ -1,4 +1,4 @@
-//! Conntrack (`LB4_CT`): which backend a flow went to, and how to translate
+//! Conntrack (`LB4_CT`, `LB6_CT`: `Ip::ct`): which backend a flow went to, and how to translate
 //! its replies. Entries carry the time they last saw a packet; an entry past
 //! its lifetime counts as absent here, and the agent's garbage collector
 //! deletes it (lb-userspace `conntrack::gc`), which also gives its SNAT port
@@ -12,11 +12,14 @@
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use lb_common::{
     config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
-    nodeport::{ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_CLOSING, CT_F_ESTABLISHED},
+    nodeport::{ct_lifetime_s, CtKey, CtTimeouts, CtValue, CT_F_CLOSING, CT_F_ESTABLISHED},
 };
 
-use super::access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
-use crate::{maps::LB4_CT, runtime::config};
+use super::{
+    access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    family::Ip,
+};
+use crate::runtime::config;
 
 pub const NS: u64 = 1_000_000_000;
 
@@ -38,17 +41,17 @@ fn timeouts() -> CtTimeouts {
 
 /// Whether an entry has outlived its lifetime at `t`.
 #[inline(always)]
-pub fn expired(proto: u8, entry: &Ct4Value, t: u64) -> bool {
+pub fn expired<A>(proto: u8, entry: &CtValue<A>, t: u64) -> bool {
     let life = ct_lifetime_s(proto, entry.flags, &timeouts()) as u64 * NS;
     t.saturating_sub(entry.last_seen_ns) > life
 }
 
 /// What a lookup found.
-pub enum Hit {
+pub enum Hit<A: 'static> {
     Miss,
     /// A live entry, refreshed. The entry itself, not a copy (the stack is
     /// short): read it right away.
-    Live(&'static Ct4Value),
+    Live(&'static CtValue<A>),
     /// A SYN on a closing flow's tuple: the caller starts a new flow and
     /// overwrites the entry.
     Reopen,
@@ -57,8 +60,8 @@ pub enum Hit {
 /// Looks a packet's tuple up, keeping the entry's state in step with the
 /// packet's TCP flags.
 #[inline(always)]
-pub fn lookup(key: &Ct4Key, proto: u8, tcp_flags: u8) -> Hit {
-    let Some(entry) = LB4_CT.get_ptr_mut(key) else {
+pub fn lookup<I: Ip>(key: &CtKey<I::Addr>, proto: u8, tcp_flags: u8) -> Hit<I::Addr> {
+    let Some(entry) = I::ct().get_ptr_mut(key) else {
         return Hit::Miss;
     };
     // SAFETY: a map value stays valid for the program's run (RCU); races
@@ -91,8 +94,8 @@ pub fn lookup(key: &Ct4Key, proto: u8, tcp_flags: u8) -> Hit {
 
 /// A read-only look at an entry (no refresh): None when missing or expired.
 #[inline(always)]
-pub fn peek(key: &Ct4Key, proto: u8) -> Option<&'static Ct4Value> {
-    let entry = LB4_CT.get_ptr(key)?;
+pub fn peek<I: Ip>(key: &CtKey<I::Addr>, proto: u8) -> Option<&'static CtValue<I::Addr>> {
+    let entry = I::ct().get_ptr(key)?;
     // SAFETY: as in `lookup`.
     let entry = unsafe { &*entry };
     if expired(proto, entry, now()) {
@@ -103,6 +106,6 @@ pub fn peek(key: &Ct4Key, proto: u8) -> Option<&'static Ct4Value> {
 
 /// Creates or replaces an entry.
 #[inline(always)]
-pub fn put(key: &Ct4Key, value: &Ct4Value) -> bool {
-    LB4_CT.insert(key, value, 0).is_ok()
+pub fn put<I: Ip>(key: &CtKey<I::Addr>, value: &CtValue<I::Addr>) -> bool {
+    I::ct().insert(key, value, 0).is_ok()
 }

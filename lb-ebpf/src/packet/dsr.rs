@@ -21,6 +21,7 @@ use super::{
     csum::ipv4_csum,
     ct::{self, now},
     drop_packet,
+    family::Ip,
     parse::Flow,
     Action, Hook,
 };
@@ -34,14 +35,14 @@ const BPF_NOEXIST: u64 = 1;
 
 /// Whether this packet of a DSR flow carries the option.
 #[inline(always)]
-pub fn needs_option(f: &Flow) -> bool {
+pub fn needs_option<I: Ip>(f: &Flow<I>) -> bool {
     f.proto != IPPROTO_TCP || f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
 }
 
 /// Inserts the option: type, length, the frontend port and address (as the
 /// packet had them before the DNAT). `f` describes the packet before.
 #[inline(always)]
-pub fn insert_option<C: Hook>(ctx: &C, f: &Flow, frontend: u32, fport: u16) -> bool {
+pub fn insert_option<C: Hook>(ctx: &C, f: &Flow<V4>, frontend: u32, fport: u16) -> bool {
     let ip_len = f.ip_len & 0x3c;
     if ip_len + DSR_OPT_LEN as usize > 60 || !ctx.grow_ip_options(DSR_OPT_LEN as u32) {
         return false;
@@ -69,7 +70,7 @@ pub fn insert_option<C: Hook>(ctx: &C, f: &Flow, frontend: u32, fport: u16) -> b
 
 /// Takes our option out again (it is the first one).
 #[inline(always)]
-fn remove_option<C: Hook>(ctx: &C, f: &Flow) -> bool {
+fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
     let ip_len = f.ip_len & 0x3c;
     if ip_len < 28 || !ctx.shrink_ip_options(DSR_OPT_LEN as u32) {
         return false;
@@ -102,7 +103,7 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow) -> bool {
 /// frontend: otherwise any outside host could plant entries that rewrite a
 /// pod's replies.
 #[inline(never)]
-pub fn learn<C: Hook>(ctx: &C, f: &Flow) -> Action {
+pub fn learn<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
     let (vip, vport) = (f.dsr_addr, f.dsr_port);
     let key = Service4Key::new(vip, vport, f.proto, SCOPE_ALL, 0);
     let known = match V4::service(&key) {
@@ -139,7 +140,7 @@ pub fn learn<C: Hook>(ctx: &C, f: &Flow) -> Action {
         // The tuple has an entry: replace it only when it is the same
         // frontend, or its flow is over (closing, idled out) or a new one
         // starts (a SYN).
-        let replace = match ct::peek(&rkey, f.proto) {
+        let replace = match ct::peek::<V4>(&rkey, f.proto) {
             None => true,
             Some(old) => {
                 (old.addr == vip && old.port == vport)

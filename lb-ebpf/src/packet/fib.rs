@@ -12,12 +12,12 @@
 use lb_common::drop::DropReason;
 
 use super::{
-    access::{store, ETH_HLEN, IP_TTL},
+    access::{store, ETH_HLEN},
+    family::Ip,
     parse::Flow,
     scratch, Hook,
 };
 
-const AF_INET: u8 = 2;
 const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
 const BPF_FIB_LKUP_RET_NO_NEIGH: i64 = 7;
 const BPF_FIB_LKUP_RET_FRAG_NEEDED: i64 = 8;
@@ -37,22 +37,27 @@ pub enum Route {
 /// `extra` bytes, in the scratch map's parameters (which keep the MACs for
 /// `finish_redirect`).
 #[inline(always)]
-pub fn lookup<C: Hook>(ctx: &C, saddr: u32, daddr: u32, f: &Flow, extra: u16) -> Route {
-    let Some(s) = scratch() else {
+pub fn lookup<C: Hook, I: Ip>(
+    ctx: &C,
+    saddr: &I::Addr,
+    daddr: &I::Addr,
+    f: &Flow<I>,
+    extra: u16,
+) -> Route {
+    let Some(s) = scratch::<I>() else {
         return Route::None;
     };
     // SAFETY: per-CPU scratch, used by this program run only.
     let p = unsafe { &mut (*s).fib };
     // SAFETY: plain data; all zero is its "nothing set" value.
     *p = unsafe { core::mem::zeroed() };
-    p.family = AF_INET;
+    p.family = I::AF;
     p.l4_protocol = f.proto;
     p.sport = f.sport;
     p.dport = f.dport;
     p.__bindgen_anon_1.tot_len = ctx.wire_len(f).saturating_add(extra);
     p.ifindex = ctx.ingress_ifindex();
-    p.__bindgen_anon_3.ipv4_src = saddr;
-    p.__bindgen_anon_4.ipv4_dst = daddr;
+    I::set_fib_addrs(p, *saddr, *daddr);
     match ctx.fib_lookup(p) {
         BPF_FIB_LKUP_RET_SUCCESS => Route::Resolved(p.ifindex),
         BPF_FIB_LKUP_RET_NO_NEIGH => Route::NoNeigh(p.ifindex),
@@ -63,13 +68,22 @@ pub fn lookup<C: Hook>(ctx: &C, saddr: u32, daddr: u32, f: &Flow, extra: u16) ->
 }
 
 /// RFC 1812 §5.3.1: a router decrements TTL and does not forward a packet
-/// whose TTL reached zero. Err: expired (the caller answers "time exceeded").
+/// whose TTL reached zero (RFC 8200 §3: the same for IPv6's hop limit,
+/// which no checksum covers). Err: expired (the caller answers "time
+/// exceeded").
 #[inline(always)]
-pub fn decrement_ttl<C: Hook>(ctx: &C, f: &Flow) -> Result<(), DropReason> {
+pub fn decrement_ttl<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Result<(), DropReason> {
     if f.ttl <= 1 {
         return Err(DropReason::TtlExceeded);
     }
-    let off = ETH_HLEN + IP_TTL;
+    let off = ETH_HLEN + I::HOP_LIMIT;
+    if I::IS_V6 {
+        return if store(ctx, off, f.ttl - 1) {
+            Ok(())
+        } else {
+            Err(DropReason::InvalidPacket)
+        };
+    }
     // TTL and protocol form one 16-bit word of the header checksum.
     let old = u16::from_ne_bytes([f.ttl, f.proto]);
     let new = u16::from_ne_bytes([f.ttl - 1, f.proto]);

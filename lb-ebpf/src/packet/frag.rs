@@ -7,11 +7,14 @@
 //! placed and is left to the stack.
 use lb_common::nodeport::{Frag4Key, Frag4Value};
 
-use super::parse::{Flow, FRAG_FIRST};
-use crate::maps::LB4_FRAGS;
+use super::{
+    family::Ip,
+    parse::{Flow, FRAG_FIRST},
+};
+use crate::{lb::V4, maps::LB4_FRAGS};
 
 #[inline(always)]
-fn key(f: &Flow) -> Frag4Key {
+fn key(f: &Flow<V4>) -> Frag4Key {
     Frag4Key {
         saddr: f.saddr,
         daddr: f.daddr,
@@ -21,9 +24,13 @@ fn key(f: &Flow) -> Frag4Key {
     }
 }
 
-/// A first fragment of a flow we translate: remember its ports.
+/// A first fragment of a flow we translate: remember its ports. (IPv6
+/// fragments are not parsed: the stack reassembles them.)
 #[inline(always)]
-pub fn remember(f: &Flow) {
+pub fn remember<I: Ip>(f: &Flow<I>) {
+    let Some(f) = I::as_v4(f) else {
+        return;
+    };
     if f.frag == FRAG_FIRST {
         let v = Frag4Value {
             sport: f.sport,
@@ -36,7 +43,10 @@ pub fn remember(f: &Flow) {
 /// A later fragment: its ports, from its first fragment. False when the
 /// first fragment was not seen.
 #[inline(always)]
-pub fn follow(f: &mut Flow) -> bool {
+pub fn follow<I: Ip>(f: &mut Flow<I>) -> bool {
+    let Some(f) = I::as_v4_mut(f) else {
+        return false;
+    };
     // SAFETY: a map value stays valid for the program's run; copied at once.
     match unsafe { LB4_FRAGS.get(&key(f)) } {
         Some(v) => {

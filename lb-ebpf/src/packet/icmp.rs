@@ -24,7 +24,7 @@ use super::{
     parse::Flow,
     record_drop, scratch, Action, Hook,
 };
-use crate::{maps::LB_EVENT_RATE, runtime::bump};
+use crate::{lb::V4, maps::LB_EVENT_RATE, runtime::bump};
 
 /// Length of what we send: Ethernet, a 24-byte IPv4 header (see
 /// `reply`), the ICMP header, the quoted IPv4 header and 8 bytes.
@@ -81,6 +81,18 @@ impl Error {
     /// Destination unreachable, port unreachable: a frontend without any
     /// endpoint (kube-proxy's `REJECT --reject-with icmp-port-unreachable`).
     pub const PORT_UNREACHABLE: Self = Self(3 << 16);
+
+    /// The drop reason the packet answered with this error counts under.
+    #[inline(always)]
+    pub fn reason(self) -> DropReason {
+        if self == Self::TTL_EXCEEDED {
+            DropReason::TtlExceeded
+        } else if self == Self::PORT_UNREACHABLE {
+            DropReason::NoBackend
+        } else {
+            DropReason::FragNeeded
+        }
+    }
 }
 
 /// Answers `f` with an ICMP error sent back out of the device it came in
@@ -97,23 +109,23 @@ impl Error {
 /// neither read nor reset skb->ip_summed, so the message must be right both
 /// ways.
 #[inline(never)]
-pub fn reply<C: Hook>(ctx: &C, f: &Flow, error: Error, service_id: u32) -> Action {
+pub fn reply<C: Hook>(ctx: &C, f: &Flow<V4>, error: Error, service_id: u32) -> Action {
     if C::IS_XDP {
         return Action::PUNT; // tc does it (and counts it)
     }
     let mtu = error.0 as u16;
-    let (ty, code, reason) = if error == Error::TTL_EXCEEDED {
-        (ICMP_TIME_EXCEEDED, 0, DropReason::TtlExceeded)
+    let (ty, code) = if error == Error::TTL_EXCEEDED {
+        (ICMP_TIME_EXCEEDED, 0)
     } else if error == Error::PORT_UNREACHABLE {
-        (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, DropReason::NoBackend)
+        (ICMP_DEST_UNREACH, ICMP_PORT_UNREACH)
     } else {
-        (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, DropReason::FragNeeded)
+        (ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED)
     };
-    record_drop(ctx, f, reason, service_id);
+    record_drop(ctx, f, error.reason(), service_id);
     if !f.has_l4() || f.ip_len != 20 || !admit() {
         return Action::DROP;
     }
-    let Some(s) = scratch() else {
+    let Some(s) = scratch::<V4>() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch, used by this program run only.
@@ -223,7 +235,7 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow, error: Error, service_id: u32) -> Actio
 /// packets), else a counted drop: this node cannot fragment a packet it
 /// redirects. `mtu`: what the sender's packets must fit.
 #[inline(always)]
-pub fn too_big<C: Hook>(ctx: &C, f: &Flow, mtu: u16, service_id: u32) -> Action {
+pub fn too_big<C: Hook>(ctx: &C, f: &Flow<V4>, mtu: u16, service_id: u32) -> Action {
     if C::IS_XDP {
         return Action::PUNT;
     }
@@ -254,7 +266,7 @@ fn set32<C: Hook>(ctx: &C, check: usize, off: usize, new: u32) -> bool {
 
 /// Offset of the quoted L4 checksum, when the quote is long enough to hold it.
 #[inline(always)]
-fn quoted_l4_check<C: Hook>(ctx: &C, f: &Flow) -> Option<usize> {
+fn quoted_l4_check<C: Hook>(ctx: &C, f: &Flow<V4>) -> Option<usize> {
     let off = f.quoted_l4()
         + if f.quoted.proto == IPPROTO_TCP {
             TCP_CHECK
@@ -270,7 +282,7 @@ fn quoted_l4_check<C: Hook>(ctx: &C, f: &Flow) -> Option<usize> {
 /// checksum, the quoted L4 checksum (pseudo-header) when present, and the
 /// ICMP checksum for each.
 #[inline(always)]
-fn quoted_addr<C: Hook>(ctx: &C, f: &Flow, field: usize, new: u32) -> bool {
+fn quoted_addr<C: Hook>(ctx: &C, f: &Flow<V4>, field: usize, new: u32) -> bool {
     let check = f.l4() + ICMP_CHECK;
     let qip = f.quoted_ip();
     let Some(old) = load::<u32, C>(ctx, qip + field) else {
@@ -300,7 +312,7 @@ fn quoted_addr<C: Hook>(ctx: &C, f: &Flow, field: usize, new: u32) -> bool {
 
 /// Changes a port in the quoted L4 header (and its checksum, when present).
 #[inline(always)]
-fn quoted_port<C: Hook>(ctx: &C, f: &Flow, field: usize, new: u16) -> bool {
+fn quoted_port<C: Hook>(ctx: &C, f: &Flow<V4>, field: usize, new: u16) -> bool {
     let check = f.l4() + ICMP_CHECK;
     let off = f.quoted_l4() + field;
     let Some(old) = load::<u16, C>(ctx, off) else {
@@ -333,7 +345,7 @@ fn outer_addr<C: Hook>(ctx: &C, field: usize, old: u32, new: u32) -> bool {
 
 /// tc ingress: an ICMP error about one of our flows.
 #[inline(never)]
-pub fn ingress_error<C: Hook>(ctx: &C, f: &Flow) -> Action {
+pub fn ingress_error<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
     let a = to_client(ctx, f);
     if a != Action::NEXT {
         return a;
@@ -349,9 +361,9 @@ pub fn ingress_error<C: Hook>(ctx: &C, f: &Flow) -> Action {
 /// SNAT address (by the backend's node or a router on the way): to the
 /// client, quoting the packet the client sent to the frontend.
 #[inline(always)]
-fn to_client<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn to_client<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
     let q = f.quoted;
-    let Some(ct) = ct::peek(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
+    let Some(ct) = ct::peek::<V4>(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
         return Action::NEXT;
     };
     if ct.flags & CT_F_SNAT == 0 || f.daddr != q.saddr {
@@ -381,9 +393,9 @@ fn to_client<C: Hook>(ctx: &C, f: &Flow) -> Action {
 /// needed" from a router toward the client), sent to the frontend: to the
 /// backend, quoting the reply as the backend sent it.
 #[inline(always)]
-fn to_backend<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn to_backend<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
     let q = f.quoted;
-    let Some(ct) = ct::peek(&f.quoted_reply_key(CT_SERVICE), q.proto) else {
+    let Some(ct) = ct::peek::<V4>(&f.quoted_reply_key(CT_SERVICE), q.proto) else {
         return Action::NEXT;
     };
     if f.daddr != q.saddr {
@@ -415,8 +427,8 @@ fn to_backend<C: Hook>(ctx: &C, f: &Flow) -> Action {
 
 /// Routes a translated error toward `daddr` and sends it.
 #[inline(always)]
-fn forward_error<C: Hook>(ctx: &C, f: &Flow, saddr: u32, daddr: u32) -> Action {
-    let route = fib::lookup(ctx, saddr, daddr, f, 0);
+fn forward_error<C: Hook>(ctx: &C, f: &Flow<V4>, saddr: u32, daddr: u32) -> Action {
+    let route = fib::lookup(ctx, &saddr, &daddr, f, 0);
     if let fib::Route::None | fib::Route::TooBig(_) = route {
         record_drop(ctx, f, DropReason::FibLookupFailed, 0);
         return Action::DROP;
@@ -424,18 +436,18 @@ fn forward_error<C: Hook>(ctx: &C, f: &Flow, saddr: u32, daddr: u32) -> Action {
     if fib::decrement_ttl(ctx, f).is_err() {
         return Action::DROP;
     }
-    finish_redirect(ctx, route)
+    finish_redirect::<C, V4>(ctx, route)
 }
 
 /// tc egress: an error a local backend (or, on a DSR backend's node, its
 /// pod) sends about a packet it got through a frontend: it leaves quoting
 /// the frontend, from the frontend when the backend itself sent it.
 #[inline(never)]
-pub fn egress_error<C: Hook>(ctx: &C, f: &Flow) -> Action {
+pub fn egress_error<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
     let q = f.quoted;
     // The quoted packet went client → backend; its reply entry says which
     // frontend the backend answers for.
-    let Some(ct) = ct::peek(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
+    let Some(ct) = ct::peek::<V4>(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
         return Action::PASS;
     };
     if ct.flags & CT_F_SNAT != 0 || ct.flags & (CT_F_LOCAL | CT_F_DSR) == 0 {

@@ -1,11 +1,13 @@
 //! The packet path: packets entering the node for NodePort, LoadBalancer,
 //! external-IP (and routed ClusterIP) frontends (tc ingress and XDP), and
 //! the replies that must be translated back (tc ingress for SNAT, tc egress
-//! for local backends and DSR). Written once over `Hook`; `tc.rs` and
-//! `xdp.rs` only adapt the verdicts and the few helpers that differ.
+//! for local backends and DSR). Written once over `Hook` and over the
+//! address family (`family::Ip`); `tc.rs` and `xdp.rs` only adapt the
+//! verdicts and the few helpers that differ.
 //!
 //! One module per concern:
 //!
+//! * `family`: what differs between IPv4 and IPv6 (headers, maps, keys);
 //! * `parse`: the packet as a `Flow` (ports, TCP flags, fragments, the DSR
 //!   option, the packet an ICMP error quotes);
 //! * `ct`: conntrack, lifetimes and the closing/reopen rules;
@@ -32,10 +34,18 @@
 //! Conntrack keeps every packet of a flow on the backend its first packet
 //! chose, whatever happens to the backend set or the Maglev table, until the
 //! flow ends, idles out, or its backend is gone.
+//!
+//! IPv6 takes the same path with SNAT to the egress device's IPv6 address
+//! for remote backends. What only IPv4 has here (DSR, fragments, ICMP errors
+//! sent or translated, the early exit) is reached through `Ip::as_v4`; for
+//! IPv6, a flow that would need DSR is SNATed (the agent says so at start),
+//! and where IPv4 would send an ICMP error the IPv6 packet is dropped with
+//! the same reason, counted.
 pub mod access;
 pub mod csum;
 pub mod ct;
 pub mod dsr;
+pub mod family;
 pub mod fib;
 pub mod frag;
 pub mod icmp;
@@ -47,8 +57,7 @@ pub mod xdp;
 
 use aya_ebpf::bindings::bpf_fib_lookup;
 use lb_common::{
-    affinity::CLIENT_IS_ADDRESS,
-    backend::{Backend4, BACKEND_FLAG_LOCAL},
+    backend::BACKEND_FLAG_LOCAL,
     config::{
         CFG_FRONTEND_FILTER, CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORTS_EVER, CFG_SNAT_PORT_MAX,
         CFG_SNAT_PORT_MIN, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD,
@@ -59,22 +68,22 @@ use lb_common::{
     filter::{filter_bit, word_and_mask},
     nodeport::*,
     service::{
-        Service4Key, ServiceValue, SourceRange4, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL,
-        SVC_FLAG_AFFINITY, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_SOURCE_RANGES,
-        SVC_FLAG_TWO_SCOPES,
+        ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY,
+        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_SOURCE_RANGES, SVC_FLAG_TWO_SCOPES,
     },
 };
 
 use self::{
     access::*,
     ct::{now, Hit},
+    family::Ip,
     fib::Route,
-    parse::{parse, Flow, Parsed},
+    parse::{Flow, Parsed},
 };
 use crate::{
     drop,
-    lb::{self, Family, Lookup, V4},
-    maps::{LB4_CT, LB4_FE_FILTER, LB4_SRC_RANGES, LB_DEVICES, LB_MAGLEV, LB_SCRATCH},
+    lb::{self, Lookup, V4, V6},
+    maps::{LB4_FE_FILTER, LB_MAGLEV},
     runtime::{self, bump},
 };
 
@@ -82,21 +91,28 @@ use crate::{
 /// chain. Safe to share: a program runs to completion on its CPU and neither
 /// tc nor XDP nests into another run of itself there.
 #[repr(C)]
-pub struct Scratch {
-    pub flow: Flow,
+pub struct Scratch<I: Ip> {
+    pub flow: Flow<I>,
     pub fib: bpf_fib_lookup,
     pub event: Event,
     /// Conntrack values being built for a new flow (forward and reverse).
-    pub ct: Ct4Value,
-    pub rct: Ct4Value,
+    pub ct: CtValue<I::Addr>,
+    pub rct: CtValue<I::Addr>,
+    /// Conntrack keys being written for a new flow: the forward one
+    /// (`new_local`, `new_remote`) and the reverse one (`snat::alloc`'s
+    /// port search). Here rather than on the stack: an IPv6 key is 40
+    /// bytes, and the remote path's call chain (new_remote → snat::alloc →
+    /// socket_holds) would not fit the 512-byte stack with them.
+    pub fkey: CtKey<I::Addr>,
+    pub rkey: CtKey<I::Addr>,
     /// What an ICMP error keeps of the packet it answers.
     pub macs: [u8; 12],
     pub quote: [u8; 28],
 }
 
 #[inline(always)]
-pub fn scratch() -> Option<*mut Scratch> {
-    LB_SCRATCH.get_ptr_mut(0)
+pub fn scratch<I: Ip>() -> Option<*mut Scratch<I>> {
+    I::scratch()
 }
 
 /// What the program does with the packet, in one 64-bit word: a
@@ -116,8 +132,9 @@ pub enum Verdict {
     /// Send it out of this device, already rewritten (MACs included).
     Redirect(u32),
     /// Send it out of this device, the kernel resolving the next hop (tc
-    /// only; the next hop is in the scratch FIB parameters).
-    RedirectNeigh(u32),
+    /// only; the next hop is in the scratch FIB parameters of the family:
+    /// `true` for IPv6).
+    RedirectNeigh(u32, bool),
     /// XDP could not do it without the stack's help: let tc handle it (the
     /// packet is untouched).
     Punt,
@@ -134,6 +151,7 @@ impl Action {
     const REJECT: Self = Self(6);
     const REDIRECT: u64 = 4 << 32;
     const REDIRECT_NEIGH: u64 = 5 << 32;
+    const REDIRECT_NEIGH6: u64 = 6 << 32;
 
     #[inline(always)]
     pub const fn redirect(ifindex: u32) -> Self {
@@ -141,15 +159,21 @@ impl Action {
     }
 
     #[inline(always)]
-    pub const fn redirect_neigh(ifindex: u32) -> Self {
-        Self(Self::REDIRECT_NEIGH | ifindex as u64)
+    pub const fn redirect_neigh<I: Ip>(ifindex: u32) -> Self {
+        let kind = if I::IS_V6 {
+            Self::REDIRECT_NEIGH6
+        } else {
+            Self::REDIRECT_NEIGH
+        };
+        Self(kind | ifindex as u64)
     }
 
     #[inline(always)]
     pub fn verdict(self) -> Verdict {
         match self.0 >> 32 {
             4 => Verdict::Redirect(self.0 as u32),
-            5 => Verdict::RedirectNeigh(self.0 as u32),
+            5 => Verdict::RedirectNeigh(self.0 as u32, false),
+            6 => Verdict::RedirectNeigh(self.0 as u32, true),
             _ => match self.0 {
                 1 => Verdict::Drop,
                 2 => Verdict::Punt,
@@ -169,7 +193,7 @@ pub trait Hook: Pkt {
     fn from_pod(&self) -> bool;
     /// The L3 length of what goes on the wire per packet: one segment of a
     /// GSO packet, the whole packet otherwise.
-    fn wire_len(&self, f: &Flow) -> u16;
+    fn wire_len<I: Ip>(&self, f: &Flow<I>) -> u16;
     /// Inserts `len` bytes after the 20-byte IPv4 base header.
     fn grow_ip_options(&self, len: u32) -> bool;
     /// Removes `len` bytes after the 20-byte IPv4 base header.
@@ -193,20 +217,20 @@ pub trait Hook: Pkt {
     /// Whether a socket of this node holds the tuple of `key` (as a packet
     /// from its source to its destination would find it; a listener does
     /// not count: it takes new connections, not this tuple's packets).
-    fn socket_holds(&self, key: &Ct4Key) -> bool;
+    fn socket_holds<I: Ip>(&self, key: &CtKey<I::Addr>) -> bool;
     /// XDP cannot grow headers, resolve neighbours or build ICMP errors
     /// here: it punts those packets to tc, before changing anything.
     const IS_XDP: bool;
 }
 
 #[inline(always)]
-fn fill_event<C: Hook>(e: &mut Event, ctx: &C, f: &Flow) {
+fn fill_event<C: Hook, I: Ip>(e: &mut Event, ctx: &C, f: &Flow<I>) {
     *e = Event::zeroed();
     e.hook = ctx.hook();
     e.proto = f.proto;
-    e.family = 4;
-    e.saddr[..4].copy_from_slice(&f.saddr.to_ne_bytes());
-    e.daddr[..4].copy_from_slice(&f.daddr.to_ne_bytes());
+    e.family = I::VERSION;
+    e.saddr = I::event_addr(f.saddr);
+    e.daddr = I::event_addr(f.daddr);
     e.sport = f.sport;
     e.dport = f.dport;
 }
@@ -214,8 +238,8 @@ fn fill_event<C: Hook>(e: &mut Event, ctx: &C, f: &Flow) {
 /// Counts a drop (with an event) without deciding the verdict: the packet
 /// may still become an ICMP error.
 #[inline(never)]
-pub fn record_drop<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u32) {
-    match scratch() {
+pub fn record_drop<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, reason: DropReason, service_id: u32) {
+    match scratch::<I>() {
         Some(s) => {
             // SAFETY: per-CPU scratch; the event field is not the flow.
             let e = unsafe { &mut (*s).event };
@@ -228,7 +252,12 @@ pub fn record_drop<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u
 }
 
 #[inline(always)]
-pub fn drop_packet<C: Hook>(ctx: &C, f: &Flow, reason: DropReason, service_id: u32) -> Action {
+pub fn drop_packet<C: Hook, I: Ip>(
+    ctx: &C,
+    f: &Flow<I>,
+    reason: DropReason,
+    service_id: u32,
+) -> Action {
     record_drop(ctx, f, reason, service_id);
     Action::DROP
 }
@@ -249,7 +278,24 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
     if cannot_concern_a_service(ctx) {
         return Action::PASS;
     }
-    let Some(s) = scratch() else {
+    match load::<u16, C>(ctx, 12) {
+        Some(p) if p == ETH_P_IP.to_be() => ingress_of::<C, V4>(ctx),
+        Some(p) if p == ETH_P_IPV6.to_be() => {
+            ctx.pull(IPV6_HEADERS);
+            ingress_of::<C, V6>(ctx)
+        }
+        _ => Action::PASS,
+    }
+}
+
+/// Ethernet, the IPv6 header and a TCP header: what an IPv6 packet needs
+/// directly readable (the programs pull less for IPv4, whose small packets
+/// would otherwise all pay a pull).
+const IPV6_HEADERS: usize = ETH_HLEN + IPV6_HLEN + 20;
+
+#[inline(always)]
+fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
+    let Some(s) = scratch::<I>() else {
         return Action::PASS;
     };
     let parsed = parse_into(ctx, s);
@@ -257,7 +303,7 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
     // conntrack parts of the same scratch value are written, never through
     // one &mut Scratch.
     // SAFETY: per-CPU scratch, used by this program run only.
-    let f: &Flow = unsafe { &(*s).flow };
+    let f: &Flow<I> = unsafe { &(*s).flow };
     match parsed {
         Parsed::Other => return Action::PASS,
         Parsed::Flow => {}
@@ -270,7 +316,10 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
             if C::IS_XDP {
                 return Action::PUNT;
             }
-            return icmp::ingress_error(ctx, f);
+            return match I::as_v4(f) {
+                Some(f) => icmp::ingress_error(ctx, f),
+                None => Action::PASS,
+            };
         }
         Parsed::Invalid(ports) => return reject_unless_passable(ctx, f, ports),
     }
@@ -280,7 +329,10 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
         if C::IS_XDP {
             return Action::PUNT;
         }
-        return dsr::learn(ctx, f);
+        return match I::as_v4(f) {
+            Some(f) => dsr::learn(ctx, f),
+            None => Action::PASS,
+        };
     }
     let a = known_flow(ctx, f);
     if a != Action::NEXT {
@@ -353,15 +405,15 @@ fn filter_has(address: u32, port: u16) -> bool {
 }
 
 #[inline(never)]
-fn parse_into<C: Hook>(ctx: &C, s: *mut Scratch) -> Parsed {
+fn parse_into<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) -> Parsed {
     // SAFETY: per-CPU scratch, used by this program run only.
-    parse(ctx, unsafe { &mut (*s).flow })
+    I::parse(ctx, unsafe { &mut (*s).flow })
 }
 
 #[inline(never)]
-fn follow_fragment(s: *mut Scratch) -> bool {
+fn follow_fragment<I: Ip>(s: *mut Scratch<I>) -> bool {
     // SAFETY: per-CPU scratch, used by this program run only.
-    let ok = frag::follow(unsafe { &mut (*s).flow });
+    let ok = frag::follow::<I>(unsafe { &mut (*s).flow });
     if ok {
         bump(CNT_FRAGMENTS);
     }
@@ -371,7 +423,7 @@ fn follow_fragment(s: *mut Scratch) -> bool {
 /// A broken packet: dropped when addressed to a frontend (counted, with its
 /// reason), left to the stack otherwise.
 #[inline(never)]
-fn reject_unless_passable<C: Hook>(ctx: &C, f: &Flow, ports: bool) -> Action {
+fn reject_unless_passable<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ports: bool) -> Action {
     if ports && !matches!(frontend(f, ctx.from_pod()), Frontend::None) {
         drop_packet(ctx, f, DropReason::InvalidPacket, 0)
     } else {
@@ -381,9 +433,9 @@ fn reject_unless_passable<C: Hook>(ctx: &C, f: &Flow, ports: bool) -> Action {
 
 /// A known flow to a frontend stays on its backend (NEXT: not a known flow).
 #[inline(never)]
-fn known_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn known_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let key = f.ct_key(CT_SERVICE);
-    match ct::lookup(&key, f.proto, f.tcp_flags) {
+    match ct::lookup::<I>(&key, f.proto, f.tcp_flags) {
         Hit::Miss => Action::NEXT,
         Hit::Reopen => {
             // The tuple is reused: new_flow chooses again and overwrites.
@@ -392,7 +444,7 @@ fn known_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
         }
         Hit::Live(ct) => {
             // Its backend is gone: the flow chooses again.
-            let Some(b) = V4::backend(ct.backend_id) else {
+            let Some(b) = I::backend(ct.backend_id) else {
                 return Action::NEXT;
             };
             frag::remember(f);
@@ -403,9 +455,9 @@ fn known_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
 
 /// A reply to a SNATed flow, addressed to our SNAT port (NEXT: not one).
 #[inline(never)]
-fn snat_reply<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn snat_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let key = f.ct_key(CT_REVERSE);
-    let Hit::Live(ct) = ct::lookup(&key, f.proto, f.tcp_flags) else {
+    let Hit::Live(ct) = ct::lookup::<I>(&key, f.proto, f.tcp_flags) else {
         return Action::NEXT;
     };
     if ct.flags & CT_F_SNAT == 0 {
@@ -415,32 +467,33 @@ fn snat_reply<C: Hook>(ctx: &C, f: &Flow) -> Action {
     reverse_snat(ctx, f, ct)
 }
 
-enum Frontend {
+enum Frontend<K> {
     None,
     /// A known service address on a port it does not expose.
     UnknownPort,
-    Found(ServiceValue, Service4Key),
+    /// The service, its key, and whether that is the node-local view.
+    Found(ServiceValue, K, bool),
 }
 
 /// The frontend a packet is addressed to; for traffic from outside, the
 /// node-local view when the service has one (externalTrafficPolicy: Local).
 #[inline(always)]
-fn frontend(f: &Flow, from_pod: bool) -> Frontend {
-    let key = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_ALL, 0);
-    match lb::lookup_service::<V4>(&key) {
+fn frontend<I: Ip>(f: &Flow<I>, from_pod: bool) -> Frontend<I::Key> {
+    let key = I::service_key(f.daddr, f.dport, f.proto, SCOPE_ALL);
+    match lb::lookup_service::<I>(&key) {
         Lookup::NotService => Frontend::None,
         Lookup::UnknownPort => Frontend::UnknownPort,
         // Pods on this node are clients on the node: they use every
         // endpoint, as kube-proxy sends pods' traffic to an
         // externalTrafficPolicy: Local service to the cluster-wide ones.
         Lookup::Service(svc) if svc.flags & SVC_FLAG_TWO_SCOPES != 0 && !from_pod => {
-            let local = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_LOCAL, 0);
-            match V4::service(&local) {
-                Some(s) => Frontend::Found(s, local),
+            let local = I::service_key(f.daddr, f.dport, f.proto, SCOPE_LOCAL);
+            match I::service(&local) {
+                Some(s) => Frontend::Found(s, local, true),
                 None => Frontend::None,
             }
         }
-        Lookup::Service(svc) => Frontend::Found(svc, key),
+        Lookup::Service(svc) => Frontend::Found(svc, key, false),
     }
 }
 
@@ -450,20 +503,20 @@ fn frontend(f: &Flow, from_pod: bool) -> Frontend {
 /// and values) is then not under the remote path's (FIB, SNAT port search),
 /// which the 512-byte budget could not hold.
 #[inline(never)]
-fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn new_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let a = pick(ctx, f);
     if a == Action::REJECT {
-        let Some(sp) = scratch() else {
+        let Some(sp) = scratch::<I>() else {
             return Action::DROP;
         };
         // SAFETY: per-CPU scratch; read only.
         let service_id = unsafe { (*sp).ct.service_id };
-        return icmp::reply(ctx, f, icmp::Error::PORT_UNREACHABLE, service_id);
+        return icmp_reply(ctx, f, icmp::Error::PORT_UNREACHABLE, service_id);
     }
     if a != Action::NEXT {
         return a;
     }
-    let Some(sp) = scratch() else {
+    let Some(sp) = scratch::<I>() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch; read only.
@@ -475,18 +528,25 @@ fn new_flow<C: Hook>(ctx: &C, f: &Flow) -> Action {
     }
 }
 
-/// Whether `saddr` lies in one of the frontend's loadBalancerSourceRanges:
-/// one longest-prefix lookup on (service id, address) in LB4_SRC_RANGES.
+/// An ICMP error in answer to `f` (IPv4); for IPv6, which has no ICMPv6
+/// errors of ours yet, the packet is dropped with the reason the error
+/// would have given, counted.
 #[inline(always)]
-fn source_allowed(service_id: u32, saddr: u32) -> bool {
-    let key = aya_ebpf::maps::lpm_trie::Key::new(
-        SourceRange4::prefix_len(32),
-        SourceRange4 {
-            service_id,
-            address: saddr,
-        },
-    );
-    LB4_SRC_RANGES.get(&key).is_some()
+fn icmp_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, error: icmp::Error, service_id: u32) -> Action {
+    match I::as_v4(f) {
+        Some(f) => icmp::reply(ctx, f, error, service_id),
+        None => drop_packet(ctx, f, error.reason(), service_id),
+    }
+}
+
+/// "Fragmentation needed" (IPv4) with the path's MTU; IPv6: dropped as
+/// `frag-needed` (no Packet Too Big of ours yet).
+#[inline(always)]
+fn icmp_too_big<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, mtu: u16, service_id: u32) -> Action {
+    match I::as_v4(f) {
+        Some(f) => icmp::too_big(ctx, f, mtu, service_id),
+        None => drop_packet(ctx, f, DropReason::FragNeeded, service_id),
+    }
 }
 
 /// A new flow to a frontend with nothing to choose, as kube-proxy treats
@@ -494,14 +554,14 @@ fn source_allowed(service_id: u32, saddr: u32) -> bool {
 /// REJECT rules); externalTrafficPolicy: Local with endpoints only on other
 /// nodes is dropped (its "has no local endpoints" DROP), both counted.
 #[inline(always)]
-fn no_backend<C: Hook>(ctx: &C, f: &Flow, svc: &ServiceValue, key: &Service4Key) -> Action {
-    if key.scope == SCOPE_LOCAL {
-        let all = Service4Key::new(f.daddr, f.dport, f.proto, SCOPE_ALL, 0);
-        if V4::service(&all).is_some_and(|s| s.count > 0 || s.terminating_count > 0) {
+fn no_backend<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, svc: &ServiceValue, local: bool) -> Action {
+    if local {
+        let all = I::service_key(f.daddr, f.dport, f.proto, SCOPE_ALL);
+        if I::service(&all).is_some_and(|s| s.count > 0 || s.terminating_count > 0) {
             return drop_packet(ctx, f, DropReason::NoLocalBackend, svc.service_id);
         }
     }
-    let Some(sp) = scratch() else {
+    let Some(sp) = scratch::<I>() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch, used by this program run only.
@@ -513,11 +573,11 @@ fn no_backend<C: Hook>(ctx: &C, f: &Flow, svc: &ServiceValue, key: &Service4Key)
 /// (`addr`/`port`: the backend; `CT_F_LOCAL` when it runs on this node).
 /// NEXT when there is one; else what to do with the packet.
 #[inline(never)]
-fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
-    let (svc, key) = match frontend(f, ctx.from_pod()) {
+fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
+    let (svc, key, local) = match frontend(f, ctx.from_pod()) {
         Frontend::None => return Action::PASS,
         Frontend::UnknownPort => return drop_packet(ctx, f, DropReason::NoServicePort, 0),
-        Frontend::Found(svc, key) => (svc, key),
+        Frontend::Found(svc, key, local) => (svc, key, local),
     };
     // CVE-2020-8554: a pod's packets to an external IP this node does not
     // own go where they are addressed, as its sockets' connects do.
@@ -529,18 +589,18 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
     }
     // loadBalancerSourceRanges, before anything else about the service
     // (kube-proxy's KUBE-FW chain runs before its REJECT of an empty one).
-    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 && !source_allowed(svc.service_id, f.saddr) {
+    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 && !I::source_allowed(svc.service_id, f.saddr) {
         return drop_packet(ctx, f, DropReason::SourceRange, svc.service_id);
     }
     if svc.count == 0 && svc.terminating_count == 0 {
-        return no_backend(ctx, f, &svc, &key);
+        return no_backend(ctx, f, &svc, local);
     }
     // sessionAffinity: ClientIP: the source address's last backend first,
     // then the usual choice, remembered (kube-proxy's "recent" match).
-    let client = CLIENT_IS_ADDRESS | f.saddr as u64;
+    let client = I::client(f.saddr);
     let affinity = svc.flags & SVC_FLAG_AFFINITY != 0;
     let remembered = if affinity {
-        lb::remembered::<V4>(&svc, client)
+        lb::remembered::<I>(&svc, client)
     } else {
         None
     };
@@ -549,7 +609,7 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
     } else if svc.algorithm == ALG_MAGLEV {
         maglev(f, &svc)
     } else {
-        lb::select_backend::<V4>(&key, &svc)
+        lb::select_backend::<I>(&key, &svc)
     };
     if affinity && remembered.is_none() {
         if let Ok((id, _)) = picked {
@@ -560,7 +620,7 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
         Ok(x) => x,
         Err(reason) => return drop_packet(ctx, f, reason, svc.service_id),
     };
-    let Some(sp) = scratch() else {
+    let Some(sp) = scratch::<I>() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch; the ct field is not the flow.
@@ -568,15 +628,16 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
     // A flow picked up after its handshake (conntrack lost it) is established.
     let established = f.proto == IPPROTO_TCP && f.tcp_flags & TCP_SYN == 0;
     let mut flags = if established { CT_F_ESTABLISHED } else { 0 };
-    if b.flags & BACKEND_FLAG_LOCAL != 0 {
+    let (baddr, bport, bflags) = I::backend_target(&b);
+    if bflags & BACKEND_FLAG_LOCAL != 0 {
         flags |= CT_F_LOCAL;
     }
-    *ct = Ct4Value {
+    *ct = CtValue {
         backend_id,
         service_id: svc.service_id,
-        addr: b.address,
-        nat_addr: 0,
-        port: b.port,
+        addr: baddr,
+        nat_addr: I::Addr::default(),
+        port: bport,
         nat_port: 0,
         flags,
         pad: 0,
@@ -590,12 +651,19 @@ fn pick<C: Hook>(ctx: &C, f: &Flow) -> Action {
 /// the stack delivers or routes it, tc egress (of the device the reply
 /// leaves by, or of the pod's device) undoes the DNAT on the reply.
 #[inline(never)]
-fn new_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
-    let Some(sp) = scratch() else {
+fn new_local<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
+    let Some(sp) = scratch::<I>() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch; distinct fields.
-    let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
+    let (ct, rct, fkey, rkey) = unsafe {
+        (
+            &mut (*sp).ct,
+            &mut (*sp).rct,
+            &mut (*sp).fkey,
+            &mut (*sp).rkey,
+        )
+    };
     ct.flags |= CT_F_LOCAL;
     let (baddr, bport) = (ct.addr, ct.port);
     // Hairpin: a pod that reached itself through a frontend would get its
@@ -616,16 +684,16 @@ fn new_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
     rct.port = f.dport;
     rct.nat_addr = f.saddr;
     rct.nat_port = f.sport;
-    let skey = f.ct_key(CT_SERVICE);
-    let rev = Ct4Key::new(baddr, src, bport, sport, f.proto, CT_REVERSE);
-    if !ct::put(&rev, rct) || !ct::put(&skey, ct) {
+    *fkey = f.ct_key(CT_SERVICE);
+    *rkey = CtKey::new(baddr, src, bport, sport, f.proto, CT_REVERSE);
+    if !ct::put::<I>(rkey, rct) || !ct::put::<I>(fkey, ct) {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
     bump(CNT_CT_CREATED);
     let rewritten = if hairpin {
-        nat::dnat_snat(ctx, f, baddr, bport, src, sport)
+        nat::dnat_snat(ctx, f, &baddr, bport, &src, sport)
     } else {
-        nat::dnat(ctx, f, baddr, bport)
+        nat::dnat(ctx, f, &baddr, bport)
     };
     match rewritten {
         Some(()) => {
@@ -638,14 +706,15 @@ fn new_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
 
 /// Backend on another node: SNAT or DSR by mode, routed by a FIB lookup.
 #[inline(never)]
-fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let mode = runtime::config(CFG_LB_MODE);
-    let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
+    // No DSR over IPv6 yet: its flows are SNATed in every mode.
+    let dsr = !I::IS_V6 && (mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP));
     let needs_option = dsr && dsr::needs_option(f);
     if needs_option && C::IS_XDP {
         return Action::PUNT; // before anything changed: tc will redo it
     }
-    let Some(sp) = scratch() else {
+    let Some(sp) = scratch::<I>() else {
         return Action::DROP;
     };
     // SAFETY: per-CPU scratch; distinct fields.
@@ -653,28 +722,27 @@ fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
     let (service_id, baddr, bport) = (ct.service_id, ct.addr, ct.port);
     let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
     // The route to the backend decides the egress device and its address.
-    let route = fib::lookup(ctx, f.saddr, baddr, f, extra);
+    let route = fib::lookup(ctx, &f.saddr, &baddr, f, extra);
     let egress = match route {
         Route::Resolved(ifindex) | Route::NoNeigh(ifindex) => ifindex,
-        Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu.saturating_sub(extra), service_id),
+        Route::TooBig(mtu) => return icmp_too_big(ctx, f, mtu.saturating_sub(extra), service_id),
         Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id),
     };
     if matches!(route, Route::NoNeigh(..)) && C::IS_XDP {
         return Action::PUNT;
     }
     if f.ttl <= 1 {
-        return icmp::reply(ctx, f, icmp::Error::TTL_EXCEEDED, service_id);
+        return icmp_reply(ctx, f, icmp::Error::TTL_EXCEEDED, service_id);
     }
-    let skey = f.ct_key(CT_SERVICE);
     if dsr {
         ct.flags |= CT_F_DSR;
     } else {
-        // SAFETY: a map value, copied at once.
-        let Some(dev) = (unsafe { LB_DEVICES.get(&egress) }).copied() else {
+        // The device's address of the family (an IPv6 one may be missing).
+        let Some(node) = I::device_address(egress) else {
             return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id);
         };
         ct.flags |= CT_F_SNAT;
-        ct.nat_addr = dev.address;
+        ct.nat_addr = node;
         // The reverse entry: backend → node:port, back to client ← frontend.
         *rct = *ct;
         rct.addr = f.daddr;
@@ -686,11 +754,14 @@ fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
             return drop_packet(ctx, f, DropReason::SnatPortsExhausted, service_id);
         }
     }
-    if !ct::put(&skey, ct) {
+    // SAFETY: per-CPU scratch; distinct fields (snat::alloc is done with rkey).
+    let (fkey, rkey) = unsafe { (&mut (*sp).fkey, &mut (*sp).rkey) };
+    *fkey = f.ct_key(CT_SERVICE);
+    if !ct::put::<I>(fkey, ct) {
         if ct.flags & CT_F_SNAT != 0 {
             // Give the port back at once.
-            let rkey = Ct4Key::new(baddr, ct.nat_addr, bport, ct.nat_port, f.proto, CT_REVERSE);
-            let _ = LB4_CT.remove(&rkey);
+            *rkey = CtKey::new(baddr, ct.nat_addr, bport, ct.nat_port, f.proto, CT_REVERSE);
+            let _ = I::ct().remove(rkey);
         }
         return drop_packet(ctx, f, DropReason::CtFull, service_id);
     }
@@ -699,24 +770,24 @@ fn new_remote<C: Hook>(ctx: &C, f: &Flow) -> Action {
     if a != Action::NEXT {
         return a;
     }
-    finish_redirect(ctx, route)
+    finish_redirect::<C, I>(ctx, route)
 }
 
 /// Maglev: the flow's hash picks a slot of the service's table.
 #[inline(always)]
-fn maglev(f: &Flow, svc: &ServiceValue) -> Result<(u32, Backend4), DropReason> {
+fn maglev<I: Ip>(f: &Flow<I>, svc: &ServiceValue) -> Result<(u32, I::Backend), DropReason> {
     let m = runtime::config(CFG_MAGLEV_M);
     // A NonZero divisor: no panic path for the verifier to reject.
     let Some(m) = core::num::NonZeroU32::new(m) else {
         return Err(DropReason::MaglevMissing);
     };
-    let slot = flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto) % m;
+    let slot = I::flow_hash(f) % m;
     // SAFETY: a map value, copied at once.
     let id = match unsafe { LB_MAGLEV.get_value(&svc.service_id, &slot) } {
         Some(id) => *id,
         None => return Err(DropReason::MaglevMissing),
     };
-    match V4::backend(id) {
+    match I::backend(id) {
         Some(b) => Ok((id, b)),
         None => Err(DropReason::BackendMissing),
     }
@@ -724,12 +795,19 @@ fn maglev(f: &Flow, svc: &ServiceValue) -> Result<(u32, Backend4), DropReason> {
 
 /// A packet of a known flow: same rewrite as its first packet.
 #[inline(never)]
-fn forward_known<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -> Action {
+fn forward_known<C: Hook, I: Ip>(
+    ctx: &C,
+    f: &Flow<I>,
+    ct: &CtValue<I::Addr>,
+    b: &I::Backend,
+) -> Action {
+    let (baddr, bport, _) = I::backend_target(b);
+    let baddr = &baddr;
     if ct.flags & CT_F_LOCAL != 0 {
         let rewritten = if ct.flags & CT_F_SNAT != 0 {
-            nat::dnat_snat(ctx, f, b.address, b.port, ct.nat_addr, ct.nat_port)
+            nat::dnat_snat(ctx, f, baddr, bport, &ct.nat_addr, ct.nat_port)
         } else {
-            nat::dnat(ctx, f, b.address, b.port)
+            nat::dnat(ctx, f, &baddr, bport)
         };
         return rewritten.map_or(Action::DROP, |_| {
             bump(CNT_NP_FORWARD);
@@ -741,23 +819,23 @@ fn forward_known<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -> Act
         return Action::PUNT;
     }
     let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
-    let route = fib::lookup(ctx, f.saddr, b.address, f, extra);
+    let route = fib::lookup(ctx, &f.saddr, baddr, f, extra);
     match route {
         Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
         Route::TooBig(mtu) => {
-            return icmp::too_big(ctx, f, mtu.saturating_sub(extra), ct.service_id)
+            return icmp_too_big(ctx, f, mtu.saturating_sub(extra), ct.service_id)
         }
         Route::NoNeigh(..) if C::IS_XDP => return Action::PUNT,
         _ => {}
     }
     if f.ttl <= 1 {
-        return icmp::reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
+        return icmp_reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
     }
     let a = rewrite_remote(ctx, f, ct);
     if a != Action::NEXT {
         return a;
     }
-    finish_redirect(ctx, route)
+    finish_redirect::<C, I>(ctx, route)
 }
 
 // The "no route: drop / too big: ICMP / XDP without a resolved neighbour:
@@ -774,20 +852,24 @@ fn forward_known<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value, b: &Backend4) -> Act
 /// anything changed, and with one call frame less: the ICMP reply's frames
 /// on top of this one would pass 512 bytes).
 #[inline(never)]
-fn rewrite_remote<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
+fn rewrite_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -> Action {
     if fib::decrement_ttl(ctx, f).is_err() {
         return Action::DROP;
     }
     let rewritten = if ct.flags & CT_F_SNAT != 0 {
-        nat::dnat_snat(ctx, f, ct.addr, ct.port, ct.nat_addr, ct.nat_port)
+        nat::dnat_snat(ctx, f, &ct.addr, ct.port, &ct.nat_addr, ct.nat_port)
     } else {
-        nat::dnat(ctx, f, ct.addr, ct.port)
+        nat::dnat(ctx, f, &ct.addr, ct.port)
     };
     if rewritten.is_none() {
         return Action::DROP;
     }
     let needs_option = ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
-    if needs_option && !dsr::insert_option(ctx, f, f.daddr, f.dport) {
+    let inserted = match I::as_v4(f) {
+        Some(f4) => !needs_option || dsr::insert_option(ctx, f4, f4.daddr, f4.dport),
+        None => !needs_option,
+    };
+    if !inserted {
         return drop_packet(ctx, f, DropReason::InvalidPacket, ct.service_id);
     }
     bump(CNT_NP_FORWARD);
@@ -795,10 +877,10 @@ fn rewrite_remote<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
 }
 
 #[inline(always)]
-pub fn finish_redirect<C: Hook>(ctx: &C, route: Route) -> Action {
+pub fn finish_redirect<C: Hook, I: Ip>(ctx: &C, route: Route) -> Action {
     match route {
         Route::Resolved(ifindex) => {
-            let Some(s) = scratch() else {
+            let Some(s) = scratch::<I>() else {
                 return Action::DROP;
             };
             // SAFETY: per-CPU scratch; the FIB parameters hold the MACs.
@@ -808,7 +890,7 @@ pub fn finish_redirect<C: Hook>(ctx: &C, route: Route) -> Action {
             }
             Action::redirect(ifindex)
         }
-        Route::NoNeigh(ifindex) => Action::redirect_neigh(ifindex),
+        Route::NoNeigh(ifindex) => Action::redirect_neigh::<I>(ifindex),
         Route::TooBig(_) | Route::None => Action::DROP,
     }
 }
@@ -816,27 +898,27 @@ pub fn finish_redirect<C: Hook>(ctx: &C, route: Route) -> Action {
 /// A reply from a backend to our SNAT port: back to the client, from the
 /// frontend.
 #[inline(never)]
-fn reverse_snat<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
+fn reverse_snat<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -> Action {
     // ct: addr/port = the frontend, nat_addr/nat_port = the client.
-    let route = fib::lookup(ctx, ct.addr, ct.nat_addr, f, 0);
+    let route = fib::lookup(ctx, &ct.addr, &ct.nat_addr, f, 0);
     match route {
         Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
         // Answered to the backend: it sent what does not fit toward the client.
-        Route::TooBig(mtu) => return icmp::too_big(ctx, f, mtu, ct.service_id),
+        Route::TooBig(mtu) => return icmp_too_big(ctx, f, mtu, ct.service_id),
         Route::NoNeigh(..) if C::IS_XDP => return Action::PUNT,
         _ => {}
     }
     if f.ttl <= 1 {
-        return icmp::reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
+        return icmp_reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
     }
     if fib::decrement_ttl(ctx, f).is_err() {
         return Action::DROP;
     }
-    if nat::reverse_snat(ctx, f, ct.addr, ct.port, ct.nat_addr, ct.nat_port).is_none() {
+    if nat::reverse_snat(ctx, f, &ct.addr, ct.port, &ct.nat_addr, ct.nat_port).is_none() {
         return Action::DROP;
     }
     bump(CNT_NP_REVERSE);
-    finish_redirect(ctx, route)
+    finish_redirect::<C, I>(ctx, route)
 }
 
 /// tc egress: replies leaving the node whose source must become the
@@ -844,12 +926,24 @@ fn reverse_snat<C: Hook>(ctx: &C, f: &Flow, ct: &Ct4Value) -> Action {
 /// node), and ICMP errors about such flows.
 #[inline(always)]
 pub fn egress<C: Hook>(ctx: &C) -> Action {
-    let Some(s) = scratch() else {
+    match load::<u16, C>(ctx, 12) {
+        Some(p) if p == ETH_P_IP.to_be() => egress_of::<C, V4>(ctx),
+        Some(p) if p == ETH_P_IPV6.to_be() => {
+            ctx.pull(IPV6_HEADERS);
+            egress_of::<C, V6>(ctx)
+        }
+        _ => Action::PASS,
+    }
+}
+
+#[inline(always)]
+fn egress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
+    let Some(s) = scratch::<I>() else {
         return Action::PASS;
     };
     let parsed = parse_into(ctx, s);
     // SAFETY: per-CPU scratch, used by this program run only.
-    let f: &Flow = unsafe { &(*s).flow };
+    let f: &Flow<I> = unsafe { &(*s).flow };
     match parsed {
         Parsed::Flow => {}
         Parsed::LaterFragment => {
@@ -857,22 +951,27 @@ pub fn egress<C: Hook>(ctx: &C) -> Action {
                 return Action::PASS;
             }
         }
-        Parsed::IcmpError => return icmp::egress_error(ctx, f),
+        Parsed::IcmpError => {
+            return match I::as_v4(f) {
+                Some(f) => icmp::egress_error(ctx, f),
+                None => Action::PASS,
+            }
+        }
         Parsed::Other | Parsed::Invalid(_) => return Action::PASS,
     }
     reverse_local(ctx, f)
 }
 
 #[inline(never)]
-fn reverse_local<C: Hook>(ctx: &C, f: &Flow) -> Action {
+fn reverse_local<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let key = f.ct_key(CT_REVERSE);
-    let Hit::Live(ct) = ct::lookup(&key, f.proto, f.tcp_flags) else {
+    let Hit::Live(ct) = ct::lookup::<I>(&key, f.proto, f.tcp_flags) else {
         return Action::PASS;
     };
     if ct.flags & CT_F_SNAT != 0 {
         return Action::PASS; // SNAT replies arrive on ingress
     }
-    if nat::reverse_source(ctx, f, ct.addr, ct.port).is_none() {
+    if nat::reverse_source(ctx, f, &ct.addr, ct.port).is_none() {
         return Action::DROP;
     }
     frag::remember(f);

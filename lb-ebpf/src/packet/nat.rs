@@ -4,32 +4,58 @@
 //! fragment carried the L4 checksum, which covers the whole datagram and was
 //! updated there).
 use super::{
-    access::{
-        store, ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, IP_DADDR, IP_SADDR, L4_DPORT, L4_SPORT,
-        TCP_CHECK, UDP_CHECK,
-    },
+    access::{store, ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, L4_DPORT, L4_SPORT, TCP_CHECK, UDP_CHECK},
+    family::Ip,
     parse::Flow,
     Hook,
 };
 
-/// Rewrites an IPv4 address field, fixing the IP and L4 (pseudo-header) checksums.
+/// Rewrites an address field (`I::SADDR` or `I::DADDR`), fixing the IPv4
+/// header checksum and the L4 checksum, whose pseudo-header holds the
+/// address: one 32-bit update per word that changed (one for IPv4, up to
+/// four for IPv6).
 #[inline(always)]
-pub fn set_addr<C: Hook>(ctx: &C, f: &Flow, field: usize, old: u32, new: u32) -> Option<()> {
+pub fn set_addr<C: Hook, I: Ip>(
+    ctx: &C,
+    f: &Flow<I>,
+    field: usize,
+    old: &I::Addr,
+    new: &I::Addr,
+) -> Option<()> {
     if old == new {
         return Some(());
     }
-    if !store(ctx, ETH_HLEN + field, new) || !ctx.csum_l3(old, new, 4) {
+    let (old, new) = (*old, *new);
+    if !store(ctx, ETH_HLEN + field, new) {
+        return None;
+    }
+    if !I::IS_V6 && !ctx.csum_l3(I::word(old, 0), I::word(new, 0), 4) {
         return None;
     }
     if !f.has_l4() {
         return Some(());
     }
-    ctx.csum_l4(l4_check(f), old, new, 4, true, f.proto == IPPROTO_UDP)
-        .then_some(())
+    let check = l4_check(f);
+    let udp = f.proto == IPPROTO_UDP;
+    let mut i = 0;
+    while i < I::WORDS {
+        let (o, n) = (I::word(old, i), I::word(new, i));
+        if o != n && !ctx.csum_l4(check, o, n, 4, true, udp) {
+            return None;
+        }
+        i += 1;
+    }
+    Some(())
 }
 
 #[inline(always)]
-pub fn set_port<C: Hook>(ctx: &C, f: &Flow, field: usize, old: u16, new: u16) -> Option<()> {
+pub fn set_port<C: Hook, I: Ip>(
+    ctx: &C,
+    f: &Flow<I>,
+    field: usize,
+    old: u16,
+    new: u16,
+) -> Option<()> {
     if old == new || !f.has_l4() {
         return Some(());
     }
@@ -48,7 +74,7 @@ pub fn set_port<C: Hook>(ctx: &C, f: &Flow, field: usize, old: u16, new: u16) ->
 }
 
 #[inline(always)]
-fn l4_check(f: &Flow) -> usize {
+fn l4_check<I: Ip>(f: &Flow<I>) -> usize {
     f.l4()
         + if f.proto == IPPROTO_TCP {
             TCP_CHECK
@@ -59,44 +85,49 @@ fn l4_check(f: &Flow) -> usize {
 
 /// Rewrites the destination to the backend (address, port, checksums).
 #[inline(always)]
-pub fn dnat<C: Hook>(ctx: &C, f: &Flow, addr: u32, port: u16) -> Option<()> {
-    set_addr(ctx, f, IP_DADDR, f.daddr, addr)?;
+pub fn dnat<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, addr: &I::Addr, port: u16) -> Option<()> {
+    set_addr(ctx, f, I::DADDR, &f.daddr, addr)?;
     set_port(ctx, f, L4_DPORT, f.dport, port)
 }
 
 /// DNAT plus SNAT to this node's address and port.
 #[inline(always)]
-pub fn dnat_snat<C: Hook>(
+pub fn dnat_snat<C: Hook, I: Ip>(
     ctx: &C,
-    f: &Flow,
-    addr: u32,
+    f: &Flow<I>,
+    addr: &I::Addr,
     port: u16,
-    node: u32,
+    node: &I::Addr,
     node_port: u16,
 ) -> Option<()> {
     dnat(ctx, f, addr, port)?;
-    set_addr(ctx, f, IP_SADDR, f.saddr, node)?;
+    set_addr(ctx, f, I::SADDR, &f.saddr, node)?;
     set_port(ctx, f, L4_SPORT, f.sport, node_port)
 }
 
 /// A reply's source becomes the frontend again (local backend, DSR).
 #[inline(always)]
-pub fn reverse_source<C: Hook>(ctx: &C, f: &Flow, addr: u32, port: u16) -> Option<()> {
-    set_addr(ctx, f, IP_SADDR, f.saddr, addr)?;
+pub fn reverse_source<C: Hook, I: Ip>(
+    ctx: &C,
+    f: &Flow<I>,
+    addr: &I::Addr,
+    port: u16,
+) -> Option<()> {
+    set_addr(ctx, f, I::SADDR, &f.saddr, addr)?;
     set_port(ctx, f, L4_SPORT, f.sport, port)
 }
 
 /// A reply to a SNAT port: from the frontend, to the client.
 #[inline(always)]
-pub fn reverse_snat<C: Hook>(
+pub fn reverse_snat<C: Hook, I: Ip>(
     ctx: &C,
-    f: &Flow,
-    frontend: u32,
+    f: &Flow<I>,
+    frontend: &I::Addr,
     fport: u16,
-    client: u32,
+    client: &I::Addr,
     cport: u16,
 ) -> Option<()> {
     reverse_source(ctx, f, frontend, fport)?;
-    set_addr(ctx, f, IP_DADDR, f.daddr, client)?;
+    set_addr(ctx, f, I::DADDR, &f.daddr, client)?;
     set_port(ctx, f, L4_DPORT, f.dport, cport)
 }

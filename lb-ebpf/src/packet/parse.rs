@@ -1,7 +1,8 @@
-//! Parsing a packet into the flow the packet programs act on.
-use lb_common::nodeport::{Ct4Key, DSR_OPT_LEN, DSR_OPT_TYPE};
+//! Parsing a packet into the flow the packet programs act on: `parse4`
+//! for IPv4, `parse6` for IPv6, one `Flow` for both.
+use lb_common::nodeport::{CtKey, DSR_OPT_LEN, DSR_OPT_TYPE};
 
-use super::access::*;
+use super::{access::*, family::Ip};
 
 /// Where a packet sits in an IPv4 datagram.
 pub const FRAG_NONE: u8 = 0;
@@ -26,13 +27,13 @@ pub struct Quoted {
     pub ip_len: usize,
 }
 
-/// What the programs need of an IPv4 TCP/UDP packet (or an ICMP error
-/// about one). Lives in the per-CPU scratch map, not on the stack.
+/// What the programs need of a TCP/UDP packet (or an ICMPv4 error about
+/// one). Lives in the per-CPU scratch map, not on the stack.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Flow {
-    pub saddr: u32,
-    pub daddr: u32,
+pub struct Flow<I: Ip> {
+    pub saddr: I::Addr,
+    pub daddr: I::Addr,
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
@@ -42,11 +43,12 @@ pub struct Flow {
     pub frag: u8,
     /// Don't Fragment is set.
     pub df: bool,
-    /// IPv4 header length in bytes (20..60).
+    /// IP header length in bytes (IPv4: 20..60; IPv6: 40).
     pub ip_len: usize,
     /// L4 header length (TCP data offset, 8 for UDP): with the GSO size it
     /// gives the size of each segment on the wire.
     pub l4_len: usize,
+    /// The L3 length: IPv4 total length, IPv6 40 + payload length.
     pub tot_len: u16,
     /// Identification, network byte order.
     pub ip_id: u16,
@@ -60,7 +62,7 @@ pub struct Flow {
     pub quoted: Quoted,
 }
 
-impl Flow {
+impl<I: Ip> Flow<I> {
     /// Offset of the L4 header. Masked: the flow lives in a map value, which
     /// the verifier treats as any number, and a packet offset must be bounded.
     #[inline(always)]
@@ -82,26 +84,18 @@ impl Flow {
 
     /// The conntrack key of this packet's tuple, as it was seen.
     #[inline(always)]
-    pub fn ct_key(&self, kind: u8) -> Ct4Key {
-        Ct4Key::new(
+    pub fn ct_key(&self, kind: u8) -> CtKey<I::Addr> {
+        CtKey::new(
             self.saddr, self.daddr, self.sport, self.dport, self.proto, kind,
         )
     }
 
     /// The conntrack key of the tuple going the other way (its reply).
     #[inline(always)]
-    pub fn reply_ct_key(&self, kind: u8) -> Ct4Key {
-        Ct4Key::new(
+    pub fn reply_ct_key(&self, kind: u8) -> CtKey<I::Addr> {
+        CtKey::new(
             self.daddr, self.saddr, self.dport, self.sport, self.proto, kind,
         )
-    }
-
-    /// The conntrack key of the reply to the quoted packet: the flow an ICMP
-    /// error is about, seen from the other end.
-    #[inline(always)]
-    pub fn quoted_reply_key(&self, kind: u8) -> Ct4Key {
-        let q = &self.quoted;
-        Ct4Key::new(q.daddr, q.saddr, q.dport, q.sport, q.proto, kind)
     }
 
     /// Whether the L4 header is in this packet (not a later fragment).
@@ -111,9 +105,19 @@ impl Flow {
     }
 }
 
+impl Flow<crate::lb::V4> {
+    /// The conntrack key of the reply to the quoted packet: the flow an ICMP
+    /// error is about, seen from the other end.
+    #[inline(always)]
+    pub fn quoted_reply_key(&self, kind: u8) -> CtKey<u32> {
+        let q = &self.quoted;
+        CtKey::new(q.daddr, q.saddr, q.dport, q.sport, q.proto, kind)
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Parsed {
-    /// Not IPv4 TCP/UDP, or headers we leave to the stack.
+    /// Not TCP/UDP, or headers we leave to the stack.
     Other,
     /// IPv4 TCP/UDP with readable ports (or a first fragment).
     Flow,
@@ -131,7 +135,7 @@ pub enum Parsed {
 /// temporaries (an Option of a tuple) let LLVM mix packet pointers into
 /// integer arithmetic, which the verifier rejects.
 #[inline(always)]
-pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
+pub fn parse4<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V4>) -> Parsed {
     let Some(eth_proto) = load::<u16, P>(p, 12) else {
         return Parsed::Other;
     };
@@ -232,17 +236,30 @@ pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
     };
     f.sport = sp;
     f.dport = dp;
-    let l4_min = if l4proto == IPPROTO_TCP { 20 } else { 8 };
+    l4_fields(p, f, l4, tot_len as usize, ip_len)
+}
+
+/// The L4 part both families share: lengths checked against the packet,
+/// TCP flags and header length.
+#[inline(always)]
+fn l4_fields<P: Pkt, I: Ip>(
+    p: &P,
+    f: &mut Flow<I>,
+    l4: usize,
+    tot_len: usize,
+    ip_len: usize,
+) -> Parsed {
+    let l4_min = if f.proto == IPPROTO_TCP { 20 } else { 8 };
     // Headers must be directly readable; the IP length must fit the whole
     // packet (linear part and fragments). Only comparisons with the packet
     // end: the verifier forbids arithmetic on it.
     if p.data() + l4 + l4_min > p.data_end()
-        || (tot_len as usize) < ip_len + l4_min
-        || !p.covers(ETH_HLEN + tot_len as usize)
+        || tot_len < ip_len + l4_min
+        || !p.covers(ETH_HLEN + tot_len)
     {
         return Parsed::Invalid(true);
     }
-    if l4proto == IPPROTO_TCP {
+    if f.proto == IPPROTO_TCP {
         f.tcp_flags = load::<u8, P>(p, l4 + TCP_FLAGS).unwrap_or(0);
         let doff = load::<u8, P>(p, l4 + TCP_DOFF).unwrap_or(0x50);
         f.l4_len = ((doff >> 4) as usize) * 4;
@@ -252,10 +269,98 @@ pub fn parse<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
     Parsed::Flow
 }
 
+/// An IPv6 TCP/UDP packet whose next header is TCP or UDP. Anything else
+/// goes to the stack untouched (`Other`): extension headers (fragments
+/// included: a fragmented IPv6 datagram to a frontend is reassembled by the
+/// stack, not translated here), ICMPv6 (neighbour discovery above all; its
+/// errors about our flows are not translated yet), and a payload length of
+/// 0 (a jumbogram, RFC 2675).
+#[inline(always)]
+pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
+    let Some(eth_proto) = load::<u16, P>(p, 12) else {
+        return Parsed::Other;
+    };
+    if eth_proto != ETH_P_IPV6.to_be() {
+        return Parsed::Other;
+    }
+    let ip = ETH_HLEN;
+    let Some(vtc) = load::<u8, P>(p, ip) else {
+        return Parsed::Other;
+    };
+    if vtc >> 4 != 6 {
+        return Parsed::Other;
+    }
+    let Some(next) = load::<u8, P>(p, ip + IP6_NEXT_HEADER) else {
+        return Parsed::Other;
+    };
+    if next != IPPROTO_TCP && next != IPPROTO_UDP {
+        return Parsed::Other;
+    }
+    let Some(payload) = load::<u16, P>(p, ip + IP6_PAYLOAD_LEN) else {
+        return Parsed::Other;
+    };
+    let (Some(saddr), Some(daddr)) = (
+        load::<[u32; 4], P>(p, ip + 8),
+        load::<[u32; 4], P>(p, ip + 24),
+    ) else {
+        return Parsed::Other;
+    };
+    let Some(hop) = load::<u8, P>(p, ip + IP6_HOP_LIMIT) else {
+        return Parsed::Other;
+    };
+    let payload = u16::from_be(payload) as usize;
+    if payload == 0 {
+        return Parsed::Other;
+    }
+    let tot_len = IPV6_HLEN + payload;
+    *f = Flow {
+        saddr,
+        daddr,
+        sport: 0,
+        dport: 0,
+        proto: next,
+        tcp_flags: 0,
+        ttl: hop,
+        frag: FRAG_NONE,
+        // IPv6 routers never fragment (RFC 8200 §5): every packet is DF.
+        df: true,
+        ip_len: IPV6_HLEN,
+        l4_len: 0,
+        tot_len: if tot_len > 0xffff {
+            0xffff
+        } else {
+            tot_len as u16
+        },
+        ip_id: 0,
+        dsr_addr: 0,
+        dsr_port: 0,
+        quoted: Quoted {
+            saddr: 0,
+            daddr: 0,
+            sport: 0,
+            dport: 0,
+            proto: 0,
+            icmp_type: 0,
+            icmp_code: 0,
+            ip_len: 0,
+        },
+    };
+    let l4 = ip + IPV6_HLEN;
+    let (Some(sp), Some(dp)) = (
+        load::<u16, P>(p, l4 + L4_SPORT),
+        load::<u16, P>(p, l4 + L4_DPORT),
+    ) else {
+        return Parsed::Invalid(false);
+    };
+    f.sport = sp;
+    f.dport = dp;
+    l4_fields(p, f, l4, tot_len, IPV6_HLEN)
+}
+
 /// An ICMP error quoting a TCP or UDP packet; anything else (echo, errors
 /// about other protocols) is left to the stack.
 #[inline(always)]
-fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
+fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V4>) -> Parsed {
     let icmp = f.l4();
     // The quoted headers may sit beyond the linear part of an skb.
     p.pull(icmp + ICMP_HLEN + 60 + 8);
@@ -310,7 +415,7 @@ fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow) -> Parsed {
 
 /// Our DSR option, when it is the first option (where we put it).
 #[inline(always)]
-fn dsr_option<P: Pkt>(p: &P, ip: usize, f: &mut Flow) {
+fn dsr_option<P: Pkt>(p: &P, ip: usize, f: &mut Flow<crate::lb::V4>) {
     let (Some(ty), Some(len)) = (load::<u8, P>(p, ip + 20), load::<u8, P>(p, ip + 21)) else {
         return;
     };

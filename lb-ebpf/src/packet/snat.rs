@@ -24,18 +24,16 @@
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use lb_common::{
     config::{CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN, CNT_SNAT_REUSED},
-    nodeport::{Ct4Key, CT_F_CLOSING, CT_F_SNAT, CT_REVERSE, CT_SERVICE, SNAT_REUSE_CLOSING_NS},
+    nodeport::{CtKey, CT_F_CLOSING, CT_F_SNAT, CT_REVERSE, CT_SERVICE, SNAT_REUSE_CLOSING_NS},
 };
 
 use super::{
     ct::{self, now},
+    family::Ip,
     parse::Flow,
     scratch, Hook,
 };
-use crate::{
-    maps::LB4_CT,
-    runtime::{bump, config},
-};
+use crate::runtime::{bump, config};
 
 const BPF_NOEXIST: u64 = 1;
 const ATTEMPTS: u32 = 32;
@@ -46,13 +44,13 @@ const ATTEMPTS: u32 = 32;
 /// the port). 0 when every port tried is in use. (A plain integer, not an
 /// Option: a subprogram returns it in a register.)
 #[inline(never)]
-pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
-    let Some(sp) = scratch() else {
+pub fn alloc<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> u16 {
+    let Some(sp) = scratch::<I>() else {
         return 0;
     };
-    // SAFETY: per-CPU scratch; distinct fields, only read here.
-    let (ct, rval) = unsafe { (&(*sp).ct, &(*sp).rct) };
-    let (backend, bport, node) = (ct.addr, ct.port, ct.nat_addr);
+    // SAFETY: per-CPU scratch; distinct fields. The candidate key lives
+    // there too, not on the stack (an IPv6 key is 40 bytes).
+    let (ct, rval, rkey) = unsafe { (&(*sp).ct, &(*sp).rct, &mut (*sp).rkey) };
     let min = config(CFG_SNAT_PORT_MIN);
     let max = config(CFG_SNAT_PORT_MAX);
     if min == 0 || max < min || max > 65535 {
@@ -63,19 +61,20 @@ pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
     let Some(span_nz) = core::num::NonZeroU32::new(span) else {
         return 0;
     };
-    // SAFETY: a helper without arguments.
+    // backend → node:port, the port filled in per candidate.
+    *rkey = CtKey::new(ct.addr, ct.nat_addr, ct.port, 0, f.proto, CT_REVERSE);
     // The client's port first, when it lies in the range: free, or held
     // by this same client tuple's earlier flow (a reused tuple), or by a
     // flow that is over.
     let client = u16::from_be(f.sport) as u32;
     if client >= min && client <= max {
-        let rkey = Ct4Key::new(backend, node, bport, f.sport, f.proto, CT_REVERSE);
-        if !ctx.socket_holds(&rkey) {
-            if LB4_CT.insert(&rkey, rval, BPF_NOEXIST).is_ok() {
+        rkey.dport = f.sport;
+        if !ctx.socket_holds::<I>(rkey) {
+            if I::ct().insert(&*rkey, rval, BPF_NOEXIST).is_ok() {
                 return f.sport;
             }
-            if (same_client(&rkey, f) || reusable(&rkey, f.proto))
-                && LB4_CT.insert(&rkey, rval, 0).is_ok()
+            if (same_client::<I>(rkey, f) || reusable::<I>(rkey, f.proto))
+                && I::ct().insert(&*rkey, rval, 0).is_ok()
             {
                 return f.sport;
             }
@@ -83,40 +82,41 @@ pub fn alloc<C: Hook>(ctx: &C, f: &Flow) -> u16 {
     }
     // SAFETY: a helper without arguments.
     let start = unsafe { bpf_get_prandom_u32() } % span_nz;
-    let mut spare: Option<u16> = None;
+    let mut spare: u16 = 0;
     // A range smaller than the attempts is searched once.
     let attempts = if span < ATTEMPTS { span } else { ATTEMPTS };
     let mut i = 0;
     while i < attempts {
         let off = (start + i) % span_nz;
         let port = ((min + off) as u16).to_be();
-        let rkey = Ct4Key::new(backend, node, bport, port, f.proto, CT_REVERSE);
-        if !ctx.socket_holds(&rkey) {
-            if LB4_CT.insert(&rkey, rval, BPF_NOEXIST).is_ok() {
+        rkey.dport = port;
+        if !ctx.socket_holds::<I>(rkey) {
+            if I::ct().insert(&*rkey, rval, BPF_NOEXIST).is_ok() {
                 return port;
             }
-            if spare.is_none() && reusable(&rkey, f.proto) {
-                spare = Some(port);
+            if spare == 0 && reusable::<I>(rkey, f.proto) {
+                spare = port;
             }
         }
         i += 1;
     }
-    let Some(port) = spare else {
+    // (Port 0 is never in the range: min > 0.)
+    if spare == 0 {
         return 0;
-    };
-    let rkey = Ct4Key::new(backend, node, bport, port, f.proto, CT_REVERSE);
-    if LB4_CT.insert(&rkey, rval, 0).is_err() {
+    }
+    rkey.dport = spare;
+    if I::ct().insert(&*rkey, rval, 0).is_err() {
         return 0;
     }
     bump(CNT_SNAT_REUSED);
-    port
+    spare
 }
 
 /// Whether this reverse entry belongs to an earlier flow of the same client
 /// tuple (the client reused its port: the tuple is the client's again).
 #[inline(never)]
-fn same_client(rkey: &Ct4Key, f: &Flow) -> bool {
-    match LB4_CT.get_ptr(rkey) {
+fn same_client<I: Ip>(rkey: &CtKey<I::Addr>, f: &Flow<I>) -> bool {
+    match I::ct().get_ptr(rkey) {
         // SAFETY: a map value stays valid for the program's run.
         Some(old) => unsafe {
             (*old).flags & CT_F_SNAT != 0
@@ -133,8 +133,8 @@ fn same_client(rkey: &Ct4Key, f: &Flow) -> bool {
 /// decides: the reverse one is only refreshed by replies, and a one-way
 /// flow keeps its port while it sends.
 #[inline(never)]
-fn reusable(rkey: &Ct4Key, proto: u8) -> bool {
-    let Some(old) = LB4_CT.get_ptr(rkey) else {
+fn reusable<I: Ip>(rkey: &CtKey<I::Addr>, proto: u8) -> bool {
+    let Some(old) = I::ct().get_ptr(rkey) else {
         return true; // evicted since the insert failed
     };
     // SAFETY: a map value stays valid for the program's run.
@@ -143,7 +143,7 @@ fn reusable(rkey: &Ct4Key, proto: u8) -> bool {
         return false;
     }
     // The forward entry of the flow: client → frontend.
-    let fkey = Ct4Key::new(
+    let fkey = CtKey::new(
         old.nat_addr,
         old.addr,
         old.nat_port,
@@ -151,7 +151,7 @@ fn reusable(rkey: &Ct4Key, proto: u8) -> bool {
         proto,
         CT_SERVICE,
     );
-    let Some(fwd) = LB4_CT.get_ptr(&fkey) else {
+    let Some(fwd) = I::ct().get_ptr(&fkey) else {
         return true;
     };
     // SAFETY: as above.

@@ -1,4 +1,5 @@
 //! tc (tcx) programs on the node's external devices.
+use crate::lb::{V4, V6};
 use aya_ebpf::{
     bindings::{
         bpf_adj_room_mode::BPF_ADJ_ROOM_NET, bpf_fib_lookup, bpf_redir_neigh, TC_ACT_OK,
@@ -16,6 +17,7 @@ use lb_common::event::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_POD_EGRESS, HOOK
 
 use super::{
     access::{Pkt, ETH_HLEN, IP_CHECK},
+    family::Ip,
     parse::Flow,
     Action, Hook, Verdict,
 };
@@ -54,7 +56,8 @@ impl Pkt for Tc<'_> {
 
 /// Headers we read directly: Ethernet, an IPv4 header with the DSR option,
 /// TCP. Packets from local sockets or GRO can keep part of them in page
-/// fragments; pull them into the linear area first.
+/// fragments; pull them into the linear area first. (IPv6 pulls its longer
+/// header itself: `IPV6_HEADERS`.)
 const HEADERS: usize = 14 + 28 + 20;
 
 /// 802.1Q-tagged frames whose tag the device took off (skb->vlan_present)
@@ -84,7 +87,7 @@ impl Hook for Tc<'_> {
     /// A GRO/GSO skb goes out as segments of gso_size payload bytes each
     /// (net/core/gso.c, skb_gso_validate_network_len does the same sum).
     #[inline(always)]
-    fn wire_len(&self, f: &Flow) -> u16 {
+    fn wire_len<I: Ip>(&self, f: &Flow<I>) -> u16 {
         // SAFETY: reading a field of the context the program was given.
         let gso_size = unsafe { (*self.ctx.skb.skb).gso_size };
         if gso_size == 0 {
@@ -115,8 +118,8 @@ impl Hook for Tc<'_> {
             .is_ok()
     }
     #[inline(always)]
-    fn socket_holds(&self, key: &lb_common::nodeport::Ct4Key) -> bool {
-        super::access::socket_holds(self.ctx.as_ptr(), key)
+    fn socket_holds<I: Ip>(&self, key: &lb_common::nodeport::CtKey<I::Addr>) -> bool {
+        super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
@@ -185,25 +188,42 @@ fn verdict(a: Action) -> i32 {
         Verdict::Drop => TC_ACT_SHOT,
         // SAFETY: a helper taking plain values.
         Verdict::Redirect(ifindex) => unsafe { bpf_redirect(ifindex, 0) as i32 },
-        Verdict::RedirectNeigh(ifindex) => {
-            let Some(s) = super::scratch() else {
-                return TC_ACT_SHOT;
-            };
-            // SAFETY: plain data; zero is its "nothing set" value. The FIB
-            // lookup left the next hop in the scratch parameters.
-            let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
-            nh.nh_family = 2; // AF_INET
-            nh.__bindgen_anon_1.ipv4_nh = unsafe { (*s).fib.__bindgen_anon_4.ipv4_dst };
-            // SAFETY: the helper reads `nh`, which lives across the call.
-            unsafe {
-                bpf_redirect_neigh(
-                    ifindex,
-                    &mut nh,
-                    core::mem::size_of::<bpf_redir_neigh>() as i32,
-                    0,
-                ) as i32
-            }
+        Verdict::RedirectNeigh(ifindex, false) => redirect_neigh::<V4>(ifindex),
+        Verdict::RedirectNeigh(ifindex, true) => redirect_neigh::<V6>(ifindex),
+    }
+}
+
+/// bpf_redirect_neigh to the next hop the FIB lookup left in the family's
+/// scratch parameters.
+#[inline(always)]
+fn redirect_neigh<I: Ip>(ifindex: u32) -> i32 {
+    let Some(s) = super::scratch::<I>() else {
+        return TC_ACT_SHOT;
+    };
+    // SAFETY: plain data; zero is its "nothing set" value.
+    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    nh.nh_family = I::AF as u32;
+    // SAFETY: per-CPU scratch of this run; the lookup filled it.
+    let hop = I::fib_next_hop(unsafe { &(*s).fib });
+    if I::IS_V6 {
+        let mut words = [0u32; 4];
+        let mut i = 0;
+        while i < 4 {
+            words[i] = I::word(hop, i);
+            i += 1;
         }
+        nh.__bindgen_anon_1.ipv6_nh = words;
+    } else {
+        nh.__bindgen_anon_1.ipv4_nh = I::word(hop, 0);
+    }
+    // SAFETY: the helper reads `nh`, which lives across the call.
+    unsafe {
+        bpf_redirect_neigh(
+            ifindex,
+            &mut nh,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        ) as i32
     }
 }
 

@@ -22,6 +22,7 @@ use lb_common::{config::CNT_XDP_PUNTED, event::HOOK_XDP};
 use super::{
     access::Pkt,
     csum::{manual_csum_l3, manual_csum_l4},
+    family::Ip,
     parse::Flow,
     Hook, Verdict,
 };
@@ -69,7 +70,7 @@ impl Hook for Xdp<'_> {
     }
     /// A frame is one packet on the wire.
     #[inline(always)]
-    fn wire_len(&self, f: &Flow) -> u16 {
+    fn wire_len<I: Ip>(&self, f: &Flow<I>) -> u16 {
         f.tot_len
     }
     #[inline(always)]
@@ -85,8 +86,8 @@ impl Hook for Xdp<'_> {
         false
     }
     #[inline(always)]
-    fn socket_holds(&self, key: &lb_common::nodeport::Ct4Key) -> bool {
-        super::access::socket_holds(self.ctx.as_ptr(), key)
+    fn socket_holds<I: Ip>(&self, key: &lb_common::nodeport::CtKey<I::Addr>) -> bool {
+        super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {

@@ -195,7 +195,7 @@ struct RunArgs {
     /// 10 s to 10 min by how much each sweep finds].
     #[arg(long, value_parser = humantime::parse_duration, env = "LB_CT_GC_INTERVAL")]
     conntrack_gc_interval: Option<Duration>,
-    /// Capacity of LB4_CT (north-south conntrack; one or two entries per flow).
+    /// Capacity of LB4_CT and of LB6_CT (north-south conntrack; one or two entries per flow).
     #[arg(long, default_value_t = MapSizes::default().ct, env = "LB_MAP_SIZE_CT")]
     map_size_ct: u32,
     /// Capacity of LB_MAGLEV (services using Maglev at once).
@@ -342,8 +342,9 @@ fn file_context(
 ) -> anyhow::Result<lb::model::file::FileContext> {
     let mut nodeport_addresses = Vec::new();
     for dev in devices {
-        if let Some(a) = sys::netdev::ipv4_address(dev)? {
-            let ip = std::net::IpAddr::V4(a);
+        let v4 = sys::netdev::ipv4_address(dev)?.map(std::net::IpAddr::V4);
+        let v6 = sys::netdev::ipv6_address(dev)?.map(std::net::IpAddr::V6);
+        for ip in v4.into_iter().chain(v6) {
             if args.nodeport_addresses.is_empty()
                 || args.nodeport_addresses.iter().any(|a| match a {
                     NodePortAddr::Cidr(c) => c.contains(&ip),
@@ -639,6 +640,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
         },
     )?;
+    if !matches!(args.lb_mode, LbMode::Snat) && !devices.is_empty() {
+        warn!(
+            "--lb-mode {:?}: IPv6 flows to backends on other nodes are SNATed (no DSR over IPv6 yet); \
+             IPv4 flows use the mode",
+            args.lb_mode
+        );
+    }
     config.set(CFG_MAGLEV_M, args.maglev_table_size)?;
     // The hull first: a reply to a port of the old range must never leave
     // early (CFG_SNAT_PORTS_EVER), not even between these two writes.

@@ -224,11 +224,13 @@ fn run() -> anyhow::Result<()> {
         Command::Ct {
             command: CtCommand::List { all },
         } => {
-            let entries = lb::maps::bpf::read_ct(&cli.pin_dir)?;
+            let v4 = lb::maps::bpf::read_ct::<u32>(&cli.pin_dir, lb_common::maps::LB4_CT)?;
+            let v6 = lb::maps::bpf::read_ct::<[u32; 4]>(&cli.pin_dir, lb_common::maps::LB6_CT)?;
             let config = lb::datapath::config::RuntimeConfig::open(&cli.pin_dir)?;
             let timeouts = lb::conntrack::timeouts(&config)?;
-            let mut rows =
-                cli::conntrack::rows(&entries, monitor::reader::monotonic_ns(), &timeouts);
+            let now = monitor::reader::monotonic_ns();
+            let mut rows = cli::conntrack::rows(&v4, now, &timeouts);
+            rows.extend(cli::conntrack::rows(&v6, now, &timeouts));
             if !all {
                 rows.retain(|r| r.expires_s >= 0);
             }

@@ -1,5 +1,5 @@
-//! `lbctl ct list`: the north-south conntrack table (LB4_CT).
-use std::net::Ipv4Addr;
+//! `lbctl ct list`: the north-south conntrack tables (LB4_CT, LB6_CT).
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use lb_common::nodeport::*;
 use serde::Serialize;
@@ -28,15 +28,41 @@ pub struct CtRow {
     pub expires_s: i64,
 }
 
-fn ep(addr: u32, port: u16) -> String {
-    format!(
-        "{}:{}",
-        Ipv4Addr::from(addr.to_ne_bytes()),
-        u16::from_be(port)
-    )
+/// An address of a conntrack table, as the programs keep it (network byte
+/// order in memory).
+pub trait CtAddr: Copy {
+    fn endpoint(self, port: u16) -> String;
 }
 
-pub fn rows(entries: &[(Ct4Key, Ct4Value)], now_ns: u64, t: &CtTimeouts) -> Vec<CtRow> {
+impl CtAddr for u32 {
+    fn endpoint(self, port: u16) -> String {
+        format!(
+            "{}:{}",
+            Ipv4Addr::from(self.to_ne_bytes()),
+            u16::from_be(port)
+        )
+    }
+}
+
+impl CtAddr for [u32; 4] {
+    fn endpoint(self, port: u16) -> String {
+        let mut b = [0u8; 16];
+        for (i, w) in self.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        format!("[{}]:{}", Ipv6Addr::from(b), u16::from_be(port))
+    }
+}
+
+fn ep<A: CtAddr>(addr: A, port: u16) -> String {
+    addr.endpoint(port)
+}
+
+pub fn rows<A: CtAddr>(
+    entries: &[(CtKey<A>, CtValue<A>)],
+    now_ns: u64,
+    t: &CtTimeouts,
+) -> Vec<CtRow> {
     let mut rows: Vec<CtRow> = entries
         .iter()
         .map(|(k, v)| {

@@ -1,4 +1,4 @@
-//! The conntrack garbage collector: a thread that sweeps LB4_CT, deletes
+//! The conntrack garbage collector: a thread that sweeps LB4_CT and LB6_CT, deletes
 //! what `expired_keys` names, and picks its next interval from how much it
 //! found, as Cilium's does (pkg/maps/ctmap/gc, calculateIntervalWithConfig):
 //! a sweep that deleted more than a quarter of the table comes back sooner
@@ -14,10 +14,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, MapData};
+use aya::{
+    maps::{HashMap, MapData},
+    Pod,
+};
 use lb_common::{
     maps as names,
-    nodeport::{Ct4Key, Ct4Value},
+    nodeport::{CtKey, CtTimeouts, CtValue},
 };
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use tracing::{debug, warn};
@@ -48,18 +51,36 @@ pub struct GcMetrics {
     pub last_duration_ms: Gauge,
 }
 
-/// One sweep: reads every entry, deletes the expired ones.
+/// One sweep of both tables: reads every entry, deletes the expired ones.
+/// (The capacity is the larger table's: the interval follows the busier one.)
 pub fn sweep(pin_dir: &Path) -> anyhow::Result<Sweep> {
     let started = Instant::now();
     let config = RuntimeConfig::open(pin_dir)?;
     let t = timeouts(&config)?;
-    let mut map: HashMap<MapData, Ct4Key, Ct4Value> =
-        HashMap::try_from(open_pinned(pin_dir, names::LB4_CT)?)?;
-    let capacity = crate::maps::bpf::max_entries(pin_dir, names::LB4_CT)?;
+    let (s4, d4, c4) = sweep_table::<u32>(pin_dir, names::LB4_CT, &t)?;
+    let (s6, d6, c6) = sweep_table::<[u32; 4]>(pin_dir, names::LB6_CT, &t)?;
+    Ok(Sweep {
+        scanned: s4 + s6,
+        deleted: d4 + d6,
+        capacity: c4.max(c6),
+        duration: started.elapsed(),
+    })
+}
+
+/// (scanned, deleted, capacity) of one table.
+fn sweep_table<A>(pin_dir: &Path, name: &str, t: &CtTimeouts) -> anyhow::Result<(usize, usize, u32)>
+where
+    A: Copy + Eq + std::hash::Hash,
+    CtKey<A>: Pod,
+    CtValue<A>: Pod,
+{
+    let mut map: HashMap<MapData, CtKey<A>, CtValue<A>> =
+        HashMap::try_from(open_pinned(pin_dir, name)?)?;
+    let capacity = crate::maps::bpf::max_entries(pin_dir, name)?;
     // An LRU entry can vanish between listing its key and reading it.
-    let entries: Vec<(Ct4Key, Ct4Value)> = map.iter().filter_map(Result::ok).collect();
+    let entries: Vec<(CtKey<A>, CtValue<A>)> = map.iter().filter_map(Result::ok).collect();
     let now = crate::monitor::reader::monotonic_ns();
-    let gone = expired_keys(&entries, now, &t);
+    let gone = expired_keys(&entries, now, t);
     let mut deleted = 0;
     for k in &gone {
         // Evicted or deleted by a program meanwhile: fine.
@@ -67,12 +88,7 @@ pub fn sweep(pin_dir: &Path) -> anyhow::Result<Sweep> {
             deleted += 1;
         }
     }
-    Ok(Sweep {
-        scanned: entries.len(),
-        deleted,
-        capacity,
-        duration: started.elapsed(),
-    })
+    Ok((entries.len(), deleted, capacity))
 }
 
 /// The interval after a sweep that took `current` to come and deleted

@@ -1,8 +1,9 @@
-//! North-south conntrack (`LB4_CT`) seen from user space: which entries are
-//! over, and the garbage collector that deletes them.
+//! North-south conntrack (`LB4_CT`, `LB6_CT`) seen from user space: which
+//! entries are over, and the garbage collector that deletes them. Written
+//! once over the address type (`u32` or `[u32; 4]`), like the programs.
 //!
 //! The programs treat an entry past its lifetime as absent, but nothing in
-//! the kernel deletes it: LB4_CT is an LRU, which only evicts under
+//! the kernel deletes it: the tables are LRUs, which only evict under
 //! pressure. The collector (`gc`) deletes expired entries, so SNAT ports and
 //! memory come back and `lbctl ct list` shows what is live, the way
 //! Cilium's agent sweeps its CT maps (pkg/maps/ctmap/gc).
@@ -11,7 +12,7 @@ pub mod gc;
 use lb_common::{
     config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
     nodeport::{
-        ct_lifetime_s, Ct4Key, Ct4Value, CtTimeouts, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE,
+        ct_lifetime_s, CtKey, CtTimeouts, CtValue, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE,
     },
 };
 
@@ -29,13 +30,13 @@ pub fn timeouts(config: &crate::datapath::config::RuntimeConfig) -> anyhow::Resu
 
 /// Seconds an entry has left at `now_ns` (negative: expired), as the
 /// programs judge it (lb-ebpf `packet::ct::expired`).
-pub fn remaining_s(key: &Ct4Key, value: &Ct4Value, now_ns: u64, t: &CtTimeouts) -> i64 {
+pub fn remaining_s<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTimeouts) -> i64 {
     let life = ct_lifetime_s(key.proto, value.flags, t) as i64;
     let idle = (now_ns.saturating_sub(value.last_seen_ns) / 1_000_000_000) as i64;
     life - idle
 }
 
-fn expired(key: &Ct4Key, value: &Ct4Value, now_ns: u64, t: &CtTimeouts) -> bool {
+fn expired<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTimeouts) -> bool {
     let life = ct_lifetime_s(key.proto, value.flags, t) as u64 * 1_000_000_000;
     now_ns.saturating_sub(value.last_seen_ns) > life
 }
@@ -43,13 +44,13 @@ fn expired(key: &Ct4Key, value: &Ct4Value, now_ns: u64, t: &CtTimeouts) -> bool 
 /// The forward (client → frontend) entry a reverse entry of a SNAT or
 /// local-backend flow belongs to. DSR entries learned on a backend's node
 /// have none there.
-pub fn forward_of(key: &Ct4Key, value: &Ct4Value) -> Option<Ct4Key> {
+pub fn forward_of<A: Copy>(key: &CtKey<A>, value: &CtValue<A>) -> Option<CtKey<A>> {
     if key.kind != CT_REVERSE {
         return None;
     }
     if value.flags & CT_F_SNAT != 0 {
         // backend → node:port; the client is nat_addr:nat_port.
-        return Some(Ct4Key::new(
+        return Some(CtKey::new(
             value.nat_addr,
             value.addr,
             value.nat_port,
@@ -60,7 +61,7 @@ pub fn forward_of(key: &Ct4Key, value: &Ct4Value) -> Option<Ct4Key> {
     }
     if value.flags & CT_F_LOCAL != 0 {
         // backend → client.
-        return Some(Ct4Key::new(
+        return Some(CtKey::new(
             key.daddr, value.addr, key.dport, value.port, key.proto, CT_SERVICE,
         ));
     }
@@ -71,8 +72,12 @@ pub fn forward_of(key: &Ct4Key, value: &Ct4Value) -> Option<Ct4Key> {
 /// entries of SNAT and local flows with their forward entry (they are only
 /// refreshed by replies, and a one-way flow must keep its translation while
 /// it sends); other reverse entries (DSR) past their own lifetime.
-pub fn expired_keys(entries: &[(Ct4Key, Ct4Value)], now_ns: u64, t: &CtTimeouts) -> Vec<Ct4Key> {
-    let live_forward: HashMap<Ct4Key, &Ct4Value> = entries
+pub fn expired_keys<A: Copy + Eq + std::hash::Hash>(
+    entries: &[(CtKey<A>, CtValue<A>)],
+    now_ns: u64,
+    t: &CtTimeouts,
+) -> Vec<CtKey<A>> {
+    let live_forward: HashMap<CtKey<A>, &CtValue<A>> = entries
         .iter()
         .filter(|(k, v)| k.kind == CT_SERVICE && !expired(k, v, now_ns, t))
         .map(|(k, v)| (*k, v))
@@ -103,7 +108,7 @@ pub fn expired_keys(entries: &[(Ct4Key, Ct4Value)], now_ns: u64, t: &CtTimeouts)
 
 #[cfg(test)]
 mod tests {
-    use lb_common::nodeport::{CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
+    use lb_common::nodeport::{Ct4Key, Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
 
     use super::*;
 

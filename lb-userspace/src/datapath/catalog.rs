@@ -13,7 +13,7 @@ use lb_common::{
     event::EVENTS_RING_BYTES,
     filter::FILTER_WORDS,
     maps as names,
-    nodeport::{Ct4Key, Ct4Value, Device, Frag4Key, Frag4Value},
+    nodeport::{Ct4Key, Ct4Value, Ct6Key, Ct6Value, Device, Device6, Frag4Key, Frag4Value},
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
@@ -60,7 +60,7 @@ const fn spec(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capac
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 23] = [
+pub const CATALOG: [MapSpec; 25] = [
     spec(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -137,6 +137,16 @@ pub const CATALOG: [MapSpec; 23] = [
     spec(
         names::LB_DEVICES,
         kv::<u32, Device>(),
+        Capacity::Fixed(names::DEFAULT_DEVICES_MAX),
+    ),
+    spec(
+        names::LB6_CT,
+        kv::<Ct6Key, Ct6Value>(),
+        Capacity::Sized(|s| s.ct),
+    ),
+    spec(
+        names::LB6_DEVICES,
+        kv::<u32, Device6>(),
         Capacity::Fixed(names::DEFAULT_DEVICES_MAX),
     ),
     MapSpec {

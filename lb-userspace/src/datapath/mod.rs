@@ -24,7 +24,10 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use lb_common::{maps as names, nodeport::Device};
+use lb_common::{
+    maps as names,
+    nodeport::{Device, Device6},
+};
 use tracing::{info, warn};
 
 pub use pins::{MapSizes, PinLayout};
@@ -360,12 +363,17 @@ fn attach_cgroup(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdL
     Ok(FdLink::try_from(link)?)
 }
 
-/// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source), for
-/// the devices of the caller's network namespace.
+/// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source), and
+/// LB6_DEVICES: ifindex → its global IPv6 address, for the devices of the
+/// caller's network namespace. A device without a global IPv6 address gets
+/// no LB6_DEVICES entry, and the log says what that means.
 pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
     let mut map: BpfHashMap<MapData, u32, Device> =
         BpfHashMap::try_from(open_pinned(pin_dir, names::LB_DEVICES)?)?;
+    let mut map6: BpfHashMap<MapData, u32, Device6> =
+        BpfHashMap::try_from(open_pinned(pin_dir, names::LB6_DEVICES)?)?;
     let mut wanted = Vec::new();
+    let mut wanted6 = Vec::new();
     for dev in devices {
         let ifindex = sys::netdev::ifindex(dev)?;
         let Some(addr) = sys::netdev::ipv4_address(dev)? else {
@@ -379,8 +387,28 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
             },
             0,
         )?;
-        info!(device = %dev, ifindex, address = %addr, "external device");
         wanted.push(ifindex);
+        match sys::netdev::ipv6_address(dev)? {
+            Some(v6) => {
+                map6.insert(
+                    ifindex,
+                    Device6 {
+                        address: ip6_to_words(v6),
+                    },
+                    0,
+                )?;
+                wanted6.push(ifindex);
+                info!(device = %dev, ifindex, address = %addr, ipv6 = %v6, "external device");
+            }
+            None => {
+                info!(device = %dev, ifindex, address = %addr, "external device");
+                warn!(
+                    device = %dev,
+                    "no global IPv6 address: IPv6 NodePort/LoadBalancer flows to backends on other nodes \
+                     cannot be SNATed out of this device and are dropped (fib-lookup-failed); add one to serve them"
+                );
+            }
+        }
     }
     let stale: Vec<u32> = map
         .keys()
@@ -390,7 +418,23 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
     for k in stale {
         map.remove(&k)?;
     }
+    let stale6: Vec<u32> = map6
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !wanted6.contains(k))
+        .collect();
+    for k in stale6 {
+        map6.remove(&k)?;
+    }
     Ok(())
+}
+
+/// An IPv6 address as the programs keep it: four words in network byte order.
+pub fn ip6_to_words(a: std::net::Ipv6Addr) -> [u32; 4] {
+    let o = a.octets();
+    std::array::from_fn(|i| {
+        u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]])
+    })
 }
 
 /// What `uninstall` removed.

@@ -25,7 +25,7 @@ pub struct MapSizes {
     pub sock_revnat: u32,
     /// LB_AFFINITY: remembered (client, service) choices.
     pub affinity: u32,
-    /// LB4_CT: north-south flows (each uses one to two entries).
+    /// LB4_CT and LB6_CT, each: north-south flows (each uses one to two entries).
     pub ct: u32,
     /// LB_MAGLEV: services with a Maglev table.
     pub maglev: u32,

@@ -244,7 +244,9 @@ fn build_frontend(
     } else {
         BTreeSet::new()
     };
-    if !source_ranges.is_empty() {
+    // IPv6 ranges have no map yet: the flag alone makes the programs admit
+    // nobody to such a frontend (fail closed), never everybody.
+    if !fe.source_ranges.is_empty() {
         flags |= SVC_FLAG_SOURCE_RANGES;
     }
     let value = ServiceValue {

@@ -435,6 +435,8 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
         }
         names::LB4_CT => count::<lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value>(map)?,
         names::LB_DEVICES => count::<u32, lb_common::nodeport::Device>(map)?,
+        names::LB6_CT => count::<lb_common::nodeport::Ct6Key, lb_common::nodeport::Ct6Value>(map)?,
+        names::LB6_DEVICES => count::<u32, lb_common::nodeport::Device6>(map)?,
         names::LB_MAGLEV => {
             let m: HashOfMaps<MapData, u32, Array<MapData, u32>> = HashOfMaps::try_from(map)?;
             m.keys().filter(Result::is_ok).count()
@@ -444,12 +446,23 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
     Ok(Some(n))
 }
 
-/// Every LB4_CT entry (north-south conntrack).
-pub fn read_ct(
+/// Every entry of a north-south conntrack table (LB4_CT with `u32`
+/// addresses, LB6_CT with `[u32; 4]`).
+pub fn read_ct<A>(
     pin_dir: &Path,
-) -> anyhow::Result<Vec<(lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value)>> {
-    let map: HashMap<MapData, lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value> =
-        HashMap::try_from(open_pinned(pin_dir, names::LB4_CT)?)?;
+    name: &str,
+) -> anyhow::Result<
+    Vec<(
+        lb_common::nodeport::CtKey<A>,
+        lb_common::nodeport::CtValue<A>,
+    )>,
+>
+where
+    lb_common::nodeport::CtKey<A>: aya::Pod,
+    lb_common::nodeport::CtValue<A>: aya::Pod,
+{
+    let map: HashMap<MapData, lb_common::nodeport::CtKey<A>, lb_common::nodeport::CtValue<A>> =
+        HashMap::try_from(open_pinned(pin_dir, name)?)?;
     // An LRU entry can vanish between listing its key and reading it.
     Ok(map.iter().flatten().collect())
 }

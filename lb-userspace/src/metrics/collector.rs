@@ -85,7 +85,7 @@ impl Collector for BpfCollector {
             for (name, help, i) in [
                 (
                     "conntrack_entries_created",
-                    "North-south flows entered into LB4_CT",
+                    "North-south flows entered into conntrack (LB4_CT, LB6_CT)",
                     CNT_CT_CREATED,
                 ),
                 (

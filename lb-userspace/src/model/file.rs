@@ -571,9 +571,13 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                     "NodePorts need this node's addresses: start lb-agent with --devices",
                 ));
             }
+            // On the node's addresses of the service's own families (a
+            // single-stack IPv4 service has no IPv6 NodePort), as in
+            // Kubernetes.
             fronts.extend(
                 ctx.nodeport_addresses
                     .iter()
+                    .filter(|n| addresses.iter().any(|(a, _)| a.is_ipv4() == n.is_ipv4()))
                     .map(|a| (*a, np, FrontendKind::NodePort)),
             );
         }

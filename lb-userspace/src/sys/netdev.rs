@@ -1,5 +1,8 @@
-//! Network devices: index and IPv4 address by name (getifaddrs(3)).
-use std::{ffi::CString, net::Ipv4Addr};
+//! Network devices: index and IPv4/IPv6 address by name (getifaddrs(3)).
+use std::{
+    ffi::CString,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::{bail, Context as _};
 
@@ -19,6 +22,21 @@ pub fn ipv4_address(name: &str) -> anyhow::Result<Option<Ipv4Addr>> {
         std::net::IpAddr::V4(v4) if dev == name => Some(v4),
         _ => None,
     }))
+}
+
+/// The first global IPv6 address of a device: not link-local (fe80::/10),
+/// loopback or unspecified. A link-local address cannot be the source of a
+/// packet routed beyond the link (RFC 4291 §2.5.6), so it never serves as
+/// a SNAT or NodePort address.
+pub fn ipv6_address(name: &str) -> anyhow::Result<Option<Ipv6Addr>> {
+    Ok(all_addresses()?.into_iter().find_map(|(dev, a)| match a {
+        std::net::IpAddr::V6(v6) if dev == name && is_global_v6(&v6) => Some(v6),
+        _ => None,
+    }))
+}
+
+pub fn is_global_v6(a: &Ipv6Addr) -> bool {
+    !(a.is_loopback() || a.is_unspecified() || a.is_unicast_link_local() || a.is_multicast())
 }
 
 /// Every address of every device of the caller's network namespace

@@ -1,0 +1,291 @@
+//! What the packet path needs to know of an address family, so that one
+//! body (`mod.rs`, `ct`, `snat`, `nat`, `fib`) serves IPv4 and IPv6, the
+//! way Katran's `process_packet` and Cilium's `lib/nodeport.h` share their
+//! flow logic and differ only in headers, maps and checksums.
+//!
+//! Addresses stay in network byte order as on the wire: `u32` for IPv4,
+//! `[u32; 4]` for IPv6 (four words, so checksum updates and copies use
+//! 32-bit loads and stores, not sixteen byte ones).
+//!
+//! Differences that remain, by design:
+//! * IPv4 has a header checksum, IPv6 none (RFC 8200 §3); the L4
+//!   checksum's pseudo-header holds the addresses in both (RFC 793,
+//!   RFC 8200 §8.1), so an address rewrite updates it word by word.
+//! * The hop limit sits at byte 7 of the IPv6 header and is not covered by
+//!   any checksum.
+//! * IPv6 packets with extension headers, IPv6 fragments, ICMPv6 errors,
+//!   and DSR over IPv6 are not handled here yet (`parse6`, `mod.rs`); each
+//!   such case is left to the stack or dropped with its reason, never
+//!   silently rewritten.
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup, bpf_sock_tuple},
+    maps::LruHashMap,
+};
+use lb_common::{
+    affinity::CLIENT_IS_ADDRESS,
+    backend::{Backend4, Backend6},
+    nodeport::{flow_hash, flow_hash6, CtKey, CtValue},
+    service::{Service4Key, Service6Key, SourceRange4},
+};
+
+use super::{access::Pkt, parse, parse::Flow, Parsed, Scratch};
+use crate::{
+    lb::{Family, V4, V6},
+    maps::{LB4_CT, LB4_SRC_RANGES, LB6_CT, LB6_DEVICES, LB_DEVICES, LB_SCRATCH, LB_SCRATCH6},
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// An address family of the packet path.
+pub trait Ip: Family + Sized + 'static {
+    type Addr: Copy + PartialEq + Default;
+    const IS_V6: bool;
+    /// 4 or 6, as events and `lbctl monitor` show it.
+    const VERSION: u8;
+    /// AF_INET / AF_INET6, for the FIB and bpf_redirect_neigh.
+    const AF: u8;
+    /// Offsets of the source and destination address and of the TTL / hop
+    /// limit, from the start of the IP header.
+    const SADDR: usize;
+    const DADDR: usize;
+    const HOP_LIMIT: usize;
+    /// 32-bit words of an address (for the L4 checksum's pseudo-header).
+    const WORDS: usize;
+
+    fn word(a: Self::Addr, i: usize) -> u32;
+    fn scratch() -> Option<*mut Scratch<Self>>;
+    fn ct() -> &'static LruHashMap<CtKey<Self::Addr>, CtValue<Self::Addr>>;
+    fn parse<P: Pkt>(p: &P, f: &mut Flow<Self>) -> Parsed;
+    fn service_key(addr: Self::Addr, port: u16, proto: u8, scope: u8) -> Self::Key;
+    /// A backend's address, port and flags.
+    fn backend_target(b: &Self::Backend) -> (Self::Addr, u16, u8);
+    /// The SNAT source of packets leaving `ifindex` (LB_DEVICES / LB6_DEVICES).
+    fn device_address(ifindex: u32) -> Option<Self::Addr>;
+    /// sessionAffinity: ClientIP's key for a source address.
+    fn client(saddr: Self::Addr) -> u64;
+    fn flow_hash(f: &Flow<Self>) -> u32;
+    /// loadBalancerSourceRanges: whether `saddr` may use the frontend.
+    fn source_allowed(service_id: u32, saddr: Self::Addr) -> bool;
+    fn event_addr(a: Self::Addr) -> [u8; 16];
+    fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: Self::Addr, daddr: Self::Addr);
+    /// The next hop a FIB lookup left in `p` (for bpf_redirect_neigh).
+    fn fib_next_hop(p: &bpf_fib_lookup) -> Self::Addr;
+    /// Fills a socket lookup tuple; returns its size.
+    fn sock_tuple(key: &CtKey<Self::Addr>, t: &mut bpf_sock_tuple) -> u32;
+    /// The flow as IPv4, for what only IPv4 has (its header checksum,
+    /// options, fragments, ICMP errors, DSR): None for IPv6.
+    fn as_v4(f: &Flow<Self>) -> Option<&Flow<V4>>;
+    fn as_v4_mut(f: &mut Flow<Self>) -> Option<&mut Flow<V4>>;
+}
+
+impl Ip for V4 {
+    type Addr = u32;
+    const IS_V6: bool = false;
+    const VERSION: u8 = 4;
+    const AF: u8 = AF_INET;
+    const SADDR: usize = 12;
+    const DADDR: usize = 16;
+    const HOP_LIMIT: usize = 8;
+    const WORDS: usize = 1;
+
+    #[inline(always)]
+    fn word(a: u32, _i: usize) -> u32 {
+        a
+    }
+    #[inline(always)]
+    fn scratch() -> Option<*mut Scratch<V4>> {
+        LB_SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn ct() -> &'static LruHashMap<CtKey<u32>, CtValue<u32>> {
+        &LB4_CT
+    }
+    #[inline(always)]
+    fn parse<P: Pkt>(p: &P, f: &mut Flow<V4>) -> Parsed {
+        parse::parse4(p, f)
+    }
+    #[inline(always)]
+    fn service_key(addr: u32, port: u16, proto: u8, scope: u8) -> Service4Key {
+        Service4Key::new(addr, port, proto, scope, 0)
+    }
+    #[inline(always)]
+    fn backend_target(b: &Backend4) -> (u32, u16, u8) {
+        (b.address, b.port, b.flags)
+    }
+    #[inline(always)]
+    fn device_address(ifindex: u32) -> Option<u32> {
+        // SAFETY: a map value, copied at once.
+        unsafe { LB_DEVICES.get(&ifindex) }.map(|d| d.address)
+    }
+    #[inline(always)]
+    fn client(saddr: u32) -> u64 {
+        CLIENT_IS_ADDRESS | saddr as u64
+    }
+    #[inline(always)]
+    fn flow_hash(f: &Flow<V4>) -> u32 {
+        flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto)
+    }
+    /// One longest-prefix lookup on (service id, address) in LB4_SRC_RANGES.
+    #[inline(always)]
+    fn source_allowed(service_id: u32, saddr: u32) -> bool {
+        let key = aya_ebpf::maps::lpm_trie::Key::new(
+            SourceRange4::prefix_len(32),
+            SourceRange4 {
+                service_id,
+                address: saddr,
+            },
+        );
+        LB4_SRC_RANGES.get(&key).is_some()
+    }
+    #[inline(always)]
+    fn event_addr(a: u32) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..4].copy_from_slice(&a.to_ne_bytes());
+        out
+    }
+    #[inline(always)]
+    fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: u32, daddr: u32) {
+        p.__bindgen_anon_3.ipv4_src = saddr;
+        p.__bindgen_anon_4.ipv4_dst = daddr;
+    }
+    #[inline(always)]
+    fn fib_next_hop(p: &bpf_fib_lookup) -> u32 {
+        // SAFETY: an IPv4 lookup wrote the IPv4 member.
+        unsafe { p.__bindgen_anon_4.ipv4_dst }
+    }
+    #[inline(always)]
+    fn sock_tuple(key: &CtKey<u32>, t: &mut bpf_sock_tuple) -> u32 {
+        use aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1 as V4Tuple;
+        t.__bindgen_anon_1.ipv4 = V4Tuple {
+            saddr: key.saddr,
+            daddr: key.daddr,
+            sport: key.sport,
+            dport: key.dport,
+        };
+        core::mem::size_of::<V4Tuple>() as u32
+    }
+    #[inline(always)]
+    fn as_v4(f: &Flow<V4>) -> Option<&Flow<V4>> {
+        Some(f)
+    }
+    #[inline(always)]
+    fn as_v4_mut(f: &mut Flow<V4>) -> Option<&mut Flow<V4>> {
+        Some(f)
+    }
+}
+
+/// The bytes of an IPv6 address kept as four words (the service and
+/// backend maps hold bytes).
+#[inline(always)]
+pub fn v6_bytes(a: [u32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[0..4].copy_from_slice(&a[0].to_ne_bytes());
+    out[4..8].copy_from_slice(&a[1].to_ne_bytes());
+    out[8..12].copy_from_slice(&a[2].to_ne_bytes());
+    out[12..16].copy_from_slice(&a[3].to_ne_bytes());
+    out
+}
+
+#[inline(always)]
+pub fn v6_words(b: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
+}
+
+impl Ip for V6 {
+    type Addr = [u32; 4];
+    const IS_V6: bool = true;
+    const VERSION: u8 = 6;
+    const AF: u8 = AF_INET6;
+    const SADDR: usize = 8;
+    const DADDR: usize = 24;
+    const HOP_LIMIT: usize = 7;
+    const WORDS: usize = 4;
+
+    #[inline(always)]
+    fn word(a: [u32; 4], i: usize) -> u32 {
+        a[i & 3]
+    }
+    #[inline(always)]
+    fn scratch() -> Option<*mut Scratch<V6>> {
+        LB_SCRATCH6.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn ct() -> &'static LruHashMap<CtKey<[u32; 4]>, CtValue<[u32; 4]>> {
+        &LB6_CT
+    }
+    #[inline(always)]
+    fn parse<P: Pkt>(p: &P, f: &mut Flow<V6>) -> Parsed {
+        parse::parse6(p, f)
+    }
+    #[inline(always)]
+    fn service_key(addr: [u32; 4], port: u16, proto: u8, scope: u8) -> Service6Key {
+        Service6Key::new(v6_bytes(addr), port, proto, scope, 0)
+    }
+    #[inline(always)]
+    fn backend_target(b: &Backend6) -> ([u32; 4], u16, u8) {
+        (v6_words(&b.address), b.port, b.flags)
+    }
+    #[inline(always)]
+    fn device_address(ifindex: u32) -> Option<[u32; 4]> {
+        // SAFETY: a map value, copied at once.
+        unsafe { LB6_DEVICES.get(&ifindex) }.map(|d| d.address)
+    }
+    /// The address folded to 63 bits: two clients whose folds collide
+    /// share their memory of a backend, which affinity tolerates (the
+    /// backend stays one the service may choose).
+    #[inline(always)]
+    fn client(saddr: [u32; 4]) -> u64 {
+        let hi = (saddr[0] ^ saddr[2]) as u64;
+        let lo = (saddr[1] ^ saddr[3]) as u64;
+        CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
+    }
+    #[inline(always)]
+    fn flow_hash(f: &Flow<V6>) -> u32 {
+        flow_hash6(f.saddr, f.daddr, f.sport, f.dport, f.proto)
+    }
+    /// No IPv6 ranges map yet: an IPv6 frontend with source ranges admits
+    /// nobody (fail closed), counted as `source-range`, never everybody.
+    #[inline(always)]
+    fn source_allowed(_service_id: u32, _saddr: [u32; 4]) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn event_addr(a: [u32; 4]) -> [u8; 16] {
+        v6_bytes(a)
+    }
+    #[inline(always)]
+    fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: [u32; 4], daddr: [u32; 4]) {
+        p.__bindgen_anon_3.ipv6_src = saddr;
+        p.__bindgen_anon_4.ipv6_dst = daddr;
+    }
+    #[inline(always)]
+    fn fib_next_hop(p: &bpf_fib_lookup) -> [u32; 4] {
+        // SAFETY: an IPv6 lookup wrote the IPv6 member.
+        unsafe { p.__bindgen_anon_4.ipv6_dst }
+    }
+    #[inline(always)]
+    fn sock_tuple(key: &CtKey<[u32; 4]>, t: &mut bpf_sock_tuple) -> u32 {
+        use aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as V6Tuple;
+        t.__bindgen_anon_1.ipv6 = V6Tuple {
+            saddr: key.saddr,
+            daddr: key.daddr,
+            sport: key.sport,
+            dport: key.dport,
+        };
+        core::mem::size_of::<V6Tuple>() as u32
+    }
+    #[inline(always)]
+    fn as_v4(_f: &Flow<V6>) -> Option<&Flow<V4>> {
+        None
+    }
+    #[inline(always)]
+    fn as_v4_mut(_f: &mut Flow<V6>) -> Option<&mut Flow<V4>> {
+        None
+    }
+}
