@@ -9,10 +9,17 @@
 //!   [pod-a] 10.244.1.10        [pod-b] 10.244.2.10, .11, .12
 //! ```
 //!
+//! Every link is dual-stack: the external segment is also fd00:60::/64
+//! (client ::1, node A ::2, node B ::3), pod A fd00:244:1::10, pod B
+//! fd00:244:2::10, ::11, ::12, routed the same way.
+//!
 //! Each node forwards, routes the other node's pod range via the other
 //! node, and runs its own lb-agent (its own pin directory and an empty child
 //! cgroup) with `--devices eth0`. Nothing touches the root namespace.
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use crate::{
     agent::{Agent, PinDir},
@@ -32,6 +39,17 @@ pub const POD_B: [Ipv4Addr; 3] = [
 ];
 /// LoadBalancer addresses, routed by the client to node A (or B).
 pub const LB_RANGE: &str = "203.0.113.0/24";
+pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 1);
+pub const NODE_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 2);
+pub const NODE_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 3);
+pub const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x244, 1, 0, 0, 0, 0, 0x10);
+pub const POD_B6: [Ipv6Addr; 3] = [
+    Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 0x10),
+    Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 0x11),
+    Ipv6Addr::new(0xfd00, 0x244, 2, 0, 0, 0, 0, 0x12),
+];
+/// IPv6 LoadBalancer addresses, routed by the client to node A.
+pub const LB_RANGE6: &str = "2001:db8:40::/64";
 /// The router of `Options::router_mtu`, on the external segment.
 pub const ROUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 4);
 
@@ -117,29 +135,53 @@ impl Cluster {
         let hub = Netns::create(&format!("lbt-{tag}-hub"));
         hub.ip(&["link", "add", "br0", "type", "bridge"]);
         hub.ip(&["link", "set", "br0", "up"]);
-        let plug = |ns: &Netns, port: &str, addr: Ipv4Addr| {
+        // `nodad`: IPv6 addresses usable at once (no duplicate address
+        // detection to wait for on links we made).
+        let plug = |ns: &Netns, port: &str, addr: Ipv4Addr, addr6: Ipv6Addr| {
             hub.ip(&[
                 "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
             ]);
             hub.ip(&["link", "set", port, "master", "br0", "up"]);
             ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+            ns.ip(&[
+                "addr",
+                "add",
+                &format!("{addr6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ]);
             ns.ip(&["link", "set", "eth0", "up"]);
         };
         let client = Netns::create(&format!("lbt-{tag}-c"));
-        plug(&client, "c0", CLIENT);
+        plug(&client, "c0", CLIENT, CLIENT6);
         client.ip(&["route", "add", LB_RANGE, "via", &NODE_A.to_string()]);
-        let node = |name: &str, port: &str, addr: Ipv4Addr| {
+        client.ip(&["-6", "route", "add", LB_RANGE6, "via", &NODE_A6.to_string()]);
+        let node = |name: &str, port: &str, addr: Ipv4Addr, addr6: Ipv6Addr| {
             let ns = Netns::create(&format!("lbt-{tag}-{name}"));
-            plug(&ns, port, addr);
+            plug(&ns, port, addr, addr6);
             sysctl(&ns, "net.ipv4.conf.all.forwarding=1");
+            sysctl(&ns, "net.ipv6.conf.all.forwarding=1");
             ns
         };
-        let (a_ns, b_ns) = (node("na", "na0", NODE_A), node("nb", "nb0", NODE_B));
+        let (a_ns, b_ns) = (
+            node("na", "na0", NODE_A, NODE_A6),
+            node("nb", "nb0", NODE_B, NODE_B6),
+        );
         if opts.bridged_uplink_a {
             a_ns.ip(&["link", "add", "up0", "type", "bridge"]);
             a_ns.ip(&["addr", "del", &format!("{NODE_A}/24"), "dev", "eth0"]);
+            a_ns.ip(&["addr", "del", &format!("{NODE_A6}/64"), "dev", "eth0"]);
             a_ns.ip(&["link", "set", "eth0", "master", "up0"]);
             a_ns.ip(&["addr", "add", &format!("{NODE_A}/24"), "dev", "up0"]);
+            a_ns.ip(&[
+                "addr",
+                "add",
+                &format!("{NODE_A6}/64"),
+                "dev",
+                "up0",
+                "nodad",
+            ]);
             a_ns.ip(&["link", "set", "up0", "up"]);
         }
         if opts.gro {
@@ -151,7 +193,12 @@ impl Cluster {
         }
         let router = opts.router_mtu.map(|mtu| {
             // [node A] ── br0 ── [router] 10.255.0.1 ══ mtu ══ 10.255.0.2 [node B]
-            let r = node("rt", "rt0", ROUTER);
+            let r = node(
+                "rt",
+                "rt0",
+                ROUTER,
+                Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 4),
+            );
             r.ip(&[
                 "link",
                 "add",
@@ -183,25 +230,60 @@ impl Cluster {
         }
         a_ns.ip(&route_b);
         b_ns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE_A.to_string()]);
-        let pod = |name: &str, node: &Netns, gw: &str, addrs: &[Ipv4Addr]| {
+        // IPv6 pods are routed node to node directly (the router and route
+        // MTU options are IPv4 only).
+        a_ns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "fd00:244:2::/64",
+            "via",
+            &NODE_B6.to_string(),
+        ]);
+        b_ns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "fd00:244:1::/64",
+            "via",
+            &NODE_A6.to_string(),
+        ]);
+        let pod = |name: &str,
+                   node: &Netns,
+                   gw: &str,
+                   addrs: &[Ipv4Addr],
+                   gw6: &str,
+                   addrs6: &[Ipv6Addr]| {
             let ns = Netns::create(&format!("lbt-{tag}-{name}"));
             node.ip(&[
                 "link", "add", "pod0", "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
             ]);
             node.ip(&["addr", "add", &format!("{gw}/24"), "dev", "pod0"]);
+            node.ip(&["addr", "add", &format!("{gw6}/64"), "dev", "pod0", "nodad"]);
             node.ip(&["link", "set", "pod0", "up"]);
             for a in addrs {
                 ns.ip(&["addr", "add", &format!("{a}/24"), "dev", "eth0"]);
             }
+            for a in addrs6 {
+                ns.ip(&["addr", "add", &format!("{a}/64"), "dev", "eth0", "nodad"]);
+            }
             ns.ip(&["link", "set", "eth0", "up"]);
             ns.ip(&["route", "add", "default", "via", gw]);
+            ns.ip(&["-6", "route", "add", "default", "via", gw6]);
             if opts.full_checksums {
                 ethtool(&ns, "eth0", "tx", false);
             }
             ns
         };
-        let pod_a = pod("pa", &a_ns, "10.244.1.1", &[POD_A]);
-        let pod_b = pod("pb", &b_ns, "10.244.2.1", &POD_B);
+        let pod_a = pod(
+            "pa",
+            &a_ns,
+            "10.244.1.1",
+            &[POD_A],
+            "fd00:244:1::1",
+            &[POD_A6],
+        );
+        let pod_b = pod("pb", &b_ns, "10.244.2.1", &POD_B, "fd00:244:2::1", &POD_B6);
         let mk_node = |ns: Netns, n: &str| Node {
             device: if n == "a" && opts.bridged_uplink_a {
                 "up0".into()
