@@ -70,6 +70,7 @@ layouts! {
     revnat::SockRevNat6Key { cookie: u64, address: [u8; 16], port: u16, pad: [u8; 6] },
     revnat::SockRevNat6Value { address: [u8; 16], port: u16, pad: u16, service_id: u32 },
     service::SourceRange4 { service_id: u32, address: u32 },
+    service::SourceRange6 { service_id: u32, address: [u8; 16] },
     service::Service4Key { address: u32, dport: u16, backend_slot: u16, proto: u8, scope: u8, pad: [u8; 2] },
     service::ServiceValue { backend_id: u32, service_id: u32, count: u16, terminating_count: u16, flags: u16, algorithm: u8, pad: u8, affinity_timeout_s: u32 },
     service::Service6Key { address: [u8; 16], dport: u16, backend_slot: u16, proto: u8, scope: u8, pad: [u8; 2] },
@@ -97,8 +98,8 @@ pub const RECORDED_VERSION: u32 = 2;
 /// LB4_SRC_RANGES' key (a new map); the socket storage types joined later
 /// with their maps (LB_SOCK_UDP had been pinned unchecked until then, with
 /// the same layout); IPv6 conntrack and devices (LB6_CT, LB6_DEVICES) with
-/// their maps.
-pub const RECORDED: [(&str, u64); 29] = [
+/// their maps, and LB6_SRC_RANGES' key.
+pub const RECORDED: [(&str, u64); 30] = [
     ("AffinityKey", 0xae7692cdde92f917),
     ("AffinityValue", 0xb90e3ef7df6cb90e),
     ("AffinityMatchKey", 0x6446390e934adce6),
@@ -121,6 +122,7 @@ pub const RECORDED: [(&str, u64); 29] = [
     ("SockRevNat6Key", 0x56bf8ae5be472a32),
     ("SockRevNat6Value", 0x2f2bae032aa40650),
     ("SourceRange4", 0xde6d5989befde97c),
+    ("SourceRange6", 0x225050d0a4989b31),
     ("Service4Key", 0x2956a6738867d2e7),
     ("ServiceValue", 0xb43b5f56a95281b4),
     ("Service6Key", 0x57fde5a5976112d2),

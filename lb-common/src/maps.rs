@@ -27,10 +27,11 @@ pub const LB4_FRAGS: &str = "LB4_FRAGS";
 pub const LB_SOCK_UDP: &str = "LB_SOCK_UDP";
 pub const LB_SOCK_PEERS: &str = "LB_SOCK_PEERS";
 pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
+pub const LB6_SRC_RANGES: &str = "LB6_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 25] = [
+pub const ALL: [&str; 26] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -50,6 +51,7 @@ pub const ALL: [&str; 25] = [
     LB6_DEVICES,
     LB_MAGLEV,
     LB4_SRC_RANGES,
+    LB6_SRC_RANGES,
     LB4_FE_FILTER,
     LB_DROPS,
     LB_EVENTS,

@@ -47,7 +47,23 @@ impl SourceRange4 {
     }
 }
 
-crate::user_pod!(SourceRange4);
+/// `LB6_SRC_RANGES` key data: the same shape for an IPv6 network.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct SourceRange6 {
+    pub service_id: u32,
+    /// Network byte order, as on the wire.
+    pub address: [u8; 16],
+}
+
+impl SourceRange6 {
+    /// The prefix length of a key for a CIDR of `len` bits.
+    pub const fn prefix_len(len: u8) -> u32 {
+        32 + len as u32
+    }
+}
+
+crate::user_pod!(SourceRange4, SourceRange6);
 
 /// Backend selection algorithms (`ServiceValue::algorithm`).
 pub const ALG_RANDOM: u8 = 0;

@@ -21,7 +21,7 @@ use lb_common::{
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
-    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
+    service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
 };
 
 /// Agent-written maps are not preallocated: memory follows use, so capacities
@@ -92,6 +92,11 @@ pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 /// which the kernel demands of an LPM trie.)
 #[map]
 pub static LB4_SRC_RANGES: LpmTrie<SourceRange4, u8> =
+    LpmTrie::pinned(DEFAULT_SOURCE_RANGES_MAX, 0);
+
+/// loadBalancerSourceRanges of IPv6 LoadBalancer frontends.
+#[map]
+pub static LB6_SRC_RANGES: LpmTrie<SourceRange6, u8> =
     LpmTrie::pinned(DEFAULT_SOURCE_RANGES_MAX, 0);
 
 /// One bit per IPv4 frontend (address, port): see `lb_common::filter`.

@@ -315,6 +315,58 @@ impl Dataplane {
     }
 
     /// ns/packet over `repeat` runs (the kernel's own average).
+    /// tc ingress on `packet` handed over as CHECKSUM_COMPLETE (as a NIC
+    /// that sums every frame does), with BPF_F_TEST_SKB_CHECKSUM_COMPLETE:
+    /// the kernel sets skb->csum from the packet before the run and, after
+    /// it, fails the run with EBADMSG when skb->csum no longer matches the
+    /// packet (net/bpf/test_run.c, Linux 6.17). aya 0.14 sets no test-run
+    /// flags but XDP's live frames, hence the raw bpf(2) call.
+    pub fn tc_ingress_checksum_complete(&self, packet: &[u8]) -> std::io::Result<(u32, Vec<u8>)> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        const BPF_PROG_TEST_RUN: libc::c_long = 10;
+        const BPF_F_TEST_SKB_CHECKSUM_COMPLETE: u32 = 1 << 2;
+        let p: &SchedClassifier = self
+            .ebpf
+            .program(datapath::TC_INGRESS)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let fd = p.fd().unwrap().as_fd().as_raw_fd();
+        let mut out = vec![0u8; packet.len() + 64];
+        let ctx = self.skb_ctx();
+        #[repr(C, align(8))]
+        struct Attr([u8; 128]);
+        let mut attr = Attr([0; 128]);
+        let mut put32 = |off: usize, v: u32| attr.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        put32(0, fd as u32);
+        put32(8, packet.len() as u32);
+        put32(12, out.len() as u32);
+        put32(32, 1);
+        put32(40, ctx.len() as u32);
+        put32(64, BPF_F_TEST_SKB_CHECKSUM_COMPLETE);
+        let mut put64 = |off: usize, v: u64| attr.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        put64(16, packet.as_ptr() as u64);
+        put64(24, out.as_mut_ptr() as u64);
+        put64(48, ctx.as_ptr() as u64);
+        // SAFETY: a zero-padded bpf_attr whose pointers name live buffers of
+        // the sizes given, for the duration of the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut Attr,
+                std::mem::size_of::<Attr>(),
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let retval = u32::from_ne_bytes(attr.0[4..8].try_into().unwrap());
+        let size_out = u32::from_ne_bytes(attr.0[12..16].try_into().unwrap());
+        out.truncate(size_out as usize);
+        Ok((retval, out))
+    }
+
     pub fn tc_ingress_timed(&self, packet: &[u8], repeat: u32) -> Duration {
         self.run_tc(datapath::TC_INGRESS, packet, repeat).2
     }

@@ -180,6 +180,39 @@ fn ipv6_nodeport_to_a_remote_backend_is_snatted_to_the_nodes_ipv6_address_and_th
     assert_ne!(inspect6(&out).sport, port);
 }
 
+/// A NIC that hands frames over as CHECKSUM_COMPLETE: the DNAT to a local
+/// backend must leave skb->csum matching the packet, or the stack logs "hw
+/// csum failure" and sums every such packet again. IPv6 needs its own care
+/// here (no header checksum to cancel the helper's skb->csum update); IPv4
+/// is checked too, as the reference.
+#[test]
+fn ipv6_and_ipv4_rewrites_keep_skb_csum_right_on_checksum_complete_packets() {
+    let dp = dataplane("np6_complete");
+    let run = |what: &str, pkt: &[u8]| {
+        dp.tc_ingress_checksum_complete(pkt).unwrap_or_else(|e| {
+            panic!(
+                "{what}: BPF_PROG_TEST_RUN with BPF_F_TEST_SKB_CHECKSUM_COMPLETE: {e} \
+                 (EBADMSG: skb->csum no longer matches the packet; EINVAL: the \
+                 kernel predates the flag, Linux 6.17)"
+            )
+        })
+    };
+    // IPv6: TCP and UDP to a local backend (the stack gets the packet).
+    let (rc, out) = run("IPv6 local", &syn6(NODE_IP6, 31001, 40100, b"payload"));
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(inspect6(&out).daddr, ip6("fd00:244:1::10"));
+    // And the remote path's rewrite (SNAT + DNAT), redirected.
+    let (rc, out) = run("IPv6 remote", &syn6(NODE_IP6, 31002, 40101, b"payload"));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(inspect6(&out).saddr, NODE_IP6);
+    // IPv4, the reference: the same node's IPv4 NodePort of a dual-stack view.
+    let v4 = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40102, 31009, SYN, b"payload",
+    );
+    let (rc, _) = run("IPv4 remote", &v4);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+}
+
 #[test]
 fn ipv6_udp_load_balancer_through_xdp_is_forwarded_with_a_valid_udp_checksum_and_answered_back() {
     let dp = dataplane("np6_xdp");
@@ -255,14 +288,30 @@ fn ipv6_hop_limit_is_decremented_and_a_packet_whose_hop_limit_runs_out_is_droppe
 }
 
 #[test]
-fn ipv6_source_ranges_without_an_ipv6_ranges_map_admit_nobody_and_count_it() {
-    // IPv6 loadBalancerSourceRanges are not enforced by a map yet: such a
-    // frontend fails closed, never open.
+fn ipv6_load_balancer_source_ranges_admit_only_their_networks() {
     let dp = dataplane("np6_ranges");
+    let lb = ip6("2001:db8:113::30");
+    // fd00:50::1 lies in fd00:50::/64.
+    let (rc, out) = dp.tc_ingress(&syn6(lb, 80, 40020, b""));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(inspect6(&out).daddr, ip6("fd00:244:2::40"));
+    // 2001:db8:99::1 does not.
     let before = dp.drops("source-range");
-    let (rc, _) = dp.tc_ingress(&syn6(ip6("2001:db8:113::30"), 80, 40020, b""));
+    let outsider = packets::tcp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        ip6("2001:db8:99::1"),
+        lb,
+        40021,
+        80,
+        SYN,
+        b"",
+    );
+    let (rc, _) = dp.tc_ingress(&outsider);
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(dp.drops("source-range"), before + 1);
+    let (rc, _) = dp.xdp(&outsider);
+    assert_eq!(rc, XDP_DROP);
 }
 
 #[test]

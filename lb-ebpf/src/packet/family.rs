@@ -25,13 +25,16 @@ use lb_common::{
     affinity::CLIENT_IS_ADDRESS,
     backend::{Backend4, Backend6},
     nodeport::{flow_hash, flow_hash6, CtKey, CtValue},
-    service::{Service4Key, Service6Key, SourceRange4},
+    service::{Service4Key, Service6Key, SourceRange4, SourceRange6},
 };
 
 use super::{access::Pkt, parse, parse::Flow, Parsed, Scratch};
 use crate::{
     lb::{Family, V4, V6},
-    maps::{LB4_CT, LB4_SRC_RANGES, LB6_CT, LB6_DEVICES, LB_DEVICES, LB_SCRATCH, LB_SCRATCH6},
+    maps::{
+        LB4_BACKENDS, LB4_CT, LB4_SRC_RANGES, LB6_BACKENDS, LB6_CT, LB6_DEVICES, LB6_SRC_RANGES,
+        LB_DEVICES, LB_SCRATCH, LB_SCRATCH6,
+    },
 };
 
 const AF_INET: u8 = 2;
@@ -60,6 +63,10 @@ pub trait Ip: Family + Sized + 'static {
     fn service_key(addr: Self::Addr, port: u16, proto: u8, scope: u8) -> Self::Key;
     /// A backend's address, port and flags.
     fn backend_target(b: &Self::Backend) -> (Self::Addr, u16, u8);
+    /// Whether backend `id` exists and is still at `addr`:`port` (an id
+    /// freed and given to another backend no longer matches). Compared in
+    /// the map value, without copying it to the stack.
+    fn backend_is(id: u32, addr: &Self::Addr, port: u16) -> bool;
     /// The SNAT source of packets leaving `ifindex` (LB_DEVICES / LB6_DEVICES).
     fn device_address(ifindex: u32) -> Option<Self::Addr>;
     /// sessionAffinity: ClientIP's key for a source address.
@@ -112,6 +119,14 @@ impl Ip for V4 {
     #[inline(always)]
     fn backend_target(b: &Backend4) -> (u32, u16, u8) {
         (b.address, b.port, b.flags)
+    }
+    #[inline(always)]
+    fn backend_is(id: u32, addr: &u32, port: u16) -> bool {
+        match LB4_BACKENDS.get_ptr(&id) {
+            // SAFETY: a map value, valid for this run; two fields read.
+            Some(b) => unsafe { (*b).address == *addr && (*b).port == port },
+            None => false,
+        }
     }
     #[inline(always)]
     fn device_address(ifindex: u32) -> Option<u32> {
@@ -232,6 +247,14 @@ impl Ip for V6 {
         (v6_words(&b.address), b.port, b.flags)
     }
     #[inline(always)]
+    fn backend_is(id: u32, addr: &[u32; 4], port: u16) -> bool {
+        match LB6_BACKENDS.get_ptr(&id) {
+            // SAFETY: a map value, valid for this run; read in place.
+            Some(b) => unsafe { (*b).port == port && v6_words(&(*b).address) == *addr },
+            None => false,
+        }
+    }
+    #[inline(always)]
     fn device_address(ifindex: u32) -> Option<[u32; 4]> {
         // SAFETY: a map value, copied at once.
         unsafe { LB6_DEVICES.get(&ifindex) }.map(|d| d.address)
@@ -249,11 +272,17 @@ impl Ip for V6 {
     fn flow_hash(f: &Flow<V6>) -> u32 {
         flow_hash6(f.saddr, f.daddr, f.sport, f.dport, f.proto)
     }
-    /// No IPv6 ranges map yet: an IPv6 frontend with source ranges admits
-    /// nobody (fail closed), counted as `source-range`, never everybody.
+    /// One longest-prefix lookup on (service id, address) in LB6_SRC_RANGES.
     #[inline(always)]
-    fn source_allowed(_service_id: u32, _saddr: [u32; 4]) -> bool {
-        false
+    fn source_allowed(service_id: u32, saddr: [u32; 4]) -> bool {
+        let key = aya_ebpf::maps::lpm_trie::Key::new(
+            SourceRange6::prefix_len(128),
+            SourceRange6 {
+                service_id,
+                address: v6_bytes(saddr),
+            },
+        );
+        LB6_SRC_RANGES.get(&key).is_some()
     }
     #[inline(always)]
     fn event_addr(a: [u32; 4]) -> [u8; 16] {

@@ -13,6 +13,7 @@ use lb_common::drop::DropReason;
 
 use super::{
     access::{store, ETH_HLEN},
+    csum::diff16,
     family::Ip,
     parse::Flow,
     scratch, Hook,
@@ -78,11 +79,15 @@ pub fn decrement_ttl<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Result<(), DropRea
     }
     let off = ETH_HLEN + I::HOP_LIMIT;
     if I::IS_V6 {
-        return if store(ctx, off, f.ttl - 1) {
-            Ok(())
-        } else {
-            Err(DropReason::InvalidPacket)
-        };
+        if !store(ctx, off, f.ttl - 1) {
+            return Err(DropReason::InvalidPacket);
+        }
+        // Next header and hop limit form one 16-bit word of the packet's
+        // sum: keep skb->csum in step (no header checksum cancels it).
+        let old = u16::from_ne_bytes([f.proto, f.ttl]);
+        let new = u16::from_ne_bytes([f.proto, f.ttl - 1]);
+        ctx.csum_complete_fixup(diff16(old, new));
+        return Ok(());
     }
     // TTL and protocol form one 16-bit word of the header checksum.
     let old = u16::from_ne_bytes([f.ttl, f.proto]);

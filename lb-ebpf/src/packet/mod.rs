@@ -214,6 +214,16 @@ pub trait Hook: Pkt {
         pseudo: bool,
         udp: bool,
     ) -> bool;
+    /// Keeps skb->csum of a CHECKSUM_COMPLETE skb in step with an IPv6
+    /// change that no checksum in the packet balances: `diff` (new − old,
+    /// one's complement) is added to it. Two uses: after an address
+    /// rewrite, to undo what `csum_l4` with `pseudo` did to skb->csum (the
+    /// helper assumes IPv4, whose header checksum cancels the L4 one's
+    /// change; Linux 6.16 added BPF_F_IPV6 for this, in diff mode only),
+    /// and after the hop limit's decrement (IPv6 has no header checksum).
+    /// Without it the stack logs "hw csum failure" and sums the packet
+    /// again. XDP has no skb checksum state: nothing to do.
+    fn csum_complete_fixup(&self, diff: u32);
     /// Whether a socket of this node holds the tuple of `key` (as a packet
     /// from its source to its destination would find it; a listener does
     /// not count: it takes new connections, not this tuple's packets).
@@ -434,8 +444,14 @@ fn reject_unless_passable<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ports: bool) -> 
 /// A known flow to a frontend stays on its backend (NEXT: not a known flow).
 #[inline(never)]
 fn known_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
-    let key = f.ct_key(CT_SERVICE);
-    match ct::lookup::<I>(&key, f.proto, f.tcp_flags) {
+    let Some(sp) = scratch::<I>() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch; the key field is not the flow. (A new flow
+    // overwrites it later: the lookup is done by then.)
+    let key = unsafe { &mut (*sp).fkey };
+    *key = f.ct_key(CT_SERVICE);
+    match ct::lookup::<I>(key, f.proto, f.tcp_flags) {
         Hit::Miss => Action::NEXT,
         Hit::Reopen => {
             // The tuple is reused: new_flow chooses again and overwrites.
@@ -443,12 +459,13 @@ fn known_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
             Action::NEXT
         }
         Hit::Live(ct) => {
-            // Its backend is gone: the flow chooses again.
-            let Some(b) = I::backend(ct.backend_id) else {
+            // Its backend is gone (or its id now names another backend):
+            // the flow chooses again.
+            if !I::backend_is(ct.backend_id, &ct.addr, ct.port) {
                 return Action::NEXT;
-            };
+            }
             frag::remember(f);
-            forward_known(ctx, f, ct, &b)
+            forward_known(ctx, f, ct)
         }
     }
 }
@@ -795,19 +812,15 @@ fn maglev<I: Ip>(f: &Flow<I>, svc: &ServiceValue) -> Result<(u32, I::Backend), D
 
 /// A packet of a known flow: same rewrite as its first packet.
 #[inline(never)]
-fn forward_known<C: Hook, I: Ip>(
-    ctx: &C,
-    f: &Flow<I>,
-    ct: &CtValue<I::Addr>,
-    b: &I::Backend,
-) -> Action {
-    let (baddr, bport, _) = I::backend_target(b);
-    let baddr = &baddr;
+fn forward_known<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -> Action {
+    // The conntrack entry names the backend (`known_flow` checked it is
+    // still the one its id names).
+    let (baddr, bport) = (&ct.addr, ct.port);
     if ct.flags & CT_F_LOCAL != 0 {
         let rewritten = if ct.flags & CT_F_SNAT != 0 {
             nat::dnat_snat(ctx, f, baddr, bport, &ct.nat_addr, ct.nat_port)
         } else {
-            nat::dnat(ctx, f, &baddr, bport)
+            nat::dnat(ctx, f, baddr, bport)
         };
         return rewritten.map_or(Action::DROP, |_| {
             bump(CNT_NP_FORWARD);
@@ -864,7 +877,7 @@ fn rewrite_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -
     if rewritten.is_none() {
         return Action::DROP;
     }
-    let needs_option = ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
+    let needs_option = !I::IS_V6 && ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
     let inserted = match I::as_v4(f) {
         Some(f4) => !needs_option || dsr::insert_option(ctx, f4, f4.daddr, f4.dport),
         None => !needs_option,

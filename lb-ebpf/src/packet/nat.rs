@@ -5,6 +5,7 @@
 //! updated there).
 use super::{
     access::{store, ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP, L4_DPORT, L4_SPORT, TCP_CHECK, UDP_CHECK},
+    csum::diff32,
     family::Ip,
     parse::Flow,
     Hook,
@@ -37,13 +38,20 @@ pub fn set_addr<C: Hook, I: Ip>(
     }
     let check = l4_check(f);
     let udp = f.proto == IPPROTO_UDP;
+    let mut diff = 0u32;
     let mut i = 0;
     while i < I::WORDS {
         let (o, n) = (I::word(old, i), I::word(new, i));
-        if o != n && !ctx.csum_l4(check, o, n, 4, true, udp) {
-            return None;
+        if o != n {
+            if !ctx.csum_l4(check, o, n, 4, true, udp) {
+                return None;
+            }
+            diff += diff32(o, n);
         }
         i += 1;
+    }
+    if I::IS_V6 {
+        ctx.csum_complete_fixup(diff);
     }
     Some(())
 }

@@ -6,8 +6,8 @@ use aya_ebpf::{
         TC_ACT_SHOT,
     },
     helpers::{
-        bpf_fib_lookup as fib, bpf_l3_csum_replace, bpf_l4_csum_replace, bpf_redirect,
-        bpf_redirect_neigh, bpf_skb_change_tail,
+        bpf_csum_update, bpf_fib_lookup as fib, bpf_l3_csum_replace, bpf_l4_csum_replace,
+        bpf_redirect, bpf_redirect_neigh, bpf_skb_change_tail,
     },
     macros::classifier,
     programs::TcContext,
@@ -148,6 +148,14 @@ impl Hook for Tc<'_> {
                 new as u64,
                 size,
             ) == 0
+        }
+    }
+    #[inline(always)]
+    fn csum_complete_fixup(&self, diff: u32) {
+        // SAFETY: the skb of this run; returns an error (ignored) when the
+        // skb is not CHECKSUM_COMPLETE, which is then nothing to fix.
+        unsafe {
+            bpf_csum_update(self.ctx.as_ptr().cast(), diff);
         }
     }
     #[inline(always)]

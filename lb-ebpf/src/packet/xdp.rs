@@ -107,6 +107,8 @@ impl Hook for Xdp<'_> {
         manual_csum_l3(self, old, new, size)
     }
     #[inline(always)]
+    fn csum_complete_fixup(&self, _diff: u32) {}
+    #[inline(always)]
     fn csum_l4(
         &self,
         check_off: usize,

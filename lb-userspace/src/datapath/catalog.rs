@@ -17,7 +17,7 @@ use lb_common::{
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
-    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
+    service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
     sock::{SockPeers, UdpChoices},
 };
 
@@ -60,7 +60,7 @@ const fn spec(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capac
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 25] = [
+pub const CATALOG: [MapSpec; 26] = [
     spec(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -160,6 +160,14 @@ pub const CATALOG: [MapSpec; 25] = [
         // The kernel's key: a 32-bit prefix length, then the data.
         Some((
             size_of::<u32>() + size_of::<SourceRange4>(),
+            size_of::<u8>(),
+        )),
+        Capacity::Sized(|s| s.source_ranges),
+    ),
+    spec(
+        names::LB6_SRC_RANGES,
+        Some((
+            size_of::<u32>() + size_of::<SourceRange6>(),
             size_of::<u8>(),
         )),
         Capacity::Sized(|s| s.source_ranges),

@@ -239,14 +239,10 @@ fn build_frontend(
     if fe.kind == FrontendKind::ExternalIP && !cfg.node_addresses.contains(&fe.address) {
         flags |= SVC_FLAG_FOREIGN_EXTERNAL_IP;
     }
-    let source_ranges: BTreeSet<Cidr> = if fe.address.is_ipv4() {
-        fe.source_ranges.iter().copied().collect()
-    } else {
-        BTreeSet::new()
-    };
-    // IPv6 ranges have no map yet: the flag alone makes the programs admit
-    // nobody to such a frontend (fail closed), never everybody.
-    if !fe.source_ranges.is_empty() {
+    // LB4_SRC_RANGES or LB6_SRC_RANGES by the frontend's family (the model
+    // keeps only ranges of that family).
+    let source_ranges: BTreeSet<Cidr> = fe.source_ranges.iter().copied().collect();
+    if !source_ranges.is_empty() {
         flags |= SVC_FLAG_SOURCE_RANGES;
     }
     let value = ServiceValue {

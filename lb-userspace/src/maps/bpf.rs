@@ -14,7 +14,7 @@ use lb_common::{
     drop::{drop_index, Direction, DropReason},
     maps as names,
     revnat::{RevNat4, RevNat6},
-    service::{Service4Key, Service6Key, ServiceValue, SourceRange4},
+    service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
 };
 
 use super::{convert as c, Capacity, Family, LbMaps, MapOp, MapState, MapWriteError};
@@ -29,6 +29,7 @@ pub struct BpfMaps {
     affinity: HashMap<MapData, AffinityMatchKey, u8>,
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
     source_ranges: LpmTrie<MapData, SourceRange4, u8>,
+    source_ranges6: LpmTrie<MapData, SourceRange6, u8>,
     fe_filter: Array<MapData, u64>,
     config: Array<MapData, u32>,
     capacity: Capacity,
@@ -47,6 +48,26 @@ fn source_range_key(service_id: u32, range: &crate::net::Cidr) -> io::Result<Lpm
         SourceRange4 {
             service_id,
             address: u32::from_ne_bytes(a.octets()),
+        },
+    ))
+}
+
+/// The LB6_SRC_RANGES key of a (service, IPv6 network).
+fn source_range6_key(
+    service_id: u32,
+    range: &crate::net::Cidr,
+) -> io::Result<LpmKey<SourceRange6>> {
+    let std::net::IpAddr::V6(a) = range.address else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "LB6_SRC_RANGES holds IPv6 networks only",
+        ));
+    };
+    Ok(LpmKey::new(
+        SourceRange6::prefix_len(range.prefix),
+        SourceRange6 {
+            service_id,
+            address: a.octets(),
         },
     ))
 }
@@ -100,6 +121,7 @@ impl BpfMaps {
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
             maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
             source_ranges: LpmTrie::try_from(open_pinned(pin_dir, names::LB4_SRC_RANGES)?)?,
+            source_ranges6: LpmTrie::try_from(open_pinned(pin_dir, names::LB6_SRC_RANGES)?)?,
             fe_filter: Array::try_from(open_pinned(pin_dir, names::LB4_FE_FILTER)?)?,
             config: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
             capacity,
@@ -281,6 +303,13 @@ impl LbMaps for BpfMaps {
             }
             MapOp::SetMaglev(s, table) => self.set_maglev(*s, table),
             MapOp::DeleteMaglev(s) => ignore_missing(self.maglev.remove(s)),
+            MapOp::UpsertSourceRange(s, r) if r.address.is_ipv6() => source_range6_key(*s, r)
+                .and_then(|k| self.source_ranges6.insert(&k, 1, 0).map_err(io_error)),
+            MapOp::DeleteSourceRange(s, r) if r.address.is_ipv6() => match source_range6_key(*s, r)
+            {
+                Ok(k) => ignore_missing(self.source_ranges6.remove(&k)),
+                Err(e) => Err(e),
+            },
             MapOp::UpsertSourceRange(s, r) => source_range_key(*s, r)
                 .and_then(|k| self.source_ranges.insert(&k, 1, 0).map_err(io_error)),
             MapOp::DeleteSourceRange(s, r) => match source_range_key(*s, r) {
@@ -352,6 +381,17 @@ impl LbMaps for BpfMaps {
                 data.service_id,
                 crate::net::Cidr {
                     address: address.into(),
+                    prefix: (k.prefix_len().saturating_sub(32)) as u8,
+                },
+            ));
+        }
+        for k in self.source_ranges6.keys() {
+            let k = k.context("reading LB6_SRC_RANGES")?;
+            let data = k.data();
+            source_ranges.push((
+                data.service_id,
+                crate::net::Cidr {
+                    address: std::net::Ipv6Addr::from(data.address).into(),
                     prefix: (k.prefix_len().saturating_sub(32)) as u8,
                 },
             ));
@@ -431,6 +471,10 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
         names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
         names::LB4_SRC_RANGES => {
             let m: LpmTrie<MapData, SourceRange4, u8> = LpmTrie::try_from(map)?;
+            m.keys().filter(Result::is_ok).count()
+        }
+        names::LB6_SRC_RANGES => {
+            let m: LpmTrie<MapData, SourceRange6, u8> = LpmTrie::try_from(map)?;
             m.keys().filter(Result::is_ok).count()
         }
         names::LB4_CT => count::<lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value>(map)?,
