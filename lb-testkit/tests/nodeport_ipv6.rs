@@ -342,3 +342,29 @@ fn ipv6_traffic_that_is_not_for_a_service_and_ipv4_only_nodeports_pass_untouched
         .frontends()
         .any(|(k, _)| k.port == 31009 && k.address.is_ipv6()));
 }
+
+/// IPv6 makes the UDP checksum mandatory (RFC 8200 §8.1): a zero one to a
+/// frontend is a broken datagram, dropped and counted, with no conntrack
+/// entry or SNAT port spent on it.
+#[test]
+fn ipv6_udp_without_a_checksum_to_a_frontend_is_dropped_as_invalid() {
+    let dp = dataplane("np6_udp0");
+    let mut pkt = packets::udp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP6,
+        ip6("2001:db8:113::10"),
+        5001,
+        53,
+        b"query",
+    );
+    pkt[14 + 40 + 6..14 + 40 + 8].copy_from_slice(&[0, 0]);
+    let before = dp.drops("invalid-packet");
+    let created = dp.counter(CNT_CT_CREATED);
+    let (rc, _) = dp.tc_ingress(&pkt);
+    assert_eq!(rc, TC_ACT_SHOT);
+    let (rc, _) = dp.xdp(&pkt);
+    assert_eq!(rc, XDP_DROP);
+    assert_eq!(dp.drops("invalid-packet"), before + 2);
+    assert_eq!(dp.counter(CNT_CT_CREATED), created);
+}

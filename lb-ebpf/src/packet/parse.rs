@@ -354,6 +354,11 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     };
     f.sport = sp;
     f.dport = dp;
+    // IPv6 makes the UDP checksum mandatory: a receiver discards a zero one
+    // (RFC 8200 §8.1), so such a datagram is broken, not a flow to set up.
+    if next == IPPROTO_UDP && load::<u16, P>(p, l4 + UDP_CHECK) == Some(0) {
+        return Parsed::Invalid(true);
+    }
     l4_fields(p, f, l4, tot_len, IPV6_HLEN)
 }
 

@@ -225,7 +225,12 @@ fn run() -> anyhow::Result<()> {
             command: CtCommand::List { all },
         } => {
             let v4 = lb::maps::bpf::read_ct::<u32>(&cli.pin_dir, lb_common::maps::LB4_CT)?;
-            let v6 = lb::maps::bpf::read_ct::<[u32; 4]>(&cli.pin_dir, lb_common::maps::LB6_CT)?;
+            // Pins of an agent from before IPv6 north-south have no LB6_CT.
+            let v6 = if cli.pin_dir.join(lb_common::maps::LB6_CT).exists() {
+                lb::maps::bpf::read_ct::<[u32; 4]>(&cli.pin_dir, lb_common::maps::LB6_CT)?
+            } else {
+                Vec::new()
+            };
             let config = lb::datapath::config::RuntimeConfig::open(&cli.pin_dir)?;
             let timeouts = lb::conntrack::timeouts(&config)?;
             let now = monitor::reader::monotonic_ns();

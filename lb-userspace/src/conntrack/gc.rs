@@ -37,7 +37,8 @@ pub const MAX_INTERVAL: Duration = Duration::from_secs(600);
 pub struct Sweep {
     pub scanned: usize,
     pub deleted: usize,
-    pub capacity: u32,
+    /// (deleted, capacity) of the table that lost the largest share.
+    pub busiest: (usize, u32),
     pub duration: Duration,
 }
 
@@ -52,17 +53,29 @@ pub struct GcMetrics {
 }
 
 /// One sweep of both tables: reads every entry, deletes the expired ones.
-/// (The capacity is the larger table's: the interval follows the busier one.)
+/// `deleted`/`scanned` add both up; `busiest` is the table that lost the
+/// largest share, from which the next interval is taken. A missing LB6_CT
+/// (pins of an agent from before IPv6 north-south) is an empty table.
 pub fn sweep(pin_dir: &Path) -> anyhow::Result<Sweep> {
     let started = Instant::now();
     let config = RuntimeConfig::open(pin_dir)?;
     let t = timeouts(&config)?;
     let (s4, d4, c4) = sweep_table::<u32>(pin_dir, names::LB4_CT, &t)?;
-    let (s6, d6, c6) = sweep_table::<[u32; 4]>(pin_dir, names::LB6_CT, &t)?;
+    let (s6, d6, c6) = if pin_dir.join(names::LB6_CT).exists() {
+        sweep_table::<[u32; 4]>(pin_dir, names::LB6_CT, &t)?
+    } else {
+        (0, 0, c4)
+    };
+    let share = |d: usize, c: u32| d as f64 / c.max(1) as f64;
+    let busiest = if share(d6, c6) > share(d4, c4) {
+        (d6, c6)
+    } else {
+        (d4, c4)
+    };
     Ok(Sweep {
         scanned: s4 + s6,
         deleted: d4 + d6,
-        capacity: c4.max(c6),
+        busiest,
         duration: started.elapsed(),
     })
 }
@@ -140,7 +153,7 @@ pub fn spawn(
                             "conntrack sweep"
                         );
                         if fixed.is_none() {
-                            interval = next_interval(interval, s.deleted, s.capacity);
+                            interval = next_interval(interval, s.busiest.0, s.busiest.1);
                         }
                     }
                     Err(e) => warn!("conntrack sweep failed: {e:#}"),

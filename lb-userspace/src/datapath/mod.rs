@@ -376,38 +376,39 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
     let mut wanted6 = Vec::new();
     for dev in devices {
         let ifindex = sys::netdev::ifindex(dev)?;
-        let Some(addr) = sys::netdev::ipv4_address(dev)? else {
-            bail!("device {dev} has no IPv4 address: SNAT to remote backends needs one (add it, or drop it from --devices)");
-        };
-        map.insert(
-            ifindex,
-            Device {
-                address: ip4_to_map(addr),
-                flags: 0,
-            },
-            0,
-        )?;
-        wanted.push(ifindex);
-        match sys::netdev::ipv6_address(dev)? {
-            Some(v6) => {
-                map6.insert(
-                    ifindex,
-                    Device6 {
-                        address: ip6_to_words(v6),
-                    },
-                    0,
-                )?;
-                wanted6.push(ifindex);
-                info!(device = %dev, ifindex, address = %addr, ipv6 = %v6, "external device");
-            }
-            None => {
-                info!(device = %dev, ifindex, address = %addr, "external device");
-                warn!(
-                    device = %dev,
-                    "no global IPv6 address: IPv6 NodePort/LoadBalancer flows to backends on other nodes \
-                     cannot be SNATed out of this device and are dropped (fib-lookup-failed); add one to serve them"
-                );
-            }
+        let v4 = sys::netdev::ipv4_address(dev)?;
+        let v6 = sys::netdev::ipv6_address(dev)?;
+        if v4.is_none() && v6.is_none() {
+            bail!("device {dev} has neither an IPv4 nor a global IPv6 address: SNAT to remote backends needs one (add it, or drop it from --devices)");
+        }
+        if let Some(addr) = v4 {
+            map.insert(
+                ifindex,
+                Device {
+                    address: ip4_to_map(addr),
+                    flags: 0,
+                },
+                0,
+            )?;
+            wanted.push(ifindex);
+        }
+        if let Some(addr) = v6 {
+            map6.insert(
+                ifindex,
+                Device6 {
+                    address: ip6_to_words(addr),
+                },
+                0,
+            )?;
+            wanted6.push(ifindex);
+        }
+        info!(device = %dev, ifindex, ipv4 = ?v4, ipv6 = ?v6, "external device");
+        // A node without IPv6 is common: said, not warned.
+        if v4.is_none() {
+            warn!(device = %dev, "no IPv4 address: IPv4 NodePort/LoadBalancer flows to backends on other nodes cannot be SNATed out of this device and are dropped (fib-lookup-failed); add one to serve them");
+        }
+        if v6.is_none() {
+            info!(device = %dev, "no global IPv6 address: IPv6 flows to backends on other nodes cannot be SNATed out of this device (dropped as fib-lookup-failed)");
         }
     }
     let stale: Vec<u32> = map

@@ -571,13 +571,12 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                     "NodePorts need this node's addresses: start lb-agent with --devices",
                 ));
             }
-            // On the node's addresses of the service's own families (a
-            // single-stack IPv4 service has no IPv6 NodePort), as in
-            // Kubernetes.
+            // On the node's addresses of the service's own families (its
+            // ClusterIPs'), as in Kubernetes.
             fronts.extend(
                 ctx.nodeport_addresses
                     .iter()
-                    .filter(|n| addresses.iter().any(|(a, _)| a.is_ipv4() == n.is_ipv4()))
+                    .filter(|n| super::serves_family(&addresses, n))
                     .map(|a| (*a, np, FrontendKind::NodePort)),
             );
         }
@@ -890,6 +889,43 @@ services:
             "services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80, nodePort: 30080}]}]",
         );
         assert!(e.message.contains("type: NodePort"), "{e}");
+    }
+
+    #[test]
+    fn nodeports_exist_only_on_node_addresses_of_the_services_clusterip_families() {
+        let ctx = FileContext {
+            nodeport_addresses: vec![
+                "192.168.1.10".parse().unwrap(),
+                "fd00:1::10".parse().unwrap(),
+            ],
+            ..Default::default()
+        };
+        let nodeports = |yaml: &str| -> Vec<IpAddr> {
+            let m = parse_with(yaml, &ctx).unwrap();
+            let mut v: Vec<IpAddr> = m.services[&ServiceName::new("default", "a")]
+                .frontends
+                .iter()
+                .filter(|f| f.kind == FrontendKind::NodePort)
+                .map(|f| f.address)
+                .collect();
+            v.sort();
+            v
+        };
+        // Single-stack IPv4, even with an IPv6 external IP: IPv4 only.
+        assert_eq!(
+            nodeports("services: [{name: a, type: NodePort, clusterIPs: [10.96.0.1], externalIPs: [\"2001:db8::1\"], ports: [{port: 80, nodePort: 30080}], backends: [{address: 10.244.1.2}]}]"),
+            vec!["192.168.1.10".parse::<IpAddr>().unwrap()]
+        );
+        // Single-stack IPv6.
+        assert_eq!(
+            nodeports("services: [{name: a, type: NodePort, clusterIPs: [\"fd00:96::1\"], ports: [{port: 80, nodePort: 30080}], backends: [{address: \"fd00:244::2\"}]}]"),
+            vec!["fd00:1::10".parse::<IpAddr>().unwrap()]
+        );
+        // Dual-stack: both.
+        assert_eq!(
+            nodeports("services: [{name: a, type: NodePort, clusterIPs: [10.96.0.1, \"fd00:96::1\"], ports: [{port: 80, nodePort: 30080}], backends: [{address: 10.244.1.2}, {address: \"fd00:244::2\"}]}]").len(),
+            2
+        );
     }
 
     #[test]

@@ -298,6 +298,19 @@ pub enum Algorithm {
 /// A frontend's share of a Service's loadBalancerSourceRanges: only a
 /// LoadBalancer address is restricted (kube-proxy's KUBE-FW chain), and only
 /// by networks of its own family; host bits cleared, sorted, no duplicates.
+/// Whether a service with these addresses has NodePorts on the node
+/// address `node`: when the address families of its ClusterIPs (Kubernetes'
+/// `spec.ipFamilies`) include `node`'s. A service without ClusterIPs (a
+/// services-file service of external addresses only) goes by the families
+/// of all its addresses.
+pub fn serves_family(addresses: &[(IpAddr, FrontendKind)], node: &IpAddr) -> bool {
+    let cluster = addresses.iter().any(|(_, k)| *k == FrontendKind::ClusterIP);
+    addresses
+        .iter()
+        .filter(|(_, k)| !cluster || *k == FrontendKind::ClusterIP)
+        .any(|(a, _)| a.is_ipv4() == node.is_ipv4())
+}
+
 pub fn source_ranges_for(
     kind: FrontendKind,
     address: IpAddr,

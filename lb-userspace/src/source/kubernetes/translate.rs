@@ -274,13 +274,15 @@ pub fn translate<'a>(
             .filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer"))
         {
             match u16::try_from(node_port) {
-                // On the node's addresses of the service's own families
-                // (a single-stack IPv4 service has no IPv6 NodePort), as
-                // kube-proxy's per-family proxiers serve them.
+                // On the node's addresses of the service's own families,
+                // its ClusterIPs' (spec.ipFamilies): a single-stack IPv4
+                // service has no IPv6 NodePort, even with an IPv6 external
+                // or LoadBalancer IP, as kube-proxy's per-family proxiers
+                // skip a service without a ClusterIP of their family.
                 Ok(np) if np != 0 => kinds.extend(
                     node.nodeport_addresses
                         .iter()
-                        .filter(|n| addresses.iter().any(|(a, _)| a.is_ipv4() == n.is_ipv4()))
+                        .filter(|n| crate::model::serves_family(&addresses, n))
                         .map(|a| (*a, np, FrontendKind::NodePort)),
                 ),
                 _ => warn(
