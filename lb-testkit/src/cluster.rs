@@ -230,16 +230,14 @@ impl Cluster {
         }
         a_ns.ip(&route_b);
         b_ns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE_A.to_string()]);
-        // IPv6 pods are routed node to node directly (the router and route
-        // MTU options are IPv4 only).
-        a_ns.ip(&[
-            "-6",
-            "route",
-            "add",
-            "fd00:244:2::/64",
-            "via",
-            &NODE_B6.to_string(),
-        ]);
+        // IPv6 pods are routed node to node directly (the router option is
+        // IPv4 only; the route MTU applies to both families).
+        let via_b6 = NODE_B6.to_string();
+        let mut route_b6 = vec!["-6", "route", "add", "fd00:244:2::/64", "via", &via_b6];
+        if let Some(m) = &mtu {
+            route_b6.extend(["mtu", "lock", m.as_str()]);
+        }
+        a_ns.ip(&route_b6);
         b_ns.ip(&[
             "-6",
             "route",

@@ -203,6 +203,19 @@ impl Dataplane {
             "dev",
             "ext0",
         ]);
+        netns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "fd00:244:3::/64",
+            "via",
+            "fd00:50::3",
+            "dev",
+            "ext0",
+            "mtu",
+            "lock",
+            "1400",
+        ]);
         // bpf_fib_lookup answers only where forwarding is on (like the stack).
         for key in [
             "net.ipv4.conf.all.forwarding=1",

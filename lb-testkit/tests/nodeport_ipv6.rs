@@ -51,6 +51,11 @@ services:
     type: NodePort
     clusterIPs: ["fd00:96::7"]
     ports: [{port: 80, nodePort: 31007}]
+  - name: narrow6
+    type: NodePort
+    clusterIPs: ["fd00:96::8"]
+    ports: [{port: 80, targetPort: 8080, nodePort: 31008}]
+    backends: [{address: "fd00:244:3::10"}]
   - name: v4only
     type: NodePort
     clusterIPs: [10.96.0.9]
@@ -275,15 +280,93 @@ fn ipv6_maglev_picks_the_slot_of_flow_hash6_in_the_agents_table() {
     assert_eq!(seen.len(), 3, "{seen:?}");
 }
 
+/// An ICMPv6 error as it left the program: Ethernet and IPv6 headers
+/// swapped back toward the sender, the ICMPv6 checksum verified from
+/// scratch over the pseudo-header (RFC 8200 §8.1) and the message, and the
+/// quote compared with the packet it answers.
+fn icmp6_error(out: &[u8], answered: &[u8]) -> (u8, u8, u32) {
+    assert_eq!(&out[12..14], &[0x86, 0xdd], "IPv6");
+    assert_eq!(&out[0..6], &answered[6..12], "back to the sender's MAC");
+    let ip = &out[14..54];
+    assert_eq!(ip[6], 58, "next header ICMPv6 (no extension header)");
+    let src: [u8; 16] = ip[8..24].try_into().unwrap();
+    let dst: [u8; 16] = ip[24..40].try_into().unwrap();
+    assert_eq!(
+        src,
+        answered[14 + 24..14 + 40],
+        "from the address it was sent to"
+    );
+    assert_eq!(dst, answered[14 + 8..14 + 24], "to its sender");
+    let msg = &out[54..];
+    assert_eq!(u16::from_be_bytes([ip[4], ip[5]]) as usize, msg.len());
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src);
+    pseudo.extend_from_slice(&dst);
+    pseudo.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(msg);
+    assert_eq!(packets::internet_checksum(&pseudo), 0, "ICMPv6 checksum");
+    assert_eq!(
+        &msg[8..56],
+        &answered[14..62],
+        "quotes the IPv6 header and 8 bytes"
+    );
+    (
+        msg[0],
+        msg[1],
+        u32::from_be_bytes(msg[4..8].try_into().unwrap()),
+    )
+}
+
 #[test]
-fn ipv6_hop_limit_is_decremented_and_a_packet_whose_hop_limit_runs_out_is_dropped_counted() {
+fn ipv6_packet_too_big_answers_a_packet_that_does_not_fit_the_path_with_its_mtu() {
+    let dp = dataplane("np6_ptb");
+    let before = dp.drops("frag-needed");
+    let big = packets::tcp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP6,
+        NODE_IP6,
+        40050,
+        31008,
+        ACK,
+        &[7u8; 1400],
+    );
+    let (rc, out) = dp.tc_ingress(&big);
+    assert_eq!(rc, TC_ACT_REDIRECT, "bounced back out of ext0");
+    assert_eq!(
+        icmp6_error(&out, &big),
+        (2, 0, 1400),
+        "packet too big, MTU 1400"
+    );
+    assert_eq!(dp.drops("frag-needed"), before + 1);
+    // XDP leaves it to tc.
+    let (rc, out) = dp.xdp(&big);
+    assert_eq!((rc, out), (XDP_PASS, big));
+    // A packet that fits goes on.
+    let (rc, _) = dp.tc_ingress(&packets::tcp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP6,
+        NODE_IP6,
+        40051,
+        31008,
+        ACK,
+        &[7u8; 1300],
+    ));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn ipv6_hop_limit_running_out_gets_time_exceeded_and_counts_it() {
     let dp = dataplane("np6_hop");
     let before = dp.drops("ttl-exceeded");
     let last_hop = packets::tcp6_hop(
         CLIENT_MAC, EXT0_MAC, CLIENT_IP6, NODE_IP6, 40010, 31002, SYN, b"", 1,
     );
-    let (rc, _) = dp.tc_ingress(&last_hop);
-    assert_eq!(rc, TC_ACT_SHOT);
+    let (rc, out) = dp.tc_ingress(&last_hop);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(icmp6_error(&out, &last_hop), (3, 0, 0), "time exceeded");
     assert_eq!(dp.drops("ttl-exceeded"), before + 1);
 }
 
@@ -314,12 +397,16 @@ fn ipv6_load_balancer_source_ranges_admit_only_their_networks() {
     assert_eq!(rc, XDP_DROP);
 }
 
+/// As kube-proxy's REJECT: a frontend without endpoints answers "port
+/// unreachable" (ICMPv6 destination unreachable, code 4), counted.
 #[test]
-fn ipv6_frontend_without_endpoints_is_dropped_as_no_backend() {
+fn ipv6_frontend_without_endpoints_answers_port_unreachable() {
     let dp = dataplane("np6_empty");
     let before = dp.drops("no-backend");
-    let (rc, _) = dp.tc_ingress(&syn6(NODE_IP6, 31007, 40030, b""));
-    assert_eq!(rc, TC_ACT_SHOT);
+    let syn = syn6(NODE_IP6, 31007, 40030, b"");
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(icmp6_error(&out, &syn), (1, 4, 0), "port unreachable");
     assert_eq!(dp.drops("no-backend"), before + 1);
 }
 

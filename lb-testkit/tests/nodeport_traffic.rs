@@ -406,6 +406,31 @@ fn a_narrower_path_from_node_a_gets_frag_needed_and_bulk_still_completes() {
     }
 }
 
+/// IPv6: node A's own route to node B's pods is 1400 bytes; GRO'd packets
+/// that no longer fit get "packet too big" from node A (RFC 8201: IPv6 has
+/// no fragmentation on the way), and the bulk transfer completes. The
+/// merged packets ask for a checksum offload (CHECKSUM_PARTIAL), so this
+/// is also the error's offload-proof form at work.
+#[test]
+fn ipv6_a_narrower_path_from_node_a_gets_packet_too_big_and_bulk_still_completes() {
+    let opts = Options {
+        gro: true,
+        route_mtu: Some(1400),
+        ..Default::default()
+    };
+    let mut c = Cluster::with(&unique("pmtu6"), &opts);
+    let _s = traffic::bulk_server(&c.pod_b.name, SocketAddr::from((POD_B6[0], 9000)));
+    Cluster::start(&mut c.a, &services6('a'), &[]);
+    Cluster::start(&mut c.b, &services6('b'), &[]);
+    bulk_both_ways_to(&c, IpAddr::V6(NODE_A6), 30090, "IPv6, path MTU 1400");
+    let sent = Cluster::counter(&c.a, lb_common::config::CNT_ICMP_SENT);
+    assert!(
+        sent >= 1,
+        "node A sent no packet too big\n{}",
+        report("pmtu6", &c)
+    );
+}
+
 /// A router between the nodes with a 1400-byte link: it tells our SNAT
 /// address "fragmentation needed"; node A translates the error for the
 /// client (RFC 5508), and the transfer completes.

@@ -13,10 +13,11 @@
 //!   RFC 8200 §8.1), so an address rewrite updates it word by word.
 //! * The hop limit sits at byte 7 of the IPv6 header and is not covered by
 //!   any checksum.
-//! * IPv6 packets with extension headers, IPv6 fragments, ICMPv6 errors,
-//!   and DSR over IPv6 are not handled here yet (`parse6`, `mod.rs`); each
-//!   such case is left to the stack or dropped with its reason, never
-//!   silently rewritten.
+//! * IPv6 packets with extension headers (fragments included) and DSR over
+//!   IPv6 are not handled yet (`parse6`, `mod.rs`): such packets are left
+//!   to the stack, and IPv6 flows are SNATed in every mode. ICMPv6 errors
+//!   of our own (`icmp6`) are sent; ICMPv6 errors from elsewhere about our
+//!   flows are not translated yet.
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_sock_tuple},
     maps::LruHashMap,
@@ -84,6 +85,8 @@ pub trait Ip: Family + Sized + 'static {
     /// options, fragments, ICMP errors, DSR): None for IPv6.
     fn as_v4(f: &Flow<Self>) -> Option<&Flow<V4>>;
     fn as_v4_mut(f: &mut Flow<Self>) -> Option<&mut Flow<V4>>;
+    /// The flow as IPv6, for ICMPv6: None for IPv4.
+    fn as_v6(f: &Flow<Self>) -> Option<&Flow<V6>>;
 }
 
 impl Ip for V4 {
@@ -187,6 +190,10 @@ impl Ip for V4 {
     #[inline(always)]
     fn as_v4_mut(f: &mut Flow<V4>) -> Option<&mut Flow<V4>> {
         Some(f)
+    }
+    #[inline(always)]
+    fn as_v6(_f: &Flow<V4>) -> Option<&Flow<V6>> {
+        None
     }
 }
 
@@ -316,5 +323,9 @@ impl Ip for V6 {
     #[inline(always)]
     fn as_v4_mut(_f: &mut Flow<V6>) -> Option<&mut Flow<V4>> {
         None
+    }
+    #[inline(always)]
+    fn as_v6(f: &Flow<V6>) -> Option<&Flow<V6>> {
+        Some(f)
     }
 }

@@ -38,7 +38,7 @@ const NS: u64 = 1_000_000_000;
 /// Per-CPU token bucket (slot 1 of LB_EVENT_RATE): a flood of oversized
 /// packets must not become a flood of errors toward a spoofed source.
 #[inline(always)]
-fn admit() -> bool {
+pub(super) fn admit() -> bool {
     let Some(state) = LB_EVENT_RATE.get_ptr_mut(1) else {
         return false;
     };
@@ -81,6 +81,22 @@ impl Error {
     /// Destination unreachable, port unreachable: a frontend without any
     /// endpoint (kube-proxy's `REJECT --reject-with icmp-port-unreachable`).
     pub const PORT_UNREACHABLE: Self = Self(3 << 16);
+
+    /// The error as one word (kept in the scratch map), and back.
+    #[inline(always)]
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+    #[inline(always)]
+    pub fn from_raw(raw: u32) -> Self {
+        Self(raw)
+    }
+
+    /// The MTU of a "fragmentation needed" / "packet too big".
+    #[inline(always)]
+    pub fn mtu(self) -> u16 {
+        self.0 as u16
+    }
 
     /// The drop reason the packet answered with this error counts under.
     #[inline(always)]

@@ -16,6 +16,7 @@
 //! * `nat`: address and port rewrites with their checksums;
 //! * `dsr`: the DSR option (add, learn, strip);
 //! * `icmp`: errors this node sends, and errors about our flows translated;
+//! * `icmp6`: the ICMPv6 errors this node sends;
 //! * `frag`: IPv4 fragments following their first fragment;
 //! * `access`, `csum`: bounds-checked packet access, checksums.
 //!
@@ -36,11 +37,11 @@
 //! flow ends, idles out, or its backend is gone.
 //!
 //! IPv6 takes the same path with SNAT to the egress device's IPv6 address
-//! for remote backends. What only IPv4 has here (DSR, fragments, ICMP errors
-//! sent or translated, the early exit) is reached through `Ip::as_v4`; for
-//! IPv6, a flow that would need DSR is SNATed (the agent says so at start),
-//! and where IPv4 would send an ICMP error the IPv6 packet is dropped with
-//! the same reason, counted.
+//! for remote backends, and answers with ICMPv6 errors (`icmp6`) where IPv4
+//! answers with ICMP ones. What only IPv4 has here (DSR, fragments, ICMP
+//! errors from elsewhere translated, the early exit) is reached through
+//! `Ip::as_v4`; for IPv6, a flow that would need DSR is SNATed (the agent
+//! says so at start).
 pub mod access;
 pub mod csum;
 pub mod ct;
@@ -49,6 +50,7 @@ pub mod family;
 pub mod fib;
 pub mod frag;
 pub mod icmp;
+pub mod icmp6;
 pub mod nat;
 pub mod parse;
 pub mod snat;
@@ -108,6 +110,11 @@ pub struct Scratch<I: Ip> {
     /// What an ICMP error keeps of the packet it answers.
     pub macs: [u8; 12],
     pub quote: [u8; 28],
+    /// The IPv6 header and 8 bytes, in 8-byte words.
+    pub quote6: [u64; icmp6::QUOTE6_LEN / 8],
+    /// The ICMPv6 error `Action::SEND_ICMP6` asks for, and for which service.
+    pub icmp_error: u32,
+    pub icmp_service: u32,
 }
 
 #[inline(always)]
@@ -149,6 +156,8 @@ impl Action {
     /// From `pick` to `new_flow` only: answer with ICMP port unreachable
     /// (the service id is in the scratch conntrack value).
     const REJECT: Self = Self(6);
+    /// Send the ICMPv6 error left in the scratch map (`send_icmp6`).
+    const SEND_ICMP6: Self = Self(7);
     const REDIRECT: u64 = 4 << 32;
     const REDIRECT_NEIGH: u64 = 5 << 32;
     const REDIRECT_NEIGH6: u64 = 6 << 32;
@@ -344,15 +353,30 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
             None => Action::PASS,
         };
     }
-    let a = known_flow(ctx, f);
-    if a != Action::NEXT {
-        return a;
+    let mut a = known_flow(ctx, f);
+    if a == Action::NEXT {
+        a = snat_reply(ctx, f);
     }
-    let a = snat_reply(ctx, f);
-    if a != Action::NEXT {
-        return a;
+    if a == Action::NEXT {
+        a = new_flow(ctx, f);
     }
-    new_flow(ctx, f)
+    if a == Action::SEND_ICMP6 {
+        return send_icmp6(ctx, s);
+    }
+    a
+}
+
+/// The ICMPv6 error a deeper step left in the scratch map, sent from here:
+/// one call deep, its frame (it builds a whole packet) never sits under the
+/// remote path's frames, which the 512-byte stack could not hold.
+#[inline(never)]
+fn send_icmp6<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) -> Action {
+    // SAFETY: per-CPU scratch, used by this program run only.
+    let (f, error, service_id) = unsafe { (&(*s).flow, (*s).icmp_error, (*s).icmp_service) };
+    match I::as_v6(f) {
+        Some(f) => icmp6::reply(ctx, f, icmp::Error::from_raw(error), service_id),
+        None => Action::DROP,
+    }
 }
 
 /// The early exit, read straight from the packet: an IPv4 TCP or UDP
@@ -545,25 +569,41 @@ fn new_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     }
 }
 
-/// An ICMP error in answer to `f` (IPv4); for IPv6, which has no ICMPv6
-/// errors of ours yet, the packet is dropped with the reason the error
-/// would have given, counted.
+/// An ICMP error in answer to `f`: IPv4 sends it here; IPv6 leaves it in
+/// the scratch map for `send_icmp6` (SEND_ICMP6).
 #[inline(always)]
 fn icmp_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, error: icmp::Error, service_id: u32) -> Action {
     match I::as_v4(f) {
         Some(f) => icmp::reply(ctx, f, error, service_id),
-        None => drop_packet(ctx, f, error.reason(), service_id),
+        None => pending_icmp6::<C, I>(error, service_id),
     }
 }
 
-/// "Fragmentation needed" (IPv4) with the path's MTU; IPv6: dropped as
-/// `frag-needed` (no Packet Too Big of ours yet).
+/// "Fragmentation needed" (IPv4) / "packet too big" (IPv6) with the
+/// path's MTU.
 #[inline(always)]
 fn icmp_too_big<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, mtu: u16, service_id: u32) -> Action {
     match I::as_v4(f) {
         Some(f) => icmp::too_big(ctx, f, mtu, service_id),
-        None => drop_packet(ctx, f, DropReason::FragNeeded, service_id),
+        None if C::IS_XDP => Action::PUNT,
+        None => pending_icmp6::<C, I>(icmp::Error::frag_needed(mtu), service_id),
     }
+}
+
+#[inline(always)]
+fn pending_icmp6<C: Hook, I: Ip>(error: icmp::Error, service_id: u32) -> Action {
+    if C::IS_XDP {
+        return Action::PUNT; // tc sends it
+    }
+    let Some(sp) = scratch::<I>() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch; fields of their own.
+    unsafe {
+        (*sp).icmp_error = error.raw();
+        (*sp).icmp_service = service_id;
+    }
+    Action::SEND_ICMP6
 }
 
 /// A new flow to a frontend with nothing to choose, as kube-proxy treats
