@@ -52,6 +52,7 @@ pub const POD_B6: [Ipv6Addr; 3] = [
 pub const LB_RANGE6: &str = "2001:db8:40::/64";
 /// The router of `Options::router_mtu`, on the external segment.
 pub const ROUTER: Ipv4Addr = Ipv4Addr::new(192, 168, 60, 4);
+pub const ROUTER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 4);
 
 /// How the cluster's links behave.
 #[derive(Clone, Debug, Default)]
@@ -193,12 +194,8 @@ impl Cluster {
         }
         let router = opts.router_mtu.map(|mtu| {
             // [node A] ── br0 ── [router] 10.255.0.1 ══ mtu ══ 10.255.0.2 [node B]
-            let r = node(
-                "rt",
-                "rt0",
-                ROUTER,
-                Ipv6Addr::new(0xfd00, 0x60, 0, 0, 0, 0, 0, 4),
-            );
+            // IPv6 the same way: fd00:255::1 ══ fd00:255::2.
+            let r = node("rt", "rt0", ROUTER, ROUTER6);
             r.ip(&[
                 "link",
                 "add",
@@ -218,6 +215,16 @@ impl Cluster {
             b_ns.ip(&["addr", "add", "10.255.0.2/30", "dev", "rb0"]);
             b_ns.ip(&["link", "set", "rb0", "up"]);
             r.ip(&["route", "add", "10.244.2.0/24", "via", "10.255.0.2"]);
+            r.ip(&["addr", "add", "fd00:255::1/64", "dev", "rb0", "nodad"]);
+            b_ns.ip(&["addr", "add", "fd00:255::2/64", "dev", "rb0", "nodad"]);
+            r.ip(&[
+                "-6",
+                "route",
+                "add",
+                "fd00:244:2::/64",
+                "via",
+                "fd00:255::2",
+            ]);
             r
         });
         let via_b = if router.is_some() { ROUTER } else { NODE_B };
@@ -230,9 +237,8 @@ impl Cluster {
         }
         a_ns.ip(&route_b);
         b_ns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE_A.to_string()]);
-        // IPv6 pods are routed node to node directly (the router option is
-        // IPv4 only; the route MTU applies to both families).
-        let via_b6 = NODE_B6.to_string();
+        // IPv6 pods: the same routes (through the router when there is one).
+        let via_b6 = if router.is_some() { ROUTER6 } else { NODE_B6 }.to_string();
         let mut route_b6 = vec!["-6", "route", "add", "fd00:244:2::/64", "via", &via_b6];
         if let Some(m) = &mtu {
             route_b6.extend(["mtu", "lock", m.as_str()]);

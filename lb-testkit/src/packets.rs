@@ -167,6 +167,101 @@ pub fn inspect6(frame: &[u8]) -> View6 {
     }
 }
 
+/// The ICMPv6 checksum (RFC 4443 §2.3) of `msg` from `saddr` to `daddr`,
+/// computed here, independently of the programs.
+pub fn icmp6_checksum(saddr: Ipv6Addr, daddr: Ipv6Addr, msg: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(40 + msg.len());
+    pseudo.extend_from_slice(&saddr.octets());
+    pseudo.extend_from_slice(&daddr.octets());
+    pseudo.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(msg);
+    internet_checksum(&pseudo)
+}
+
+/// An ICMPv6 error (`ty`, `code`, the 4-byte field after the checksum) from
+/// `saddr` to `daddr`, quoting `quote` (an IPv6 packet, as much as fits).
+#[allow(clippy::too_many_arguments)]
+pub fn icmp6_error(
+    src: Mac,
+    dst: Mac,
+    saddr: Ipv6Addr,
+    daddr: Ipv6Addr,
+    ty: u8,
+    code: u8,
+    rest: [u8; 4],
+    quote: &[u8],
+) -> Vec<u8> {
+    let mut msg = vec![ty, code, 0, 0];
+    msg.extend_from_slice(&rest);
+    msg.extend_from_slice(quote);
+    let c = icmp6_checksum(saddr, daddr, &msg);
+    msg[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut out = Vec::new();
+    out.extend_from_slice(&dst);
+    out.extend_from_slice(&src);
+    out.extend_from_slice(&[0x86, 0xdd]);
+    out.extend_from_slice(&[0x60, 0, 0, 0]);
+    out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[58, 64]);
+    out.extend_from_slice(&saddr.octets());
+    out.extend_from_slice(&daddr.octets());
+    out.extend_from_slice(&msg);
+    out
+}
+
+/// An ICMPv6 error as it came out of a program, its checksum verified.
+#[derive(Debug, Clone)]
+pub struct Icmp6View {
+    pub eth_dst: Mac,
+    pub saddr: Ipv6Addr,
+    pub daddr: Ipv6Addr,
+    pub ty: u8,
+    pub code: u8,
+    pub rest: [u8; 4],
+    /// The quoted packet's addresses and ports.
+    pub quoted_saddr: Ipv6Addr,
+    pub quoted_daddr: Ipv6Addr,
+    pub quoted_sport: u16,
+    pub quoted_dport: u16,
+}
+
+/// Reads an ICMPv6 error: its checksum checked over the pseudo-header, and,
+/// when the whole quoted TCP segment is there, the quoted TCP checksum too
+/// (a translation that rewrote the quoted addresses must have kept it right).
+pub fn inspect_icmp6(frame: &[u8]) -> Icmp6View {
+    assert_eq!(&frame[12..14], &[0x86, 0xdd], "not IPv6");
+    let (ip, rest) = Ipv6Header::from_slice(&frame[14..]).expect("IPv6 header");
+    assert_eq!(ip.next_header.0, 58, "ICMPv6");
+    let msg = &rest[..ip.payload_length as usize];
+    let saddr = Ipv6Addr::from(ip.source);
+    let daddr = Ipv6Addr::from(ip.destination);
+    assert_eq!(icmp6_checksum(saddr, daddr, msg), 0, "ICMPv6 checksum");
+    let quote = &msg[8..];
+    let (qip, ql4) = Ipv6Header::from_slice(quote).expect("quoted IPv6 header");
+    if qip.next_header.0 == 6 && ql4.len() >= qip.payload_length as usize {
+        let seg = &ql4[..qip.payload_length as usize];
+        let (tcp, payload) = TcpHeader::from_slice(seg).expect("quoted TCP header");
+        assert_eq!(
+            tcp.checksum,
+            tcp.calc_checksum_ipv6(&qip, payload).unwrap(),
+            "quoted TCP checksum"
+        );
+    }
+    Icmp6View {
+        eth_dst: frame[0..6].try_into().unwrap(),
+        saddr,
+        daddr,
+        ty: msg[0],
+        code: msg[1],
+        rest: msg[4..8].try_into().unwrap(),
+        quoted_saddr: Ipv6Addr::from(qip.source),
+        quoted_daddr: Ipv6Addr::from(qip.destination),
+        quoted_sport: u16::from_be_bytes([ql4[0], ql4[1]]),
+        quoted_dport: u16::from_be_bytes([ql4[2], ql4[3]]),
+    }
+}
+
 /// A packet as it came out of a program.
 #[derive(Debug, Clone)]
 pub struct View {

@@ -453,6 +453,34 @@ fn a_routers_frag_needed_reaches_the_client_through_snat_and_bulk_completes() {
     );
 }
 
+/// IPv6 through the same 1400-byte router: its "packet too big" for the
+/// SNAT address is translated for the client (RFC 5508), which shrinks its
+/// packets, and the transfer completes.
+#[test]
+fn ipv6_a_routers_packet_too_big_reaches_the_client_through_snat_and_bulk_completes() {
+    let opts = Options {
+        gro: true,
+        router_mtu: Some(1400),
+        ..Default::default()
+    };
+    let mut c = Cluster::with(&unique("pmtu6_router"), &opts);
+    let _s = traffic::bulk_server(&c.pod_b.name, SocketAddr::from((POD_B6[0], 9000)));
+    Cluster::start(&mut c.a, &services6('a'), &[]);
+    Cluster::start(&mut c.b, &services6('b'), &[]);
+    bulk_both_ways_to(
+        &c,
+        IpAddr::V6(NODE_A6),
+        30090,
+        "IPv6 via a 1400-byte router",
+    );
+    let translated = Cluster::counter(&c.a, lb_common::config::CNT_ICMP_TRANSLATED);
+    assert!(
+        translated >= 1,
+        "no error translated\n{}",
+        report("router pmtu6", &c)
+    );
+}
+
 /// A UDP backend with nothing listening answers "port unreachable"; the
 /// client's connected socket sees ECONNREFUSED, as it would talking to the
 /// backend directly: the error came back translated (SNAT: through node A;

@@ -51,6 +51,12 @@ pub const ICMP_FRAG_NEEDED: u8 = 4;
 pub const ICMP_PORT_UNREACH: u8 = 3;
 pub const ICMP_TIME_EXCEEDED: u8 = 11;
 pub const ICMP_PARAMETER_PROB: u8 = 12;
+/// ICMPv6 (RFC 4443): next header 58, the error types we translate.
+pub const IPPROTO_ICMPV6: u8 = 58;
+pub const ICMPV6_DEST_UNREACH: u8 = 1;
+pub const ICMPV6_PKT_TOOBIG: u8 = 2;
+pub const ICMPV6_TIME_EXCEED: u8 = 3;
+pub const ICMPV6_PARAM_PROB: u8 = 4;
 
 /// `frag_off` bits, in memory order of a little-endian load of the
 /// big-endian field: MF (0x2000), DF (0x4000) and the 13-bit offset.

@@ -15,9 +15,7 @@
 //!   any checksum.
 //! * IPv6 packets with extension headers (fragments included) and DSR over
 //!   IPv6 are not handled yet (`parse6`, `mod.rs`): such packets are left
-//!   to the stack, and IPv6 flows are SNATed in every mode. ICMPv6 errors
-//!   of our own (`icmp6`) are sent; ICMPv6 errors from elsewhere about our
-//!   flows are not translated yet.
+//!   to the stack, and IPv6 flows are SNATed in every mode.
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_sock_tuple},
     maps::LruHashMap,

@@ -4,11 +4,13 @@
 //!   needed" when it does not fit the path, "time exceeded" when its TTL ran
 //!   out), as a router would (RFC 1812 §4.3.2), from the address the packet
 //!   was sent to, quoting its IP header and first 8 bytes (RFC 792).
-//! * `ingress_error` / `egress_error`: an ICMP error about a translated flow
-//!   is translated in turn, outer and quoted headers alike (RFC 5508 §4.2),
-//!   so it reaches the endpoint whose socket can use it: a router's
-//!   "fragmentation needed" for a SNATed flow reaches the client quoting the
-//!   client's own packet to the frontend, and path MTU discovery works.
+//! * `ingress_error` / `egress_error`: an ICMP or ICMPv6 error about a
+//!   translated flow is translated in turn, outer and quoted headers alike
+//!   (RFC 5508 §4.2), so it reaches the endpoint whose socket can use it: a
+//!   router's "fragmentation needed" / "packet too big" for a SNATed flow
+//!   reaches the client quoting the client's own packet to the frontend,
+//!   and path MTU discovery works. Written once for both families; they
+//!   differ in the checksums only (`quoted_addr`, `outer_addr`).
 //!
 //! tc only: XDP hands these packets to tc untouched.
 use lb_common::{
@@ -20,7 +22,9 @@ use lb_common::{
 use super::{
     access::*,
     csum::{diff16, diff32, fold, sum_words, update_field},
-    ct, fib, finish_redirect,
+    ct,
+    family::Ip,
+    fib, finish_redirect,
     parse::Flow,
     record_drop, scratch, Action, Hook,
 };
@@ -272,17 +276,9 @@ fn set16<C: Hook>(ctx: &C, check: usize, off: usize, new: u16) -> bool {
     old == new || (store(ctx, off, new) && update_field(ctx, check, diff16(old, new)))
 }
 
-#[inline(always)]
-fn set32<C: Hook>(ctx: &C, check: usize, off: usize, new: u32) -> bool {
-    let Some(old) = load::<u32, C>(ctx, off) else {
-        return false;
-    };
-    old == new || (store(ctx, off, new) && update_field(ctx, check, diff32(old, new)))
-}
-
 /// Offset of the quoted L4 checksum, when the quote is long enough to hold it.
 #[inline(always)]
-fn quoted_l4_check<C: Hook>(ctx: &C, f: &Flow<V4>) -> Option<usize> {
+fn quoted_l4_check<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Option<usize> {
     let off = f.quoted_l4()
         + if f.quoted.proto == IPPROTO_TCP {
             TCP_CHECK
@@ -294,41 +290,59 @@ fn quoted_l4_check<C: Hook>(ctx: &C, f: &Flow<V4>) -> Option<usize> {
     (f.quoted.proto == IPPROTO_TCP || c != 0).then_some(off)
 }
 
-/// Changes an address in the quoted IP header: the field, the quoted IP
-/// checksum, the quoted L4 checksum (pseudo-header) when present, and the
-/// ICMP checksum for each.
+/// The one's complement difference new − old of an address, over its words.
 #[inline(always)]
-fn quoted_addr<C: Hook>(ctx: &C, f: &Flow<V4>, field: usize, new: u32) -> bool {
+fn addr_diff<I: Ip>(old: &I::Addr, new: &I::Addr) -> u32 {
+    let mut d = 0u32;
+    let mut i = 0;
+    while i < I::WORDS {
+        d += diff32(I::word(*old, i), I::word(*new, i));
+        i += 1;
+    }
+    fold(d) as u32
+}
+
+/// Changes an address in the quoted IP header: the field, the quoted IPv4
+/// header checksum (IPv6 has none), the quoted L4 checksum (its
+/// pseudo-header) when present, and the ICMP checksum for each.
+#[inline(always)]
+fn quoted_addr<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, field: usize, new: &I::Addr) -> bool {
     let check = f.l4() + ICMP_CHECK;
     let qip = f.quoted_ip();
-    let Some(old) = load::<u32, C>(ctx, qip + field) else {
+    let Some(old) = load::<I::Addr, C>(ctx, qip + field) else {
         return false;
     };
-    if old == new {
+    if old == *new {
         return true;
     }
-    let d = diff32(old, new);
-    let Some(qcheck) = load::<u16, C>(ctx, qip + IP_CHECK) else {
+    let d = addr_diff::<I>(&old, new);
+    if !store(ctx, qip + field, *new) || !update_field(ctx, check, d) {
         return false;
-    };
-    let mut ok = set32(ctx, check, qip + field, new)
-        && set16(
+    }
+    if !I::IS_V6 {
+        let Some(qcheck) = load::<u16, C>(ctx, qip + IP_CHECK) else {
+            return false;
+        };
+        if !set16(
             ctx,
             check,
             qip + IP_CHECK,
             super::csum::csum_apply(qcheck, d),
-        );
-    if let Some(l4c) = quoted_l4_check(ctx, f) {
-        if let Some(c) = load::<u16, C>(ctx, l4c) {
-            ok = ok && set16(ctx, check, l4c, super::csum::csum_apply(c, d));
+        ) {
+            return false;
         }
     }
-    ok
+    if let Some(l4c) = quoted_l4_check(ctx, f) {
+        if let Some(c) = load::<u16, C>(ctx, l4c) {
+            return set16(ctx, check, l4c, super::csum::csum_apply(c, d));
+        }
+    }
+    true
 }
 
 /// Changes a port in the quoted L4 header (and its checksum, when present).
 #[inline(always)]
-fn quoted_port<C: Hook>(ctx: &C, f: &Flow<V4>, field: usize, new: u16) -> bool {
+fn quoted_port<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, field: usize, new: u16) -> bool {
     let check = f.l4() + ICMP_CHECK;
     let off = f.quoted_l4() + field;
     let Some(old) = load::<u16, C>(ctx, off) else {
@@ -352,16 +366,35 @@ fn quoted_port<C: Hook>(ctx: &C, f: &Flow<V4>, field: usize, new: u16) -> bool {
     ok
 }
 
-/// An outer address: the field and the IP header checksum (ICMP has no
-/// pseudo-header).
+/// An outer address: the field and, for IPv4, the IP header checksum
+/// (ICMP has no pseudo-header); for IPv6 the ICMPv6 checksum, whose
+/// pseudo-header holds both addresses (RFC 4443 §2.3). Plain stores: the
+/// field's change and the checksum's cancel in the packet's sum, so a
+/// CHECKSUM_COMPLETE skb->csum stays right.
 #[inline(always)]
-fn outer_addr<C: Hook>(ctx: &C, field: usize, old: u32, new: u32) -> bool {
-    old == new || (store(ctx, ETH_HLEN + field, new) && ctx.csum_l3(old, new, 4))
+fn outer_addr<C: Hook, I: Ip>(
+    ctx: &C,
+    f: &Flow<I>,
+    field: usize,
+    old: &I::Addr,
+    new: &I::Addr,
+) -> bool {
+    if old == new {
+        return true;
+    }
+    if !store(ctx, ETH_HLEN + field, *new) {
+        return false;
+    }
+    if I::IS_V6 {
+        update_field(ctx, f.l4() + ICMP_CHECK, addr_diff::<I>(old, new))
+    } else {
+        ctx.csum_l3(I::word(*old, 0), I::word(*new, 0), 4)
+    }
 }
 
-/// tc ingress: an ICMP error about one of our flows.
+/// tc ingress: an ICMP or ICMPv6 error about one of our flows.
 #[inline(never)]
-pub fn ingress_error<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
+pub fn ingress_error<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let a = to_client(ctx, f);
     if a != Action::NEXT {
         return a;
@@ -377,27 +410,27 @@ pub fn ingress_error<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
 /// SNAT address (by the backend's node or a router on the way): to the
 /// client, quoting the packet the client sent to the frontend.
 #[inline(always)]
-fn to_client<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
-    let q = f.quoted;
-    let Some(ct) = ct::peek::<V4>(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
+fn to_client<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
+    let q = &f.quoted;
+    let Some(ct) = ct::peek::<I>(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
         return Action::NEXT;
     };
     if ct.flags & CT_F_SNAT == 0 || f.daddr != q.saddr {
         return Action::NEXT;
     }
     // ct: addr/port = the frontend, nat_addr/nat_port = the client.
-    let (frontend, fport, client, cport) = (ct.addr, ct.port, ct.nat_addr, ct.nat_port);
+    let (frontend, client) = (&ct.addr, &ct.nat_addr);
     let outer_src = if f.saddr == q.daddr {
         frontend
     } else {
-        f.saddr
+        &f.saddr
     };
-    let ok = quoted_addr(ctx, f, IP_SADDR, client)
-        && quoted_port(ctx, f, L4_SPORT, cport)
-        && quoted_addr(ctx, f, IP_DADDR, frontend)
-        && quoted_port(ctx, f, L4_DPORT, fport)
-        && outer_addr(ctx, IP_DADDR, f.daddr, client)
-        && outer_addr(ctx, IP_SADDR, f.saddr, outer_src);
+    let ok = quoted_addr(ctx, f, I::SADDR, client)
+        && quoted_port(ctx, f, L4_SPORT, ct.nat_port)
+        && quoted_addr(ctx, f, I::DADDR, frontend)
+        && quoted_port(ctx, f, L4_DPORT, ct.port)
+        && outer_addr(ctx, f, I::DADDR, &f.daddr, client)
+        && outer_addr(ctx, f, I::SADDR, &f.saddr, outer_src);
     if !ok {
         return Action::DROP;
     }
@@ -409,26 +442,27 @@ fn to_client<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
 /// needed" from a router toward the client), sent to the frontend: to the
 /// backend, quoting the reply as the backend sent it.
 #[inline(always)]
-fn to_backend<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
-    let q = f.quoted;
-    let Some(ct) = ct::peek::<V4>(&f.quoted_reply_key(CT_SERVICE), q.proto) else {
+fn to_backend<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
+    let q = &f.quoted;
+    let Some(ct) = ct::peek::<I>(&f.quoted_reply_key(CT_SERVICE), q.proto) else {
         return Action::NEXT;
     };
     if f.daddr != q.saddr {
         return Action::NEXT;
     }
-    let (backend, bport) = (ct.addr, ct.port);
+    let backend = &ct.addr;
     let snat = ct.flags & CT_F_SNAT != 0;
-    let (node, node_port, local) = (ct.nat_addr, ct.nat_port, ct.flags & CT_F_LOCAL != 0);
-    let mut ok = quoted_addr(ctx, f, IP_SADDR, backend)
-        && quoted_port(ctx, f, L4_SPORT, bport)
-        && outer_addr(ctx, IP_DADDR, f.daddr, backend);
-    let mut outer_src = f.saddr;
+    let local = ct.flags & CT_F_LOCAL != 0;
+    let mut ok = quoted_addr(ctx, f, I::SADDR, backend)
+        && quoted_port(ctx, f, L4_SPORT, ct.port)
+        && outer_addr(ctx, f, I::DADDR, &f.daddr, backend);
+    let mut outer_src = &f.saddr;
     if snat {
+        let node = &ct.nat_addr;
         ok = ok
-            && quoted_addr(ctx, f, IP_DADDR, node)
-            && quoted_port(ctx, f, L4_DPORT, node_port)
-            && outer_addr(ctx, IP_SADDR, f.saddr, node);
+            && quoted_addr(ctx, f, I::DADDR, node)
+            && quoted_port(ctx, f, L4_DPORT, ct.nat_port)
+            && outer_addr(ctx, f, I::SADDR, &f.saddr, node);
         outer_src = node;
     }
     if !ok {
@@ -443,8 +477,8 @@ fn to_backend<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
 
 /// Routes a translated error toward `daddr` and sends it.
 #[inline(always)]
-fn forward_error<C: Hook>(ctx: &C, f: &Flow<V4>, saddr: u32, daddr: u32) -> Action {
-    let route = fib::lookup(ctx, &saddr, &daddr, f, 0);
+fn forward_error<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, saddr: &I::Addr, daddr: &I::Addr) -> Action {
+    let route = fib::lookup(ctx, saddr, daddr, f, 0);
     if let fib::Route::None | fib::Route::TooBig(_) = route {
         record_drop(ctx, f, DropReason::FibLookupFailed, 0);
         return Action::DROP;
@@ -452,32 +486,32 @@ fn forward_error<C: Hook>(ctx: &C, f: &Flow<V4>, saddr: u32, daddr: u32) -> Acti
     if fib::decrement_ttl(ctx, f).is_err() {
         return Action::DROP;
     }
-    finish_redirect::<C, V4>(ctx, route)
+    finish_redirect::<C, I>(ctx, route)
 }
 
 /// tc egress: an error a local backend (or, on a DSR backend's node, its
 /// pod) sends about a packet it got through a frontend: it leaves quoting
 /// the frontend, from the frontend when the backend itself sent it.
 #[inline(never)]
-pub fn egress_error<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
-    let q = f.quoted;
+pub fn egress_error<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
+    let q = &f.quoted;
     // The quoted packet went client → backend; its reply entry says which
     // frontend the backend answers for.
-    let Some(ct) = ct::peek::<V4>(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
+    let Some(ct) = ct::peek::<I>(&f.quoted_reply_key(CT_REVERSE), q.proto) else {
         return Action::PASS;
     };
     if ct.flags & CT_F_SNAT != 0 || ct.flags & (CT_F_LOCAL | CT_F_DSR) == 0 {
         return Action::PASS;
     }
-    let (frontend, fport) = (ct.addr, ct.port);
+    let frontend = &ct.addr;
     let outer_src = if f.saddr == q.daddr {
         frontend
     } else {
-        f.saddr
+        &f.saddr
     };
-    let ok = quoted_addr(ctx, f, IP_DADDR, frontend)
-        && quoted_port(ctx, f, L4_DPORT, fport)
-        && outer_addr(ctx, IP_SADDR, f.saddr, outer_src);
+    let ok = quoted_addr(ctx, f, I::DADDR, frontend)
+        && quoted_port(ctx, f, L4_DPORT, ct.port)
+        && outer_addr(ctx, f, I::SADDR, &f.saddr, outer_src);
     if !ok {
         return Action::DROP;
     }

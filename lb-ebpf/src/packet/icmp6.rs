@@ -41,12 +41,8 @@ use super::{
 };
 use crate::{lb::V6, runtime::bump};
 
-const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
-const ICMPV6_DEST_UNREACH: u8 = 1;
 const ICMPV6_PORT_UNREACH: u8 = 4;
-const ICMPV6_PKT_TOOBIG: u8 = 2;
-const ICMPV6_TIME_EXCEED: u8 = 3;
 /// Option type of the padding option that absorbs the offload's write.
 const OPT_ABSORB: u8 = 0x1e;
 /// The IPv6 header and 8 bytes of what follows.

@@ -335,10 +335,7 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
             if C::IS_XDP {
                 return Action::PUNT;
             }
-            return match I::as_v4(f) {
-                Some(f) => icmp::ingress_error(ctx, f),
-                None => Action::PASS,
-            };
+            return icmp::ingress_error(ctx, f);
         }
         Parsed::Invalid(ports) => return reject_unless_passable(ctx, f, ports),
     }
@@ -1004,12 +1001,7 @@ fn egress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
                 return Action::PASS;
             }
         }
-        Parsed::IcmpError => {
-            return match I::as_v4(f) {
-                Some(f) => icmp::egress_error(ctx, f),
-                None => Action::PASS,
-            }
-        }
+        Parsed::IcmpError => return icmp::egress_error(ctx, f),
         Parsed::Other | Parsed::Invalid(_) => return Action::PASS,
     }
     reverse_local(ctx, f)

@@ -11,19 +11,19 @@ pub const FRAG_FIRST: u8 = 1;
 /// A later fragment: no L4 header; its ports come from `LB4_FRAGS`.
 pub const FRAG_LATER: u8 = 2;
 
-/// The packet an ICMP error quotes (RFC 792: its IP header and at least the
-/// first 8 bytes of its payload, so the ports).
+/// The packet an ICMP or ICMPv6 error quotes (RFC 792, RFC 4443: its IP
+/// header and at least the first 8 bytes of its payload, so the ports).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Quoted {
-    pub saddr: u32,
-    pub daddr: u32,
+pub struct Quoted<I: Ip> {
+    pub saddr: I::Addr,
+    pub daddr: I::Addr,
     pub sport: u16,
     pub dport: u16,
     pub proto: u8,
     pub icmp_type: u8,
     pub icmp_code: u8,
-    /// The quoted IPv4 header's length in bytes (20..60).
+    /// The quoted IP header's length in bytes (IPv4 20..60, IPv6 40).
     pub ip_len: usize,
 }
 
@@ -59,7 +59,7 @@ pub struct Flow<I: Ip> {
     pub dsr_addr: u32,
     pub dsr_port: u16,
     /// For an ICMP error: the packet it quotes.
-    pub quoted: Quoted,
+    pub quoted: Quoted<I>,
 }
 
 impl<I: Ip> Flow<I> {
@@ -103,13 +103,11 @@ impl<I: Ip> Flow<I> {
     pub fn has_l4(&self) -> bool {
         self.frag != FRAG_LATER
     }
-}
 
-impl Flow<crate::lb::V4> {
     /// The conntrack key of the reply to the quoted packet: the flow an ICMP
     /// error is about, seen from the other end.
     #[inline(always)]
-    pub fn quoted_reply_key(&self, kind: u8) -> CtKey<u32> {
+    pub fn quoted_reply_key(&self, kind: u8) -> CtKey<I::Addr> {
         let q = &self.quoted;
         CtKey::new(q.daddr, q.saddr, q.dport, q.sport, q.proto, kind)
     }
@@ -293,7 +291,7 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     let Some(next) = load::<u8, P>(p, ip + IP6_NEXT_HEADER) else {
         return Parsed::Other;
     };
-    if next != IPPROTO_TCP && next != IPPROTO_UDP {
+    if next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_ICMPV6 {
         return Parsed::Other;
     }
     let Some(payload) = load::<u16, P>(p, ip + IP6_PAYLOAD_LEN) else {
@@ -335,8 +333,8 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
         dsr_addr: 0,
         dsr_port: 0,
         quoted: Quoted {
-            saddr: 0,
-            daddr: 0,
+            saddr: [0; 4],
+            daddr: [0; 4],
             sport: 0,
             dport: 0,
             proto: 0,
@@ -345,6 +343,9 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
             ip_len: 0,
         },
     };
+    if next == IPPROTO_ICMPV6 {
+        return parse_icmp6_error(p, f);
+    }
     let l4 = ip + IPV6_HLEN;
     let (Some(sp), Some(dp)) = (
         load::<u16, P>(p, l4 + L4_SPORT),
@@ -414,6 +415,59 @@ fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V4>) -> Parsed {
         icmp_type: ty,
         icmp_code: code,
         ip_len: qlen,
+    };
+    Parsed::IcmpError
+}
+
+/// An ICMPv6 error (RFC 4443: destination unreachable, packet too big,
+/// time exceeded, parameter problem) quoting a TCP or UDP packet whose
+/// IPv6 header has no extension header. Everything else of ICMPv6 goes to
+/// the stack untouched: neighbour discovery above all, and echo.
+#[inline(always)]
+fn parse_icmp6_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
+    let icmp = ETH_HLEN + IPV6_HLEN;
+    let Some(ty) = load::<u8, P>(p, icmp + ICMP_TYPE) else {
+        return Parsed::Other;
+    };
+    // Error messages are types 0..127 (RFC 4443 §2.1); we translate 1..4.
+    if !(ICMPV6_DEST_UNREACH..=ICMPV6_PARAM_PROB).contains(&ty) {
+        return Parsed::Other;
+    }
+    // The quoted headers may sit beyond the linear part of an skb.
+    p.pull(icmp + ICMP_HLEN + IPV6_HLEN + 8);
+    let Some(code) = load::<u8, P>(p, icmp + 1) else {
+        return Parsed::Other;
+    };
+    let q = icmp + ICMP_HLEN;
+    let (Some(vtc), Some(qproto)) = (load::<u8, P>(p, q), load::<u8, P>(p, q + IP6_NEXT_HEADER))
+    else {
+        return Parsed::Other;
+    };
+    if vtc >> 4 != 6 || (qproto != IPPROTO_TCP && qproto != IPPROTO_UDP) {
+        return Parsed::Other;
+    }
+    let (Some(qs), Some(qd)) = (
+        load::<[u32; 4], P>(p, q + 8),
+        load::<[u32; 4], P>(p, q + 24),
+    ) else {
+        return Parsed::Other;
+    };
+    let ql4 = q + IPV6_HLEN;
+    let (Some(qsp), Some(qdp)) = (
+        load::<u16, P>(p, ql4 + L4_SPORT),
+        load::<u16, P>(p, ql4 + L4_DPORT),
+    ) else {
+        return Parsed::Other;
+    };
+    f.quoted = Quoted {
+        saddr: qs,
+        daddr: qd,
+        sport: qsp,
+        dport: qdp,
+        proto: qproto,
+        icmp_type: ty,
+        icmp_code: code,
+        ip_len: IPV6_HLEN,
     };
     Parsed::IcmpError
 }
