@@ -15,6 +15,17 @@ pub const MODE_HYBRID: u32 = 2;
 pub const DSR_OPT_TYPE: u8 = 0x80 | 0x1a;
 pub const DSR_OPT_LEN: u8 = 8;
 
+/// IPv6 DSR: a Destination Options header (next header 60) right after the
+/// IPv6 header, holding one option of this type with the frontend's port
+/// and address, as Cilium does (its DSR_IPV6_OPT_TYPE). The type's top two
+/// bits are 00: a node that does not know it skips it (RFC 8200 §4.2), so
+/// a backend's node without our programs still delivers the packet. Layout
+/// (24 bytes): next header, length 2 ((2 + 1) × 8), type, length 20, port,
+/// 2 bytes of padding, address.
+pub const DSR6_OPT_TYPE: u8 = 0x1b;
+pub const DSR6_OPT_LEN: u8 = 20;
+pub const DSR6_HDR_LEN: u8 = 24;
+
 /// `LB4_CT` entry kinds (part of the key).
 /// A flow from a client to a service frontend, as it arrives.
 pub const CT_SERVICE: u8 = 1;

@@ -118,6 +118,34 @@ pub fn udp6(
     out
 }
 
+/// `inspect6` for a packet that may carry the IPv6 DSR header (a
+/// Destination Options header right after the IPv6 header): returns the
+/// option's frontend (address, port) when present, and the view of the
+/// packet with the L4 checksum checked against the upper-layer length
+/// (RFC 8200 §8.1: extension headers are not part of it).
+pub fn inspect6_dsr(frame: &[u8]) -> (View6, Option<(Ipv6Addr, u16)>) {
+    assert_eq!(&frame[12..14], &[0x86, 0xdd], "not IPv6");
+    if frame[14 + 6] != 60 {
+        return (inspect6(frame), None);
+    }
+    let h = &frame[54..78];
+    assert_eq!((h[1], h[2], h[3]), (2, 0x1b, 20), "the DSR header's layout");
+    let port = u16::from_be_bytes([h[4], h[5]]);
+    let addr: [u8; 16] = h[8..24].try_into().unwrap();
+    let payload = u16::from_be_bytes([frame[18], frame[19]]) as usize;
+    assert_eq!(
+        payload,
+        frame.len() - 54,
+        "payload length counts the header"
+    );
+    // The same packet without the header, for the L4 view and checksum.
+    let mut plain = frame[..54].to_vec();
+    plain[20] = h[0];
+    plain[18..20].copy_from_slice(&((payload - 24) as u16).to_be_bytes());
+    plain.extend_from_slice(&frame[78..]);
+    (inspect6(&plain), Some((Ipv6Addr::from(addr), port)))
+}
+
 /// An IPv6 packet as it came out of a program.
 #[derive(Debug, Clone)]
 pub struct View6 {

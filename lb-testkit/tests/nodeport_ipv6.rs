@@ -6,8 +6,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use lb::datapath::ip6_to_words;
 use lb_common::{
-    config::CNT_CT_CREATED,
-    nodeport::{flow_hash6, Ct6Key, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
+    config::{CFG_LB_MODE, CNT_CT_CREATED},
+    nodeport::{flow_hash6, Ct6Key, CT_F_SNAT, CT_REVERSE, CT_SERVICE, MODE_DSR, MODE_HYBRID},
 };
 use lb_testkit::{
     dataplane::*,
@@ -545,4 +545,143 @@ fn ipv6_a_local_backends_icmp_error_leaves_quoting_the_frontend() {
     );
     assert_eq!((v.quoted_daddr, v.quoted_dport), (NODE_IP6, 31001));
     assert_eq!((v.quoted_saddr, v.quoted_sport), (CLIENT_IP6, 42200));
+}
+
+/// DSR over IPv6 (as Cilium): the SYN to a remote backend keeps the
+/// client's address and carries the frontend in a Destination Options
+/// header; the backend's node learns it, strips the header, and the pod's
+/// reply leaves from the NodePort straight to the client. Only the SYN
+/// carries it. XDP leaves the insert to tc.
+#[test]
+fn ipv6_dsr_carries_the_frontend_in_a_destination_options_header_and_the_backend_node_answers_from_it(
+) {
+    let dp = dataplane("np6_dsr");
+    dp.config(CFG_LB_MODE, MODE_DSR);
+    let syn = syn6(NODE_IP6, 31002, 40200, b"");
+    let (rc, out) = dp.xdp(&syn);
+    assert_eq!((rc, &out), (XDP_PASS, &syn), "punted to tc untouched");
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let (v, dsr) = packets::inspect6_dsr(&out);
+    assert_eq!(
+        (v.saddr, v.sport),
+        (CLIENT_IP6, 40200),
+        "DSR keeps the client"
+    );
+    assert_eq!((v.daddr, v.dport), (ip6("fd00:244:2::10"), 8080));
+    assert_eq!(dsr, Some((NODE_IP6, 31002)), "the frontend in the header");
+    assert_eq!(v.hop_limit, 63);
+
+    // On the backend's node (the same programs), with a NIC that sums
+    // frames (CHECKSUM_COMPLETE): learned, stripped, skb->csum still right.
+    let (rc, stripped) = dp
+        .tc_ingress_checksum_complete(&out)
+        .expect("BPF_PROG_TEST_RUN");
+    assert_eq!(rc, TC_ACT_OK, "delivered to the local pod");
+    let (s, dsr) = packets::inspect6_dsr(&stripped);
+    assert_eq!(dsr, None, "the header is gone");
+    assert_eq!(
+        (s.saddr, s.daddr, s.dport),
+        (CLIENT_IP6, ip6("fd00:244:2::10"), 8080)
+    );
+    let reply = packets::tcp6(
+        [0; 6],
+        CLIENT_MAC,
+        ip6("fd00:244:2::10"),
+        CLIENT_IP6,
+        8080,
+        40200,
+        SYN | ACK,
+        b"",
+    );
+    let (rc, out) = dp.tc_egress(&reply);
+    assert_eq!(rc, TC_ACT_OK);
+    let r = inspect6(&out);
+    assert_eq!(
+        (r.saddr, r.sport, r.daddr, r.dport),
+        (NODE_IP6, 31002, CLIENT_IP6, 40200),
+        "the reply leaves from the NodePort"
+    );
+
+    let (_, out) = dp.tc_ingress(&packets::tcp6(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP6, NODE_IP6, 40200, 31002, ACK, b"x",
+    ));
+    assert_eq!(
+        packets::inspect6_dsr(&out).1,
+        None,
+        "only the SYN carries it"
+    );
+}
+
+/// The IPv4 option's removal on a CHECKSUM_COMPLETE packet: the kernel
+/// takes the removed bytes out of skb->csum, and the recomputed header
+/// checksum keeps the header's own sum, so nothing more is needed there.
+#[test]
+fn ipv4_dsr_option_removal_keeps_skb_csum_right_on_checksum_complete_packets() {
+    let dp = dataplane("np4_dsr_complete");
+    dp.config(CFG_LB_MODE, MODE_DSR);
+    let syn = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40300, 31009, SYN, b"",
+    );
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(
+        packets::inspect(&out).options.len(),
+        8,
+        "carries the option"
+    );
+    let (rc, stripped) = dp
+        .tc_ingress_checksum_complete(&out)
+        .expect("BPF_PROG_TEST_RUN (EBADMSG: skb->csum no longer matches)");
+    assert_eq!(rc, TC_ACT_OK);
+    assert!(packets::inspect(&stripped).options.is_empty());
+}
+
+#[test]
+fn ipv6_hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp() {
+    let dp = dataplane("np6_hybrid");
+    dp.config(CFG_LB_MODE, MODE_HYBRID);
+    let (_, out) = dp.tc_ingress(&syn6(NODE_IP6, 31002, 40210, b""));
+    let (v, dsr) = packets::inspect6_dsr(&out);
+    assert_eq!((v.saddr, dsr.is_some()), (CLIENT_IP6, true), "TCP: DSR");
+    let (rc, out) = dp.tc_ingress(&packets::udp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP6,
+        ip6("2001:db8:113::10"),
+        5010,
+        53,
+        b"query",
+    ));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let (v, dsr) = packets::inspect6_dsr(&out);
+    assert_eq!((v.saddr, dsr), (NODE_IP6, None), "UDP: SNAT");
+}
+
+/// A DSR header naming a frontend this node does not serve is not learned:
+/// otherwise any outside host could plant entries that rewrite a pod's
+/// replies.
+#[test]
+fn ipv6_a_dsr_header_naming_an_unknown_frontend_is_rejected() {
+    let dp = dataplane("np6_dsr_reject");
+    let plain = packets::tcp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP6,
+        ip6("fd00:244:1::10"),
+        42500,
+        8080,
+        SYN,
+        b"",
+    );
+    let mut p = plain[..54].to_vec();
+    p[20] = 60;
+    let payload = u16::from_be_bytes([p[18], p[19]]) + 24;
+    p[18..20].copy_from_slice(&payload.to_be_bytes());
+    p.extend_from_slice(&[6, 2, 0x1b, 20, 0, 80, 0, 0]);
+    p.extend_from_slice(&ip6("2001:db8:99::1").octets());
+    p.extend_from_slice(&plain[54..]);
+    let (rc, _) = dp.tc_ingress(&p);
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(dp.drops("dsr-rejected"), 1);
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use lb_testkit::{
-    cluster::{Cluster, Node, Options, NODE_A, NODE_A6, POD_A, POD_A6, POD_B, POD_B6},
+    cluster::{Cluster, Node, Options, CLIENT6, NODE_A, NODE_A6, POD_A, POD_A6, POD_B, POD_B6},
     servers, traffic, unique,
 };
 
@@ -254,6 +254,20 @@ fn real_traffic6(tag: &str, mode: &str, xdp: bool) {
     let client = c.client.name.clone();
     let label = format!("IPv6, {mode}, xdp {xdp}");
     let node = IpAddr::V6(NODE_A6);
+    // Who the backend sees: node A's address with SNAT, the client's with
+    // DSR (hybrid: DSR for TCP).
+    let answer = traffic::in_netns(&client, move || {
+        use std::io::Read as _;
+        let mut s = std::net::TcpStream::connect((NODE_A6, 30081)).expect("connect");
+        let mut a = String::new();
+        s.read_to_string(&mut a).expect("answer");
+        a
+    });
+    let seen = if mode == "snat" { NODE_A6 } else { CLIENT6 };
+    assert!(
+        answer.contains(&format!("[{seen}]:")),
+        "{label}: the backend saw {answer:?}, not {seen}"
+    );
     bulk_both_ways_to(&c, node, 30090, &label);
     bulk_both_ways_to(&c, node, 30091, &label);
     let big = traffic::download(
@@ -308,9 +322,20 @@ fn ipv6_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
     real_traffic6("t6xdp", "snat", true);
 }
 
-/// DSR has no IPv6 form yet: in hybrid mode IPv6 flows are SNATed and work.
+/// DSR over IPv6: the frontend in a Destination Options header, the
+/// client's address at the backend, replies straight from node B.
 #[test]
-fn ipv6_in_hybrid_mode_is_snatted_and_carries_bulk_and_churn() {
+fn ipv6_dsr_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
+    real_traffic6("t6dsr", "dsr", false);
+}
+
+#[test]
+fn ipv6_dsr_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
+    real_traffic6("t6dsrx", "dsr", true);
+}
+
+#[test]
+fn ipv6_hybrid_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
     real_traffic6("t6hyb", "hybrid", false);
 }
 

@@ -1,24 +1,31 @@
 //! Direct server return: the frontend a flow was for travels to the backend's
-//! node in an IPv4 option (on a TCP SYN, on every UDP datagram), so that node
-//! can make the backend's replies leave from the frontend address, straight
-//! to the client.
+//! node (on a TCP SYN, on every UDP datagram), so that node can make the
+//! backend's replies leave from the frontend address, straight to the
+//! client. IPv4 carries it in an IPv4 option, IPv6 in a Destination Options
+//! extension header (`DSR6_*`, as Cilium does).
 //!
-//! The option goes right after the 20-byte base header, ahead of any options
-//! the packet already has (bpf_skb_adjust_room with BPF_ADJ_ROOM_NET inserts
-//! at the end of the base header: net/core/filter.c, bpf_skb_net_grow), and
-//! only when the header stays within 60 bytes.
+//! Either goes right after the base header (20 or 40 bytes), ahead of any
+//! options the packet already has (bpf_skb_adjust_room with
+//! BPF_ADJ_ROOM_NET inserts at the end of the base header:
+//! net/core/filter.c, bpf_skb_net_grow); the IPv4 option only when the
+//! header stays within 60 bytes. Neither touches the L4 checksum: its
+//! pseudo-header holds neither IP options nor extension headers.
 use lb_common::{
     config::CNT_DSR_LEARNED,
     drop::DropReason,
-    nodeport::{Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_REVERSE, DSR_OPT_LEN, DSR_OPT_TYPE},
-    service::{
-        Service4Key, SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+    nodeport::{
+        CtValue, CT_F_CLOSING, CT_F_DSR, CT_REVERSE, DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE,
+        DSR_OPT_LEN, DSR_OPT_TYPE,
     },
+    service::{SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
 };
 
 use super::{
-    access::{store, ETH_HLEN, IPPROTO_TCP, IP_CHECK, IP_TOT_LEN, TCP_ACK, TCP_SYN},
-    csum::ipv4_csum,
+    access::{
+        store, ETH_HLEN, IP6_NEXT_HEADER, IP6_PAYLOAD_LEN, IPPROTO_DSTOPTS, IPPROTO_TCP, IPV6_HLEN,
+        IP_CHECK, IP_TOT_LEN, TCP_ACK, TCP_SYN,
+    },
+    csum::{diff16, fold, ipv4_csum, sum_words},
     ct::{self, now},
     drop_packet,
     family::Ip,
@@ -26,8 +33,7 @@ use super::{
     Action, Hook,
 };
 use crate::{
-    lb::{Family, V4},
-    maps::{LB4_CT, LB_DEVICES},
+    lb::{V4, V6},
     runtime::bump,
 };
 
@@ -39,10 +45,41 @@ pub fn needs_option<I: Ip>(f: &Flow<I>) -> bool {
     f.proto != IPPROTO_TCP || f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
 }
 
-/// Inserts the option: type, length, the frontend port and address (as the
-/// packet had them before the DNAT). `f` describes the packet before.
+/// Inserts the option naming the frontend the packet was sent to (`f`
+/// describes the packet before the DNAT).
 #[inline(always)]
-pub fn insert_option<C: Hook>(ctx: &C, f: &Flow<V4>, frontend: u32, fport: u16) -> bool {
+pub fn insert<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> bool {
+    if let Some(f) = I::as_v4(f) {
+        return insert_option(ctx, f, f.daddr, f.dport);
+    }
+    match I::as_v6(f) {
+        Some(f) => insert_header6(ctx, f),
+        None => false,
+    }
+}
+
+/// IPv6: the Destination Options header, the IPv6 header's next header
+/// and payload length changed to match.
+#[inline(always)]
+fn insert_header6<C: Hook>(ctx: &C, f: &Flow<V6>) -> bool {
+    if !ctx.grow_ip_options(DSR6_HDR_LEN as u32) {
+        return false;
+    }
+    let ip = ETH_HLEN;
+    let h = ip + IPV6_HLEN;
+    let payload = f.tot_len as usize - IPV6_HLEN + DSR6_HDR_LEN as usize;
+    let hdr: [u8; 4] = [f.proto, 2, DSR6_OPT_TYPE, DSR6_OPT_LEN];
+    store(ctx, ip + IP6_PAYLOAD_LEN, (payload as u16).to_be())
+        && store(ctx, ip + IP6_NEXT_HEADER, IPPROTO_DSTOPTS)
+        && store(ctx, h, hdr)
+        && store(ctx, h + 4, f.dport)
+        && store(ctx, h + 6, 0u16)
+        && store(ctx, h + 8, f.daddr)
+}
+
+/// IPv4: the option: type, length, the frontend port and address.
+#[inline(always)]
+fn insert_option<C: Hook>(ctx: &C, f: &Flow<V4>, frontend: u32, fport: u16) -> bool {
     let ip_len = f.ip_len & 0x3c;
     if ip_len + DSR_OPT_LEN as usize > 60 || !ctx.grow_ip_options(DSR_OPT_LEN as u32) {
         return false;
@@ -68,6 +105,41 @@ pub fn insert_option<C: Hook>(ctx: &C, f: &Flow<V4>, frontend: u32, fport: u16) 
     }
 }
 
+/// Takes our option (IPv4) or header (IPv6) out again.
+#[inline(always)]
+fn remove<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> bool {
+    if let Some(f) = I::as_v4(f) {
+        return remove_option(ctx, f);
+    }
+    match I::as_v6(f) {
+        Some(f) => remove_header6(ctx, f),
+        None => false,
+    }
+}
+
+/// The kernel takes the removed bytes out of a CHECKSUM_COMPLETE skb->csum
+/// (bpf_skb_generic_pop, skb_postpull_rcsum); the two header words that
+/// change (payload length; next header with the hop limit) are put in step
+/// here, as IPv6 has no header checksum to balance them (IPv4's option
+/// removal recomputes its header checksum, which keeps the header's sum).
+#[inline(always)]
+fn remove_header6<C: Hook>(ctx: &C, f: &Flow<V6>) -> bool {
+    if !ctx.shrink_ip_options(DSR6_HDR_LEN as u32) {
+        return false;
+    }
+    let ip = ETH_HLEN;
+    let old_payload = ((f.tot_len as usize - IPV6_HLEN) as u16).to_be();
+    let new_payload = ((f.tot_len as usize - IPV6_HLEN - DSR6_HDR_LEN as usize) as u16).to_be();
+    let old_next = u16::from_ne_bytes([IPPROTO_DSTOPTS, f.ttl]);
+    let new_next = u16::from_ne_bytes([f.proto, f.ttl]);
+    if !store(ctx, ip + IP6_PAYLOAD_LEN, new_payload) || !store(ctx, ip + IP6_NEXT_HEADER, f.proto)
+    {
+        return false;
+    }
+    ctx.csum_complete_fixup(diff16(old_payload, new_payload) + diff16(old_next, new_next));
+    true
+}
+
 /// Takes our option out again (it is the first one).
 #[inline(always)]
 fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
@@ -77,6 +149,13 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
     }
     let ip = ETH_HLEN;
     let new_len = ip_len - DSR_OPT_LEN as usize;
+    // The kernel took the option's bytes out of a CHECKSUM_COMPLETE
+    // skb->csum (skb_postpull_rcsum); the base header's own sum changes too
+    // (it balanced the option's before; it balances nothing after), which
+    // is put in step below. Measured over the 20 bytes, before and after.
+    let Some(before) = sum_words(ctx, ip, 10, usize::MAX) else {
+        return false;
+    };
     let ok = store(ctx, ip, 0x40u8 | (new_len / 4) as u8)
         && store(
             ctx,
@@ -86,10 +165,15 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
     if !ok {
         return false;
     }
-    match ipv4_csum(ctx, ip, new_len) {
+    let stored = match ipv4_csum(ctx, ip, new_len) {
         Some(c) => store(ctx, ip + IP_CHECK, c),
         None => false,
-    }
+    };
+    let Some(after) = sum_words(ctx, ip, 10, usize::MAX) else {
+        return false;
+    };
+    ctx.csum_complete_fixup(fold(after) as u32 + (!fold(before)) as u32);
+    stored
 }
 
 /// On the backend's node: remembers which frontend a DSR flow was for, so
@@ -103,44 +187,41 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
 /// frontend: otherwise any outside host could plant entries that rewrite a
 /// pod's replies.
 #[inline(never)]
-pub fn learn<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
+pub fn learn<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let (vip, vport) = (f.dsr_addr, f.dsr_port);
-    let key = Service4Key::new(vip, vport, f.proto, SCOPE_ALL, 0);
-    let known = match V4::service(&key) {
+    let key = I::service_key(vip, vport, f.proto, SCOPE_ALL);
+    let known = match I::service(&key) {
         Some(svc) => {
             svc.flags & (SVC_FLAG_NODE_PORT | SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP) != 0
         }
-        None => {
-            // SAFETY: a map value, copied at once.
-            match unsafe { LB_DEVICES.get(&ctx.ingress_ifindex()) }.copied() {
-                Some(dev) => {
-                    let own = Service4Key::new(dev.address, vport, f.proto, SCOPE_ALL, 0);
-                    V4::service(&own).is_some_and(|s| s.flags & SVC_FLAG_NODE_PORT != 0)
-                }
-                None => false,
+        None => match I::device_address(ctx.ingress_ifindex()) {
+            Some(node) => {
+                let own = I::service_key(node, vport, f.proto, SCOPE_ALL);
+                I::service(&own).is_some_and(|s| s.flags & SVC_FLAG_NODE_PORT != 0)
             }
-        }
+            None => false,
+        },
     };
     if !known {
         return drop_packet(ctx, f, DropReason::DsrRejected, 0);
     }
     let rkey = f.reply_ct_key(CT_REVERSE);
-    let val = Ct4Value {
+    let val = CtValue {
         backend_id: 0,
         service_id: 0,
         addr: vip,
-        nat_addr: 0,
+        nat_addr: I::Addr::default(),
         port: vport,
         nat_port: 0,
         flags: CT_F_DSR,
         pad: 0,
         last_seen_ns: now(),
     };
-    if LB4_CT.insert(&rkey, &val, BPF_NOEXIST).is_err() {
+    if I::ct().insert(&rkey, &val, BPF_NOEXIST).is_err() {
         // The tuple has an entry: replace it only when it is the same
         // frontend, or its flow is over (closing, idled out) or a new one
         // starts (a SYN).
-        let replace = match ct::peek::<V4>(&rkey, f.proto) {
+        let replace = match ct::peek::<I>(&rkey, f.proto) {
             None => true,
             Some(old) => {
                 (old.addr == vip && old.port == vport)
@@ -151,12 +232,12 @@ pub fn learn<C: Hook>(ctx: &C, f: &Flow<V4>) -> Action {
         if !replace {
             return drop_packet(ctx, f, DropReason::DsrRejected, 0);
         }
-        if LB4_CT.insert(&rkey, &val, 0).is_err() {
+        if I::ct().insert(&rkey, &val, 0).is_err() {
             return drop_packet(ctx, f, DropReason::CtFull, 0);
         }
     }
     bump(CNT_DSR_LEARNED);
-    // If it cannot come out, it stays: the stack ignores an unknown option.
-    remove_option(ctx, f);
+    // If it cannot come out, it stays: the stack skips an unknown option.
+    remove(ctx, f);
     Action::PASS
 }

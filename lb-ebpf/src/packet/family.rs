@@ -13,9 +13,9 @@
 //!   RFC 8200 §8.1), so an address rewrite updates it word by word.
 //! * The hop limit sits at byte 7 of the IPv6 header and is not covered by
 //!   any checksum.
-//! * IPv6 packets with extension headers (fragments included) and DSR over
-//!   IPv6 are not handled yet (`parse6`, `mod.rs`): such packets are left
-//!   to the stack, and IPv6 flows are SNATed in every mode.
+//! * IPv6 packets with extension headers (fragments included) are not
+//!   handled (`parse6`): they are left to the stack. The one exception is
+//!   our own DSR header (`dsr.rs`).
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_sock_tuple},
     maps::LruHashMap,
@@ -54,6 +54,12 @@ pub trait Ip: Family + Sized + 'static {
     const HOP_LIMIT: usize;
     /// 32-bit words of an address (for the L4 checksum's pseudo-header).
     const WORDS: usize;
+    /// Masks `Flow::ip_len` (the IP header with what the programs parse of
+    /// its options or extension headers) into a bounded packet offset:
+    /// IPv4 20..60, IPv6 40 or 64 (with our DSR header).
+    const IP_LEN_MASK: usize;
+    /// Bytes the DSR option adds to a packet.
+    const DSR_LEN: u16;
 
     fn word(a: Self::Addr, i: usize) -> u32;
     fn scratch() -> Option<*mut Scratch<Self>>;
@@ -96,6 +102,8 @@ impl Ip for V4 {
     const DADDR: usize = 16;
     const HOP_LIMIT: usize = 8;
     const WORDS: usize = 1;
+    const IP_LEN_MASK: usize = 0x3c;
+    const DSR_LEN: u16 = lb_common::nodeport::DSR_OPT_LEN as u16;
 
     #[inline(always)]
     fn word(a: u32, _i: usize) -> u32 {
@@ -226,6 +234,8 @@ impl Ip for V6 {
     const DADDR: usize = 24;
     const HOP_LIMIT: usize = 7;
     const WORDS: usize = 4;
+    const IP_LEN_MASK: usize = 0x7c;
+    const DSR_LEN: u16 = lb_common::nodeport::DSR6_HDR_LEN as u16;
 
     #[inline(always)]
     fn word(a: [u32; 4], i: usize) -> u32 {

@@ -41,7 +41,6 @@ use super::{
 };
 use crate::{lb::V6, runtime::bump};
 
-const IPPROTO_DSTOPTS: u8 = 60;
 const ICMPV6_PORT_UNREACH: u8 = 4;
 /// Option type of the padding option that absorbs the offload's write.
 const OPT_ABSORB: u8 = 0x1e;

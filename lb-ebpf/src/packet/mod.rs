@@ -36,12 +36,10 @@
 //! chose, whatever happens to the backend set or the Maglev table, until the
 //! flow ends, idles out, or its backend is gone.
 //!
-//! IPv6 takes the same path with SNAT to the egress device's IPv6 address
-//! for remote backends, and answers with ICMPv6 errors (`icmp6`) where IPv4
-//! answers with ICMP ones. What only IPv4 has here (DSR, fragments, ICMP
-//! errors from elsewhere translated, the early exit) is reached through
-//! `Ip::as_v4`; for IPv6, a flow that would need DSR is SNATed (the agent
-//! says so at start).
+//! IPv6 takes the same path (SNAT to the egress device's IPv6 address, DSR
+//! in a Destination Options header), and answers with ICMPv6 errors
+//! (`icmp6`) where IPv4 answers with ICMP ones. What only IPv4 has here
+//! (fragments, the early exit) is reached through `Ip::as_v4`.
 pub mod access;
 pub mod csum;
 pub mod ct;
@@ -223,13 +221,14 @@ pub trait Hook: Pkt {
         pseudo: bool,
         udp: bool,
     ) -> bool;
-    /// Keeps skb->csum of a CHECKSUM_COMPLETE skb in step with an IPv6
-    /// change that no checksum in the packet balances: `diff` (new − old,
-    /// one's complement) is added to it. Two uses: after an address
-    /// rewrite, to undo what `csum_l4` with `pseudo` did to skb->csum (the
-    /// helper assumes IPv4, whose header checksum cancels the L4 one's
-    /// change; Linux 6.16 added BPF_F_IPV6 for this, in diff mode only),
-    /// and after the hop limit's decrement (IPv6 has no header checksum).
+    /// Keeps skb->csum of a CHECKSUM_COMPLETE skb in step with a change
+    /// that no checksum in the packet balances: `diff` (new − old, one's
+    /// complement) is added to it. Uses: after an IPv6 address rewrite, to
+    /// undo what `csum_l4` with `pseudo` did to skb->csum (the helper
+    /// assumes IPv4, whose header checksum cancels the L4 one's change;
+    /// Linux 6.16 added BPF_F_IPV6 for this, in diff mode only); after the
+    /// hop limit's decrement (IPv6 has no header checksum); after a DSR
+    /// option or header comes out (`dsr.rs`).
     /// Without it the stack logs "hw csum failure" and sums the packet
     /// again. XDP has no skb checksum state: nothing to do.
     fn csum_complete_fixup(&self, diff: u32);
@@ -345,10 +344,7 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
         if C::IS_XDP {
             return Action::PUNT;
         }
-        return match I::as_v4(f) {
-            Some(f) => dsr::learn(ctx, f),
-            None => Action::PASS,
-        };
+        return dsr::learn(ctx, f);
     }
     let mut a = known_flow(ctx, f);
     if a == Action::NEXT {
@@ -762,8 +758,7 @@ fn new_local<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
 #[inline(never)]
 fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let mode = runtime::config(CFG_LB_MODE);
-    // No DSR over IPv6 yet: its flows are SNATed in every mode.
-    let dsr = !I::IS_V6 && (mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP));
+    let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
     let needs_option = dsr && dsr::needs_option(f);
     if needs_option && C::IS_XDP {
         return Action::PUNT; // before anything changed: tc will redo it
@@ -774,7 +769,7 @@ fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     // SAFETY: per-CPU scratch; distinct fields.
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
     let (service_id, baddr, bport) = (ct.service_id, ct.addr, ct.port);
-    let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
+    let extra = if needs_option { I::DSR_LEN } else { 0 };
     // The route to the backend decides the egress device and its address.
     let route = fib::lookup(ctx, &f.saddr, &baddr, f, extra);
     let egress = match route {
@@ -868,7 +863,7 @@ fn forward_known<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) ->
     if needs_option && C::IS_XDP {
         return Action::PUNT;
     }
-    let extra = if needs_option { DSR_OPT_LEN as u16 } else { 0 };
+    let extra = if needs_option { I::DSR_LEN } else { 0 };
     let route = fib::lookup(ctx, &f.saddr, baddr, f, extra);
     match route {
         Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
@@ -914,12 +909,8 @@ fn rewrite_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -
     if rewritten.is_none() {
         return Action::DROP;
     }
-    let needs_option = !I::IS_V6 && ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
-    let inserted = match I::as_v4(f) {
-        Some(f4) => !needs_option || dsr::insert_option(ctx, f4, f4.daddr, f4.dport),
-        None => !needs_option,
-    };
-    if !inserted {
+    let needs_option = ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
+    if needs_option && !dsr::insert(ctx, f) {
         return drop_packet(ctx, f, DropReason::InvalidPacket, ct.service_id);
     }
     bump(CNT_NP_FORWARD);

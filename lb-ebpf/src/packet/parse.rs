@@ -1,6 +1,8 @@
 //! Parsing a packet into the flow the packet programs act on: `parse4`
 //! for IPv4, `parse6` for IPv6, one `Flow` for both.
-use lb_common::nodeport::{CtKey, DSR_OPT_LEN, DSR_OPT_TYPE};
+use lb_common::nodeport::{
+    CtKey, DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE,
+};
 
 use super::{access::*, family::Ip};
 
@@ -56,7 +58,7 @@ pub struct Flow<I: Ip> {
     /// it (`dsr_port` != 0). Plain fields, not an Option: LLVM stores an
     /// Option's payload even when it is None, from a register the verifier
     /// knows is unset (R3 !read_ok).
-    pub dsr_addr: u32,
+    pub dsr_addr: I::Addr,
     pub dsr_port: u16,
     /// For an ICMP error: the packet it quotes.
     pub quoted: Quoted<I>,
@@ -67,7 +69,7 @@ impl<I: Ip> Flow<I> {
     /// the verifier treats as any number, and a packet offset must be bounded.
     #[inline(always)]
     pub fn l4(&self) -> usize {
-        ETH_HLEN + (self.ip_len & 0x3c)
+        ETH_HLEN + (self.ip_len & I::IP_LEN_MASK)
     }
 
     /// Offset of the quoted IP header inside an ICMP error.
@@ -288,9 +290,30 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     if vtc >> 4 != 6 {
         return Parsed::Other;
     }
-    let Some(next) = load::<u8, P>(p, ip + IP6_NEXT_HEADER) else {
+    let Some(mut next) = load::<u8, P>(p, ip + IP6_NEXT_HEADER) else {
         return Parsed::Other;
     };
+    // Our DSR header (on a backend's node): the one extension header read.
+    let mut ip_len = IPV6_HLEN;
+    let mut dsr_port = 0;
+    let mut dsr_addr = [0u32; 4];
+    if next == IPPROTO_DSTOPTS {
+        let l = ip + IPV6_HLEN;
+        let (Some(hdr), Some(port), Some(addr)) = (
+            load::<[u8; 4], P>(p, l),
+            load::<u16, P>(p, l + 4),
+            load::<[u32; 4], P>(p, l + 8),
+        ) else {
+            return Parsed::Other;
+        };
+        if hdr[1] != 2 || hdr[2] != DSR6_OPT_TYPE || hdr[3] != DSR6_OPT_LEN || port == 0 {
+            return Parsed::Other;
+        }
+        next = hdr[0];
+        ip_len += DSR6_HDR_LEN as usize;
+        dsr_port = port;
+        dsr_addr = addr;
+    }
     if next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_ICMPV6 {
         return Parsed::Other;
     }
@@ -322,7 +345,7 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
         frag: FRAG_NONE,
         // IPv6 routers never fragment (RFC 8200 §5): every packet is DF.
         df: true,
-        ip_len: IPV6_HLEN,
+        ip_len,
         l4_len: 0,
         tot_len: if tot_len > 0xffff {
             0xffff
@@ -330,8 +353,8 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
             tot_len as u16
         },
         ip_id: 0,
-        dsr_addr: 0,
-        dsr_port: 0,
+        dsr_addr,
+        dsr_port,
         quoted: Quoted {
             saddr: [0; 4],
             daddr: [0; 4],
@@ -344,9 +367,12 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
         },
     };
     if next == IPPROTO_ICMPV6 {
+        if dsr_port != 0 {
+            return Parsed::Other;
+        }
         return parse_icmp6_error(p, f);
     }
-    let l4 = ip + IPV6_HLEN;
+    let l4 = ip + (ip_len & 0x7c);
     let (Some(sp), Some(dp)) = (
         load::<u16, P>(p, l4 + L4_SPORT),
         load::<u16, P>(p, l4 + L4_DPORT),
@@ -360,7 +386,7 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     if next == IPPROTO_UDP && load::<u16, P>(p, l4 + UDP_CHECK) == Some(0) {
         return Parsed::Invalid(true);
     }
-    l4_fields(p, f, l4, tot_len, IPV6_HLEN)
+    l4_fields(p, f, l4, tot_len, ip_len)
 }
 
 /// An ICMP error quoting a TCP or UDP packet; anything else (echo, errors

@@ -93,7 +93,7 @@ impl Hook for Tc<'_> {
         if gso_size == 0 {
             return f.tot_len;
         }
-        let seg = (f.ip_len & 0x3c) + f.l4_len + gso_size as usize;
+        let seg = (f.ip_len & I::IP_LEN_MASK) + f.l4_len + gso_size as usize;
         if seg < f.tot_len as usize {
             seg as u16
         } else {

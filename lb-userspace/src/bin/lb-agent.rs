@@ -640,13 +640,6 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
         },
     )?;
-    if !matches!(args.lb_mode, LbMode::Snat) && !devices.is_empty() {
-        warn!(
-            "--lb-mode {:?}: IPv6 flows to backends on other nodes are SNATed (no DSR over IPv6 yet); \
-             IPv4 flows use the mode",
-            args.lb_mode
-        );
-    }
     config.set(CFG_MAGLEV_M, args.maglev_table_size)?;
     // The hull first: a reply to a port of the old range must never leave
     // early (CFG_SNAT_PORTS_EVER), not even between these two writes.
