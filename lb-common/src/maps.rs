@@ -18,6 +18,7 @@ pub const LB_COUNTERS: &str = "LB_COUNTERS";
 pub const LB_EVENT_RATE: &str = "LB_EVENT_RATE";
 pub const LB_AFFINITY: &str = "LB_AFFINITY";
 pub const LB_AFFINITY_MATCH: &str = "LB_AFFINITY_MATCH";
+pub const LB_AFFINITY_GROUP: &str = "LB_AFFINITY_GROUP";
 pub const LB4_CT: &str = "LB4_CT";
 pub const LB_DEVICES: &str = "LB_DEVICES";
 pub const LB6_CT: &str = "LB6_CT";
@@ -31,7 +32,7 @@ pub const LB6_SRC_RANGES: &str = "LB6_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 26] = [
+pub const ALL: [&str; 27] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -44,6 +45,7 @@ pub const ALL: [&str; 26] = [
     LB_SOCK_UDP,
     LB_AFFINITY,
     LB_AFFINITY_MATCH,
+    LB_AFFINITY_GROUP,
     LB4_CT,
     LB4_FRAGS,
     LB_DEVICES,

@@ -12,7 +12,8 @@ use lb_common::{
 };
 
 use crate::maps::{
-    LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES, LB_AFFINITY, LB_AFFINITY_MATCH,
+    LB4_BACKENDS, LB4_SERVICES, LB6_BACKENDS, LB6_SERVICES, LB_AFFINITY, LB_AFFINITY_GROUP,
+    LB_AFFINITY_MATCH,
 };
 
 /// The maps of one address family.
@@ -162,6 +163,17 @@ pub fn select_backend_for<F: Family>(
     Ok((id, backend))
 }
 
+/// The id a client's memory of its backend is kept under: shared by every
+/// frontend of the service port (LB_AFFINITY_GROUP, as kube-proxy keeps one
+/// per service port), the frontend's own id where the agent wrote none.
+#[inline(always)]
+fn affinity_group(svc: &ServiceValue) -> u32 {
+    // SAFETY: a lookup in our own map, the value copied out at once.
+    unsafe { LB_AFFINITY_GROUP.get(&svc.service_id) }
+        .copied()
+        .unwrap_or(svc.service_id)
+}
+
 /// sessionAffinity: the backend `client` last got from this service, while
 /// it is still selectable for it (LB_AFFINITY_MATCH) and the timeout has not
 /// run out since its last use (which this refreshes).
@@ -171,7 +183,7 @@ pub fn remembered<F: Family>(svc: &ServiceValue, client: u64) -> Option<(u32, F:
     let now = unsafe { bpf_ktime_get_ns() };
     let akey = AffinityKey {
         client,
-        service_id: svc.service_id,
+        service_id: affinity_group(svc),
         pad: 0,
     };
     let entry = LB_AFFINITY.get_ptr_mut(&akey)?;
@@ -199,7 +211,7 @@ pub fn remember(svc: &ServiceValue, client: u64, backend_id: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
     let akey = AffinityKey {
         client,
-        service_id: svc.service_id,
+        service_id: affinity_group(svc),
         pad: 0,
     };
     let _ = LB_AFFINITY.insert(

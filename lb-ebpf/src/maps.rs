@@ -104,6 +104,12 @@ pub static LB6_SRC_RANGES: LpmTrie<SourceRange6, u8> =
 #[map]
 pub static LB4_FE_FILTER: Array<u64> = Array::pinned(FILTER_WORDS, 0);
 
+/// sessionAffinity: service id → the id its clients' memory is kept under,
+/// shared by the frontends of one service port; written by the agent.
+#[map]
+pub static LB_AFFINITY_GROUP: HashMap<u32, u32> =
+    HashMap::pinned(DEFAULT_SERVICES_MAX, BPF_F_NO_PREALLOC);
+
 /// (service, backend) pairs a service may currently select, written by the agent.
 #[map]
 pub static LB_AFFINITY_MATCH: HashMap<AffinityMatchKey, u8> =

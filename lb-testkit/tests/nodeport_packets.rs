@@ -1241,3 +1241,48 @@ fn a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trust
         "an untrusted filter is not used"
     );
 }
+
+/// sessionAffinity is per service port, not per frontend (kube-proxy keeps
+/// one "recent" list per service port): a client that reached a backend
+/// through the LoadBalancer address reaches the same one through the
+/// NodePort, for every one of 30 clients (by chance: (1/3)^30).
+#[test]
+fn session_affinity_is_shared_by_the_load_balancer_address_and_the_nodeport_of_a_port() {
+    let extra = r#"
+services:
+  - name: sticky-lb
+    type: LoadBalancer
+    clusterIPs: [10.96.0.15]
+    loadBalancerIPs: [203.0.113.50]
+    sessionAffinity: ClientIP
+    ports: [{port: 80, targetPort: 8080, nodePort: 30015}]
+    backends: [{address: 10.244.1.81, local: true}, {address: 10.244.1.82, local: true}, {address: 10.244.1.83, local: true}]
+"#;
+    let mut dp = dataplane("np_affinity_shared");
+    dp.apply_with_extra(extra);
+    let mut spread = std::collections::BTreeSet::new();
+    for host in 10..40u8 {
+        let client = Ipv4Addr::new(192, 168, 50, host);
+        let via_lb = packets::tcp(
+            CLIENT_MAC,
+            EXT0_MAC,
+            client,
+            ip("203.0.113.50"),
+            44000,
+            80,
+            SYN,
+            b"",
+        );
+        let (rc, out) = dp.tc_ingress(&via_lb);
+        assert_eq!(rc, TC_ACT_OK);
+        let first = inspect(&out).daddr;
+        let via_nodeport = packets::tcp(
+            CLIENT_MAC, EXT0_MAC, client, NODE_IP, 44001, 30015, SYN, b"",
+        );
+        let (rc, out) = dp.tc_ingress(&via_nodeport);
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(inspect(&out).daddr, first, "client {client}: same backend");
+        spread.insert(first);
+    }
+    assert!(spread.len() >= 2, "clients are still spread: {spread:?}");
+}

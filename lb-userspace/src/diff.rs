@@ -70,6 +70,14 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         for b in want.iter().filter(|b| !have.is_some_and(|h| h.contains(b))) {
             first.push(MapOp::UpsertAffinityMatch(id, *b));
         }
+        // The affinity group: a missing or stale one only makes a client's
+        // memory per frontend for a moment, so its order is free.
+        match (fe.affinity_group, current.affinity_groups.get(&id)) {
+            (Some(g), Some(old)) if g == *old => {}
+            (Some(g), _) => first.push(MapOp::SetAffinityGroup(id, g)),
+            (None, Some(_)) => early.push(MapOp::DeleteAffinityGroup(id)),
+            (None, None) => {}
+        }
         // A source range is added before the master that turns the check on,
         // and withdrawn after the master that turns it off: a client inside
         // both the old and the new ranges is never dropped.
@@ -219,6 +227,14 @@ pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
             .into_iter()
             .map(|(id, b)| MapOp::DeleteAffinityMatch(id, b)),
     );
+    let mut groups: Vec<u32> = current
+        .affinity_groups
+        .keys()
+        .filter(|id| !live.contains(id) && !removed.contains(id))
+        .copied()
+        .collect();
+    groups.sort_unstable();
+    ops.extend(groups.into_iter().map(MapOp::DeleteAffinityGroup));
     let mut tables: Vec<u32> = current
         .maglev
         .keys()
@@ -287,6 +303,9 @@ fn remove_frontend(current: &MapState, key: &SvcKey, out: &mut Vec<MapOp>, d: &m
         .flatten()
     {
         out.push(MapOp::DeleteAffinityMatch(master.service_id, *b));
+    }
+    if current.affinity_groups.contains_key(&master.service_id) {
+        out.push(MapOp::DeleteAffinityGroup(master.service_id));
     }
     out.push(MapOp::DeleteService(*key));
     if master.flags & SVC_FLAG_CLUSTER_IP != 0 {

@@ -894,3 +894,70 @@ fn a_frontend_filter_bit_is_set_before_its_frontend_and_cleared_after_the_last_o
     r.reconcile(&m).unwrap();
     assert_consistent(r.state());
 }
+
+/// sessionAffinity is kept per service port, as kube-proxy does: the
+/// ClusterIP, NodePort and LoadBalancer frontends of one port share one
+/// affinity group (the lowest of their service ids); another port of the
+/// same service (other backends' port) has its own; a service without
+/// affinity has none; and the group goes with the frontends.
+#[test]
+fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
+    let fe = |address: &str, port: u16, kind: FrontendKind, target: u16| Frontend {
+        address: address.parse().unwrap(),
+        port,
+        protocol: Protocol::Tcp,
+        kind,
+        algorithm: Default::default(),
+        affinity_timeout_s: Some(600),
+        external_traffic_local: false,
+        source_ranges: Vec::new(),
+        backends: (1..=3)
+            .map(|i| Backend {
+                port: target,
+                ..backend(i, BackendState::Active)
+            })
+            .collect(),
+    };
+    let sticky = Service {
+        frontends: vec![
+            fe("10.96.0.1", 80, FrontendKind::ClusterIP, 8080),
+            fe("192.168.1.10", 30080, FrontendKind::NodePort, 8080),
+            fe("203.0.113.5", 80, FrontendKind::LoadBalancer, 8080),
+            fe("10.96.0.1", 443, FrontendKind::ClusterIP, 8443),
+            fe("192.168.1.10", 30443, FrontendKind::NodePort, 8443),
+        ],
+        health_check_node_port: None,
+    };
+    let mut m = cluster(3);
+    m.services.insert(name(100), sticky);
+    let r = reconciled(&m);
+    let state = r.state();
+    let id_of = |addr: &str, port: u16| {
+        state
+            .frontends()
+            .find(|(k, _)| k.address == addr.parse::<IpAddr>().unwrap() && k.port == port)
+            .unwrap()
+            .1
+            .service_id
+    };
+    let group = |addr: &str, port: u16| state.affinity_groups.get(&id_of(addr, port)).copied();
+    let http = [
+        ("10.96.0.1", 80),
+        ("192.168.1.10", 30080),
+        ("203.0.113.5", 80),
+    ];
+    let lowest = http.iter().map(|(a, p)| id_of(a, *p)).min().unwrap();
+    for (a, p) in http {
+        assert_eq!(group(a, p), Some(lowest), "{a}:{p}");
+    }
+    let https = group("10.96.0.1", 443).expect("its own group");
+    assert_ne!(https, lowest, "another service port");
+    assert_eq!(group("192.168.1.10", 30443), Some(https));
+    // No affinity, no group.
+    assert_eq!(state.affinity_groups.len(), 5);
+    // Gone with the service.
+    let mut r = r;
+    m.services.remove(&name(100));
+    r.reconcile(&m).unwrap();
+    assert!(r.state().affinity_groups.is_empty());
+}

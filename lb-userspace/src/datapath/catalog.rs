@@ -60,7 +60,7 @@ const fn spec(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capac
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 26] = [
+pub const CATALOG: [MapSpec; 27] = [
     spec(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -122,6 +122,12 @@ pub const CATALOG: [MapSpec; 26] = [
     spec(
         names::LB_AFFINITY_MATCH,
         kv::<AffinityMatchKey, u8>(),
+        Capacity::Sized(|s| s.services),
+    ),
+    // One entry per frontend at most: the services map's size holds them.
+    spec(
+        names::LB_AFFINITY_GROUP,
+        kv::<u32, u32>(),
         Capacity::Sized(|s| s.services),
     ),
     spec(

@@ -41,11 +41,17 @@ pub struct DesiredFrontend {
     /// sessionAffinity: the backends the service may select now (the active
     /// ones, or the terminating ones when none is active); empty without affinity.
     pub affinity: Vec<u32>,
+    /// sessionAffinity: the id a client's memory of its backend is kept
+    /// under (LB_AFFINITY_GROUP), shared by every frontend of the same
+    /// service port (its ClusterIP, NodePorts, LoadBalancer and external
+    /// IPs), as kube-proxy keeps one per service port: the lowest service
+    /// id among them. None without affinity.
+    pub affinity_group: Option<u32>,
     /// The Maglev table, for services that use Maglev (built from the same
     /// selectable backends).
     pub maglev: Option<Arc<Vec<u32>>>,
-    /// loadBalancerSourceRanges (IPv4 LoadBalancer frontends: the north-south
-    /// path is IPv4), in LB4_SRC_RANGES under this frontend's service id.
+    /// loadBalancerSourceRanges of a LoadBalancer frontend, in LB4_SRC_RANGES
+    /// or LB6_SRC_RANGES under this frontend's service id.
     pub source_ranges: BTreeSet<Cidr>,
 }
 
@@ -123,7 +129,13 @@ pub fn build<'a>(
     out: &mut Desired,
 ) -> Result<(), DesiredError> {
     for service in services {
+        let first = out.frontends.len();
+        // The service port each new desired frontend belongs to, for
+        // sessionAffinity: protocol, family and backends (address and port)
+        // are the same for every frontend of one service port.
+        let mut ports: Vec<Option<AffinityPort>> = Vec::new();
         for fe in &service.frontends {
+            let port = fe.affinity_timeout_s.map(|_| AffinityPort::of(fe));
             let mut all = build_frontend(
                 fe,
                 SCOPE_ALL,
@@ -151,12 +163,46 @@ pub fn build<'a>(
                 // (SVC_FLAG_TWO_SCOPES) must never point at nothing.
                 out.frontends.push(view);
                 out.frontends.push(all);
+                ports.push(port.clone());
+                ports.push(port);
             } else {
                 out.frontends.push(all);
+                ports.push(port);
             }
+        }
+        let mut groups: HashMap<&AffinityPort, u32> = HashMap::default();
+        for (i, port) in ports.iter().enumerate() {
+            if let Some(p) = port {
+                let id = out.frontends[first + i].value.service_id;
+                let g = groups.entry(p).or_insert(id);
+                *g = (*g).min(id);
+            }
+        }
+        for (i, port) in ports.iter().enumerate() {
+            out.frontends[first + i].affinity_group = port.as_ref().map(|p| groups[p]);
         }
     }
     Ok(())
+}
+
+/// What makes frontends one service port for sessionAffinity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct AffinityPort {
+    protocol: crate::model::Protocol,
+    ipv4: bool,
+    backends: Vec<(std::net::IpAddr, u16)>,
+}
+
+impl AffinityPort {
+    fn of(fe: &Frontend) -> Self {
+        let mut backends: Vec<_> = fe.backends.iter().map(|b| (b.address, b.port)).collect();
+        backends.sort_unstable();
+        Self {
+            protocol: fe.protocol,
+            ipv4: fe.address.is_ipv4(),
+            backends,
+        }
+    }
 }
 
 fn build_frontend(
@@ -281,6 +327,7 @@ fn build_frontend(
             port: fe.port,
         },
         affinity,
+        affinity_group: None,
         maglev,
         source_ranges,
     })

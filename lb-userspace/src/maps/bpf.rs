@@ -27,6 +27,7 @@ pub struct BpfMaps {
     backends6: HashMap<MapData, u32, Backend6>,
     revnat6: HashMap<MapData, u32, RevNat6>,
     affinity: HashMap<MapData, AffinityMatchKey, u8>,
+    affinity_groups: HashMap<MapData, u32, u32>,
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
     source_ranges: LpmTrie<MapData, SourceRange4, u8>,
     source_ranges6: LpmTrie<MapData, SourceRange6, u8>,
@@ -119,6 +120,7 @@ impl BpfMaps {
             backends6: HashMap::try_from(open_pinned(pin_dir, names::LB6_BACKENDS)?)?,
             revnat6: HashMap::try_from(open_pinned(pin_dir, names::LB6_REVNAT)?)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
+            affinity_groups: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_GROUP)?)?,
             maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
             source_ranges: LpmTrie::try_from(open_pinned(pin_dir, names::LB4_SRC_RANGES)?)?,
             source_ranges6: LpmTrie::try_from(open_pinned(pin_dir, names::LB6_SRC_RANGES)?)?,
@@ -295,6 +297,8 @@ impl LbMaps for BpfMaps {
                     0,
                 )
                 .map_err(io_error),
+            MapOp::SetAffinityGroup(s, g) => self.affinity_groups.insert(s, g, 0).map_err(io_error),
+            MapOp::DeleteAffinityGroup(s) => ignore_missing(self.affinity_groups.remove(s)),
             MapOp::DeleteAffinityMatch(s, b) => {
                 ignore_missing(self.affinity.remove(&AffinityMatchKey {
                     service_id: *s,
@@ -396,8 +400,20 @@ impl LbMaps for BpfMaps {
                 },
             ));
         }
-        let mut state =
-            MapState::from_entries(services, backends, revnat, affinity, maglev, source_ranges);
+        let groups: Vec<(u32, u32)> = self
+            .affinity_groups
+            .iter()
+            .collect::<Result<_, _>>()
+            .context("reading LB_AFFINITY_GROUP")?;
+        let mut state = MapState::from_entries(
+            services,
+            backends,
+            revnat,
+            affinity,
+            maglev,
+            source_ranges,
+            groups,
+        );
         let words: Vec<u64> = crate::sys::bpf::array_lookup_all(
             self.fe_filter.map().fd().as_fd(),
             self.fe_filter.len() as usize,
@@ -469,6 +485,7 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
             count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?
         }
         names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
+        names::LB_AFFINITY_GROUP => count::<u32, u32>(map)?,
         names::LB4_SRC_RANGES => {
             let m: LpmTrie<MapData, SourceRange4, u8> = LpmTrie::try_from(map)?;
             m.keys().filter(Result::is_ok).count()

@@ -99,10 +99,15 @@ pub enum MapOp {
     /// (service id, backend id): the backend is selectable for a service with session affinity.
     UpsertAffinityMatch(u32, u32),
     DeleteAffinityMatch(u32, u32),
+    /// (service id, group id): the id clients' affinity memory is kept
+    /// under for this frontend (LB_AFFINITY_GROUP).
+    SetAffinityGroup(u32, u32),
+    DeleteAffinityGroup(u32),
     /// A service's whole Maglev table (backend id per slot), swapped in at once.
     SetMaglev(u32, Arc<Vec<u32>>),
     DeleteMaglev(u32),
-    /// (service id, network): a loadBalancerSourceRanges entry (IPv4).
+    /// (service id, network): a loadBalancerSourceRanges entry
+    /// (LB4_SRC_RANGES or LB6_SRC_RANGES by the network's family).
     UpsertSourceRange(u32, Cidr),
     DeleteSourceRange(u32, Cidr),
     /// One 64-bit word of LB4_FE_FILTER (`lb_common::filter`).
@@ -121,6 +126,8 @@ impl MapOp {
             // One map for both families.
             MapOp::UpsertAffinityMatch(..)
             | MapOp::DeleteAffinityMatch(..)
+            | MapOp::SetAffinityGroup(..)
+            | MapOp::DeleteAffinityGroup(..)
             | MapOp::SetMaglev(..)
             | MapOp::DeleteMaglev(..) => Family::V4,
             MapOp::UpsertSourceRange(_, c) | MapOp::DeleteSourceRange(_, c) => {
@@ -157,8 +164,17 @@ impl MapOp {
             MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => {
                 names::LB_AFFINITY_MATCH
             }
+            MapOp::SetAffinityGroup(..) | MapOp::DeleteAffinityGroup(..) => {
+                names::LB_AFFINITY_GROUP
+            }
             MapOp::SetMaglev(..) | MapOp::DeleteMaglev(..) => names::LB_MAGLEV,
-            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => names::LB4_SRC_RANGES,
+            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => {
+                if v4 {
+                    names::LB4_SRC_RANGES
+                } else {
+                    names::LB6_SRC_RANGES
+                }
+            }
             MapOp::SetFilterWord(..) => names::LB4_FE_FILTER,
             MapOp::TrustFilter(..) => names::LB_CONFIG,
         }

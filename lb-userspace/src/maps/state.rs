@@ -17,6 +17,8 @@ pub struct MapState {
     /// LB_AFFINITY_MATCH: service id → backends it may select.
     pub affinity: HashMap<u32, BTreeSet<u32>>,
     affinity_entries: usize,
+    /// LB_AFFINITY_GROUP: service id → the id its affinity memory is kept under.
+    pub affinity_groups: HashMap<u32, u32>,
     /// LB_MAGLEV: service id → its table.
     pub maglev: HashMap<u32, Arc<Vec<u32>>>,
     /// LB4_SRC_RANGES: service id → its loadBalancerSourceRanges.
@@ -59,6 +61,7 @@ impl PartialEq for MapState {
             && self.backends == other.backends
             && self.revnat == other.revnat
             && self.affinity == other.affinity
+            && self.affinity_groups == other.affinity_groups
             && self.maglev == other.maglev
             && self.source_ranges == other.source_ranges
             && self.filter_words == other.filter_words
@@ -128,6 +131,7 @@ impl MapState {
         affinity: impl IntoIterator<Item = (u32, u32)>,
         maglev: impl IntoIterator<Item = (u32, Vec<u32>)>,
         source_ranges: impl IntoIterator<Item = (u32, Cidr)>,
+        affinity_groups: impl IntoIterator<Item = (u32, u32)>,
     ) -> Self {
         let mut state = MapState::default();
         for (k, v) in services {
@@ -148,6 +152,9 @@ impl MapState {
         for (svc, range) in source_ranges {
             state.apply(&MapOp::UpsertSourceRange(svc, range));
         }
+        for (svc, group) in affinity_groups {
+            state.apply(&MapOp::SetAffinityGroup(svc, group));
+        }
         state
     }
 
@@ -155,6 +162,12 @@ impl MapState {
         match op.clone() {
             MapOp::SetMaglev(svc, table) => {
                 self.maglev.insert(svc, table);
+            }
+            MapOp::SetAffinityGroup(svc, group) => {
+                self.affinity_groups.insert(svc, group);
+            }
+            MapOp::DeleteAffinityGroup(svc) => {
+                self.affinity_groups.remove(&svc);
             }
             MapOp::DeleteMaglev(svc) => {
                 self.maglev.remove(&svc);
