@@ -17,20 +17,32 @@
 //! program (`return PASS`) timed on the same packet, the floor any program
 //! on the hook pays.
 //!
+//! IPv6 takes the same body (one generic packet path): the same pair of
+//! services forwarding to each other, on IPv6 LoadBalancer addresses, and a
+//! packet to the node's own IPv6 address, port 22. IPv6 has no early exit
+//! (the frontend filter is IPv4's), so its "not a service" row is the full
+//! path's lookups.
+//!
 //! A new flow cannot be repeated (the first run creates its conntrack
 //! entry): those are timed one packet per run, each with a new source port,
 //! so they include the timer's own overhead. Remote backends (FIB lookup,
 //! SNAT, redirect) are not timed here: a repeated run would decrement the
 //! TTL and allocate a new SNAT port each time; the north-south section
 //! measures them with real traffic.
-use std::{net::Ipv4Addr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use lb::{
     datapath::MapSizes,
-    model::{Backend, BackendState, FrontendKind, ServiceName},
+    model::{Backend, BackendState, Frontend, FrontendKind, Protocol, Service, ServiceName},
 };
 use lb_testkit::{
-    dataplane::{Dataplane, CLIENT_IP, CLIENT_MAC, EXT0_MAC, NODE_IP, TC_ACT_OK, XDP_PASS},
+    dataplane::{
+        Dataplane, CLIENT_IP, CLIENT_IP6, CLIENT_MAC, EXT0_MAC, NODE_IP, NODE_IP6, TC_ACT_OK,
+        XDP_PASS,
+    },
     packets::{self, ACK, SYN},
     unique,
 };
@@ -112,6 +124,19 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
             .services
             .insert(ServiceName::new("default", name), svc);
     }
+    // The same pair over IPv6.
+    let (a6, b6): (Ipv6Addr, Ipv6Addr) = (
+        "2001:db8:18::a".parse().unwrap(),
+        "2001:db8:18::b".parse().unwrap(),
+    );
+    for (name, from, from_port, to, to_port) in
+        [("ping6", a6, 80, b6, 8080), ("pong6", b6, 8080, a6, 80)]
+    {
+        model.services.insert(
+            ServiceName::new("default", name),
+            lb6(from, from_port, to, to_port),
+        );
+    }
     dp.apply(&model);
 
     let established = packets::tcp(
@@ -163,6 +188,26 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
     const MISS: &str = "not a service (passes)";
     const EMPTY: &str = "empty program (returns at once), same packet";
+    const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
+    const MISS6: &str = "IPv6 not a service (passes)";
+    let ping6 = packets::tcp6(CLIENT_MAC, EXT0_MAC, CLIENT_IP6, a6, 40_002, 80, ACK, b"");
+    let (rc, once6) = dp.tc_ingress(&ping6);
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        packets::inspect6(&once6).daddr,
+        b6,
+        "IPv6: A's packet goes to B"
+    );
+    assert_eq!(dp.xdp(&ping6).0, XDP_PASS);
+    assert_eq!(dp.xdp(&once6).0, XDP_PASS);
+    let miss6 = packets::tcp6(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP6, NODE_IP6, 40_000, 22, ACK, b"",
+    );
+    assert_eq!(
+        dp.tc_ingress(&miss6),
+        (TC_ACT_OK, miss6.clone()),
+        "IPv6 non-service traffic passes untouched"
+    );
     let mut out = vec![
         row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
         row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
@@ -170,6 +215,10 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         row("XDP", REWRITE, dp.xdp_timed(&ping, repeat)),
         row("tc", MISS, dp.tc_ingress_timed(&miss, repeat)),
         row("XDP", MISS, dp.xdp_timed(&miss, repeat)),
+        row("tc", REWRITE6, dp.tc_ingress_timed(&ping6, repeat)),
+        row("XDP", REWRITE6, dp.xdp_timed(&ping6, repeat)),
+        row("tc", MISS6, dp.tc_ingress_timed(&miss6, repeat)),
+        row("XDP", MISS6, dp.xdp_timed(&miss6, repeat)),
     ];
     // The floor: a program that only returns, on the same packet.
     for (program, xdp) in [("tc", false), ("XDP", true)] {
@@ -202,4 +251,30 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         ));
     }
     out
+}
+
+/// An IPv6 LoadBalancer service `from`:`from_port` with one node-local
+/// backend `to`:`to_port`.
+fn lb6(from: Ipv6Addr, from_port: u16, to: Ipv6Addr, to_port: u16) -> Service {
+    Service {
+        frontends: vec![Frontend {
+            address: IpAddr::V6(from),
+            port: from_port,
+            port_index: 0,
+            protocol: Protocol::Tcp,
+            kind: FrontendKind::LoadBalancer,
+            algorithm: Default::default(),
+            affinity_timeout_s: None,
+            external_traffic_local: false,
+            source_ranges: Vec::new(),
+            backends: vec![Backend {
+                address: IpAddr::V6(to),
+                port: to_port,
+                state: BackendState::Active,
+                local: true,
+                weight: 1,
+            }],
+        }],
+        health_check_node_port: None,
+    }
 }

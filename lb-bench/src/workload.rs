@@ -117,6 +117,7 @@ pub fn service(s: &Svc, kind: FrontendKind) -> Service {
         frontends: vec![Frontend {
             address: s.vip.into(),
             port: s.port,
+            port_index: 0,
             protocol: Protocol::Tcp,
             kind,
             algorithm: Algorithm::Random,

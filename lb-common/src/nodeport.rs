@@ -17,7 +17,8 @@ pub const DSR_OPT_LEN: u8 = 8;
 
 /// IPv6 DSR: a Destination Options header (next header 60) right after the
 /// IPv6 header, holding one option of this type with the frontend's port
-/// and address, as Cilium does (its DSR_IPV6_OPT_TYPE). The type's top two
+/// and address, like Cilium's (same type, DSR_IPV6_OPT_TYPE; Cilium puts
+/// the address before the port: the two do not interoperate). The type's top two
 /// bits are 00: a node that does not know it skips it (RFC 8200 §4.2), so
 /// a backend's node without our programs still delivers the packet. Layout
 /// (24 bytes): next header, length 2 ((2 + 1) × 8), type, length 20, port,

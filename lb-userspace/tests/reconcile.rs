@@ -29,6 +29,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
         frontends: vec![Frontend {
             address: IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + vip)),
             port,
+            port_index: 0,
             protocol: Protocol::Tcp,
             kind: FrontendKind::ClusterIP,
             algorithm: Default::default(),
@@ -897,14 +898,17 @@ fn a_frontend_filter_bit_is_set_before_its_frontend_and_cleared_after_the_last_o
 
 /// sessionAffinity is kept per service port, as kube-proxy does: the
 /// ClusterIP, NodePort and LoadBalancer frontends of one port share one
-/// affinity group (the lowest of their service ids); another port of the
-/// same service (other backends' port) has its own; a service without
-/// affinity has none; and the group goes with the frontends.
+/// affinity group (the lowest of their service ids), even when their
+/// backend lists differ (internalTrafficPolicy: Local keeps the ClusterIP's
+/// local ones only); another port of the same service has its own, even
+/// with the same backends; a service without affinity has none; and the
+/// group goes with the frontends.
 #[test]
 fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
-    let fe = |address: &str, port: u16, kind: FrontendKind, target: u16| Frontend {
+    let fe = |address: &str, port: u16, kind: FrontendKind, target: u16, index: u16| Frontend {
         address: address.parse().unwrap(),
         port,
+        port_index: index,
         protocol: Protocol::Tcp,
         kind,
         algorithm: Default::default(),
@@ -920,11 +924,20 @@ fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
     };
     let sticky = Service {
         frontends: vec![
-            fe("10.96.0.1", 80, FrontendKind::ClusterIP, 8080),
-            fe("192.168.1.10", 30080, FrontendKind::NodePort, 8080),
-            fe("203.0.113.5", 80, FrontendKind::LoadBalancer, 8080),
-            fe("10.96.0.1", 443, FrontendKind::ClusterIP, 8443),
-            fe("192.168.1.10", 30443, FrontendKind::NodePort, 8443),
+            // internalTrafficPolicy: Local: the ClusterIP keeps one backend.
+            Frontend {
+                backends: vec![Backend {
+                    port: 8080,
+                    ..backend(1, BackendState::Active)
+                }],
+                ..fe("10.96.0.1", 80, FrontendKind::ClusterIP, 8080, 0)
+            },
+            fe("192.168.1.10", 30080, FrontendKind::NodePort, 8080, 0),
+            fe("203.0.113.5", 80, FrontendKind::LoadBalancer, 8080, 0),
+            fe("10.96.0.1", 443, FrontendKind::ClusterIP, 8443, 1),
+            fe("192.168.1.10", 30443, FrontendKind::NodePort, 8443, 1),
+            // A third port with the same backends as the first.
+            fe("10.96.0.1", 8080, FrontendKind::ClusterIP, 8080, 2),
         ],
         health_check_node_port: None,
     };
@@ -953,8 +966,11 @@ fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
     let https = group("10.96.0.1", 443).expect("its own group");
     assert_ne!(https, lowest, "another service port");
     assert_eq!(group("192.168.1.10", 30443), Some(https));
+    let third = group("10.96.0.1", 8080).expect("its own group");
+    assert_ne!(third, lowest, "same backends, another service port");
+    assert_ne!(third, https);
     // No affinity, no group.
-    assert_eq!(state.affinity_groups.len(), 5);
+    assert_eq!(state.affinity_groups.len(), 6);
     // Gone with the service.
     let mut r = r;
     m.services.remove(&name(100));

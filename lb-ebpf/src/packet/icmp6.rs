@@ -65,7 +65,15 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow<V6>, error: Error, service_id: u32) -> A
     // RFC 4443 §2.4 (e): never to a multicast or unspecified source.
     let first = f.saddr[0].to_ne_bytes()[0];
     let unspecified = f.saddr == [0; 4];
-    if first == 0xff || unspecified || !admit() {
+    if first == 0xff || unspecified {
+        return Action::DROP;
+    }
+    // Rate-limited like ICMP, except "packet too big": path MTU discovery
+    // depends on it, and Linux exempts it too (icmpv6_ratemask's default
+    // leaves type 2 out). Each answers one oversized packet, smaller than
+    // it: no amplification.
+    let too_big = error != Error::TTL_EXCEEDED && error != Error::PORT_UNREACHABLE;
+    if !too_big && !admit() {
         return Action::DROP;
     }
     let (ty, code, field) = if error == Error::TTL_EXCEEDED {

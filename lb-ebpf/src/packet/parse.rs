@@ -298,6 +298,9 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     let mut dsr_port = 0;
     let mut dsr_addr = [0u32; 4];
     if next == IPPROTO_DSTOPTS {
+        // The header and the TCP header after it must be directly readable
+        // (tc pulled only what a packet without it needs).
+        p.pull(ip + IPV6_HLEN + DSR6_HDR_LEN as usize + 20);
         let l = ip + IPV6_HLEN;
         let (Some(hdr), Some(port), Some(addr)) = (
             load::<[u8; 4], P>(p, l),
@@ -459,8 +462,9 @@ fn parse_icmp6_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     if !(ICMPV6_DEST_UNREACH..=ICMPV6_PARAM_PROB).contains(&ty) {
         return Parsed::Other;
     }
-    // The quoted headers may sit beyond the linear part of an skb.
-    p.pull(icmp + ICMP_HLEN + IPV6_HLEN + 8);
+    // The quoted headers may sit beyond the linear part of an skb: the
+    // IPv6 header and a whole TCP header (its checksum is translated too).
+    p.pull(icmp + ICMP_HLEN + IPV6_HLEN + 20);
     let Some(code) = load::<u8, P>(p, icmp + 1) else {
         return Parsed::Other;
     };

@@ -131,8 +131,8 @@ pub fn build<'a>(
     for service in services {
         let first = out.frontends.len();
         // The service port each new desired frontend belongs to, for
-        // sessionAffinity: protocol, family and backends (address and port)
-        // are the same for every frontend of one service port.
+        // sessionAffinity (per family: a dual-stack port's IPv4 and IPv6
+        // frontends reach different backends).
         let mut ports: Vec<Option<AffinityPort>> = Vec::new();
         for fe in &service.frontends {
             let port = fe.affinity_timeout_s.map(|_| AffinityPort::of(fe));
@@ -185,22 +185,18 @@ pub fn build<'a>(
     Ok(())
 }
 
-/// What makes frontends one service port for sessionAffinity.
+/// What makes frontends of one service one service port for sessionAffinity.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct AffinityPort {
-    protocol: crate::model::Protocol,
+    port_index: u16,
     ipv4: bool,
-    backends: Vec<(std::net::IpAddr, u16)>,
 }
 
 impl AffinityPort {
     fn of(fe: &Frontend) -> Self {
-        let mut backends: Vec<_> = fe.backends.iter().map(|b| (b.address, b.port)).collect();
-        backends.sort_unstable();
         Self {
-            protocol: fe.protocol,
+            port_index: fe.port_index,
             ipv4: fe.address.is_ipv4(),
-            backends,
         }
     }
 }

@@ -237,6 +237,7 @@ mod tests {
             frontends: vec![Frontend {
                 address: "10.96.0.1".parse().unwrap(),
                 port: 80,
+                port_index: 0,
                 protocol: Protocol::Tcp,
                 kind: FrontendKind::ClusterIP,
                 algorithm: Default::default(),

@@ -599,6 +599,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
             frontends.push(Frontend {
                 address,
                 port: fport,
+                port_index: j as u16,
                 protocol,
                 kind: fkind,
                 algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),

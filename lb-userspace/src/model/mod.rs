@@ -182,6 +182,12 @@ impl Service {
 pub struct Frontend {
     pub address: IpAddr,
     pub port: u16,
+    /// Which port of its service this frontend serves (the position in the
+    /// service's port list): the ClusterIP, NodePort, LoadBalancer and
+    /// external-IP frontends of one service port share it, and with it
+    /// their clients' sessionAffinity memory, as kube-proxy keeps one per
+    /// service port.
+    pub port_index: u16,
     pub protocol: Protocol,
     pub kind: FrontendKind,
     pub algorithm: Algorithm,

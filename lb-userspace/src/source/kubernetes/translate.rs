@@ -318,6 +318,7 @@ pub fn translate<'a>(
             frontends.push(Frontend {
                 address,
                 port: fport,
+                port_index: i as u16,
                 protocol,
                 kind,
                 algorithm,
