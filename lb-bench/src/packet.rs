@@ -19,9 +19,8 @@
 //!
 //! IPv6 takes the same body (one generic packet path): the same pair of
 //! services forwarding to each other, on IPv6 LoadBalancer addresses, and a
-//! packet to the node's own IPv6 address, port 22. IPv6 has no early exit
-//! (the frontend filter is IPv4's), so its "not a service" row is the full
-//! path's lookups.
+//! packet to the node's own IPv6 address, port 22 (the early exit, as for
+//! IPv4).
 //!
 //! A new flow cannot be repeated (the first run creates its conntrack
 //! entry): those are timed one packet per run, each with a new source port,

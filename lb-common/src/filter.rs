@@ -1,4 +1,5 @@
-//! `LB4_FE_FILTER`: one bit per (IPv4 address, port) of every frontend, so
+//! `LB4_FE_FILTER`: one bit per (address, port) of every frontend (IPv6
+//! addresses folded to 32 bits, `fold6`; the map's name predates them), so
 //! the packet programs can let a packet that cannot concern a service go
 //! with a few array reads instead of four hash lookups (conntrack twice,
 //! the service and its address marker). A bitmap with one hash function, a
@@ -23,6 +24,15 @@ pub const FILTER_WORDS: u32 = 1 << (FILTER_BITS_LOG2 - 6);
 pub const fn filter_bit(address: u32, port: u16) -> u32 {
     let h = address.wrapping_mul(0x9E37_79B1) ^ port as u32;
     h.wrapping_mul(0x85EB_CA77) >> (32 - FILTER_BITS_LOG2)
+}
+
+/// An IPv6 address (four words as the packet carries them) folded to the
+/// 32 bits `filter_bit` takes: the xor of its words. IPv4 and IPv6
+/// frontends share the filter; a bit two of them share only sends a
+/// packet down the full path.
+#[inline(always)]
+pub const fn fold6(address: [u32; 4]) -> u32 {
+    address[0] ^ address[1] ^ address[2] ^ address[3]
 }
 
 /// The word and the mask of a bit.

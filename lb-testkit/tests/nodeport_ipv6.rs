@@ -685,3 +685,46 @@ fn ipv6_a_dsr_header_naming_an_unknown_frontend_is_rejected() {
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(dp.drops("dsr-rejected"), 1);
 }
+
+/// IPv6 frontends have their bits in the frontend filter too (the address
+/// folded to 32 bits): a packet whose bits are clear leaves before any
+/// lookup, on tc and XDP, while the filter is trusted. Clearing an IPv6
+/// NodePort's bit by hand lets its packets go untranslated; distrusting
+/// the filter serves them again.
+#[test]
+fn ipv6_a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted() {
+    use aya::maps::{Array, MapData};
+    use lb_common::{
+        config::CFG_FRONTEND_FILTER,
+        filter::{filter_bit, fold6, word_and_mask},
+    };
+    let dp = dataplane("np6_filter");
+    let (rc, out) = dp.tc_ingress(&syn6(NODE_IP6, 31001, 40400, b""));
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(inspect6(&out).daddr, ip6("fd00:244:1::10"), "served");
+
+    let (word, mask) = word_and_mask(filter_bit(fold6(ip6_to_words(NODE_IP6)), 31001u16.to_be()));
+    let mut filter: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
+        MapData::from_pin(dp.pins.path.join(lb_common::maps::LB4_FE_FILTER)).unwrap(),
+    ))
+    .unwrap();
+    let was = filter.get(&word, 0).unwrap();
+    assert_ne!(was & mask, 0, "the agent set the IPv6 NodePort's bit");
+    filter.set(word, was & !mask, 0).unwrap();
+    let syn = syn6(NODE_IP6, 31001, 40401, b"");
+    assert_eq!(
+        dp.tc_ingress(&syn),
+        (TC_ACT_OK, syn.clone()),
+        "tc lets it go"
+    );
+    assert_eq!(dp.xdp(&syn), (XDP_PASS, syn.clone()), "so does XDP");
+
+    dp.config(CFG_FRONTEND_FILTER, 0);
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        inspect6(&out).daddr,
+        ip6("fd00:244:1::10"),
+        "an untrusted filter is not used"
+    );
+}

@@ -65,7 +65,7 @@ use lb_common::{
     },
     drop::{Direction, DropReason},
     event::Event,
-    filter::{filter_bit, word_and_mask},
+    filter::{filter_bit, fold6, word_and_mask},
     nodeport::*,
     service::{
         ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY,
@@ -373,7 +373,8 @@ fn send_icmp6<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) -> Action {
 }
 
 /// The early exit, read straight from the packet: an IPv4 TCP or UDP
-/// packet with a plain 20-byte header, not a fragment, that is neither for a
+/// packet with a plain 20-byte header, not a fragment (or an IPv6 one whose
+/// next header is TCP or UDP: no extension header), that is neither for a
 /// frontend, nor for a known flow to one, nor a reply to our SNAT: the bits
 /// of its (address, port) and of its address alone (a ClusterIP's marker:
 /// its other ports are dropped) are clear in LB4_FE_FILTER, and its port is
@@ -389,20 +390,41 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
         return false;
     }
     let ip = ETH_HLEN;
-    if load::<u16, C>(ctx, 12) != Some(ETH_P_IP.to_be()) || load::<u8, C>(ctx, ip) != Some(0x45) {
+    let Some(eth) = load::<u16, C>(ctx, 12) else {
         return false;
-    }
-    let proto = load::<u8, C>(ctx, ip + IP_PROTO);
-    if proto != Some(IPPROTO_TCP) && proto != Some(IPPROTO_UDP) {
-        return false;
-    }
-    if load::<u16, C>(ctx, ip + IP_FRAG_OFF).is_none_or(|f| f & IP_MF_OR_OFFSET != 0) {
-        return false;
-    }
-    let (Some(daddr), Some(dport)) = (
-        load::<u32, C>(ctx, ip + IP_DADDR),
-        load::<u16, C>(ctx, ip + 20 + L4_DPORT),
-    ) else {
+    };
+    // The destination (an IPv6 one folded as the agent folds it) and port.
+    let (daddr, dport) = if eth == ETH_P_IP.to_be() {
+        if load::<u8, C>(ctx, ip) != Some(0x45) {
+            return false;
+        }
+        let proto = load::<u8, C>(ctx, ip + IP_PROTO);
+        if proto != Some(IPPROTO_TCP) && proto != Some(IPPROTO_UDP) {
+            return false;
+        }
+        if load::<u16, C>(ctx, ip + IP_FRAG_OFF).is_none_or(|f| f & IP_MF_OR_OFFSET != 0) {
+            return false;
+        }
+        match (
+            load::<u32, C>(ctx, ip + IP_DADDR),
+            load::<u16, C>(ctx, ip + 20 + L4_DPORT),
+        ) {
+            (Some(a), Some(p)) => (a, p),
+            _ => return false,
+        }
+    } else if eth == ETH_P_IPV6.to_be() {
+        let next = load::<u8, C>(ctx, ip + IP6_NEXT_HEADER);
+        if next != Some(IPPROTO_TCP) && next != Some(IPPROTO_UDP) {
+            return false;
+        }
+        match (
+            load::<[u32; 4], C>(ctx, ip + 24),
+            load::<u16, C>(ctx, ip + IPV6_HLEN + L4_DPORT),
+        ) {
+            (Some(a), Some(p)) => (fold6(a), p),
+            _ => return false,
+        }
+    } else {
         return false;
     };
     // Every SNAT range used since install (the agent records the current
