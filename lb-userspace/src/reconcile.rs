@@ -542,38 +542,11 @@ impl<M: LbMaps> Reconciler<M> {
                     _ => {}
                 }
             }
-            let v4 = family == Family::V4;
+            let n = family.names();
             let checks = [
-                (
-                    if v4 {
-                        names::LB4_SERVICES
-                    } else {
-                        names::LB6_SERVICES
-                    },
-                    services,
-                    cap.services,
-                    "--map-size-services",
-                ),
-                (
-                    if v4 {
-                        names::LB4_BACKENDS
-                    } else {
-                        names::LB6_BACKENDS
-                    },
-                    backends,
-                    cap.backends,
-                    "--map-size-backends",
-                ),
-                (
-                    if v4 {
-                        names::LB4_REVNAT
-                    } else {
-                        names::LB6_REVNAT
-                    },
-                    revnat,
-                    cap.revnat,
-                    "--map-size-services",
-                ),
+                (n.services, services, cap.services, "--map-size-services"),
+                (n.backends, backends, cap.backends, "--map-size-backends"),
+                (n.revnat, revnat, cap.revnat, "--map-size-services"),
             ];
             for (map, needed, max, flag) in checks {
                 if needed > max as usize {

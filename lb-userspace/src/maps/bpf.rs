@@ -4,8 +4,8 @@ use std::{io, os::fd::AsFd as _, path::Path};
 
 use anyhow::Context as _;
 use aya::maps::{
-    lpm_trie::{Key as LpmKey, LpmTrie},
-    Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError, PerCpuArray,
+    lpm_trie::LpmTrie, Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError,
+    PerCpuArray,
 };
 use lb_common::{
     affinity::AffinityMatchKey,
@@ -17,60 +17,20 @@ use lb_common::{
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
 };
 
-use super::{convert as c, Capacity, Family, LbMaps, MapOp, MapState, MapWriteError};
+use super::{
+    family::{BothFamilies, RunMap},
+    Capacity, Family, LbMaps, MapOp, MapState, MapWriteError,
+};
 
 pub struct BpfMaps {
-    services4: HashMap<MapData, Service4Key, ServiceValue>,
-    backends4: HashMap<MapData, u32, Backend4>,
-    revnat4: HashMap<MapData, u32, RevNat4>,
-    services6: HashMap<MapData, Service6Key, ServiceValue>,
-    backends6: HashMap<MapData, u32, Backend6>,
-    revnat6: HashMap<MapData, u32, RevNat6>,
+    /// Services, backends, reverse NAT and source ranges, once per family.
+    families: BothFamilies,
     affinity: HashMap<MapData, AffinityMatchKey, u8>,
     affinity_groups: HashMap<MapData, u32, u32>,
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
-    source_ranges: LpmTrie<MapData, SourceRange4, u8>,
-    source_ranges6: LpmTrie<MapData, SourceRange6, u8>,
     fe_filter: Array<MapData, u64>,
     config: Array<MapData, u32>,
     capacity: Capacity,
-}
-
-/// The LB4_SRC_RANGES key of a (service, IPv4 network).
-fn source_range_key(service_id: u32, range: &crate::net::Cidr) -> io::Result<LpmKey<SourceRange4>> {
-    let std::net::IpAddr::V4(a) = range.address else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "LB4_SRC_RANGES holds IPv4 networks only",
-        ));
-    };
-    Ok(LpmKey::new(
-        SourceRange4::prefix_len(range.prefix),
-        SourceRange4 {
-            service_id,
-            address: u32::from_ne_bytes(a.octets()),
-        },
-    ))
-}
-
-/// The LB6_SRC_RANGES key of a (service, IPv6 network).
-fn source_range6_key(
-    service_id: u32,
-    range: &crate::net::Cidr,
-) -> io::Result<LpmKey<SourceRange6>> {
-    let std::net::IpAddr::V6(a) = range.address else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "LB6_SRC_RANGES holds IPv6 networks only",
-        ));
-    };
-    Ok(LpmKey::new(
-        SourceRange6::prefix_len(range.prefix),
-        SourceRange6 {
-            service_id,
-            address: a.octets(),
-        },
-    ))
 }
 
 /// Inner maps of LB_MAGLEV may have any size (the configured M): the flag
@@ -113,17 +73,10 @@ impl BpfMaps {
             source_ranges: max_entries(pin_dir, names::LB4_SRC_RANGES)?,
         };
         Ok(Self {
-            services4: HashMap::try_from(open_pinned(pin_dir, names::LB4_SERVICES)?)?,
-            backends4: HashMap::try_from(open_pinned(pin_dir, names::LB4_BACKENDS)?)?,
-            revnat4: HashMap::try_from(open_pinned(pin_dir, names::LB4_REVNAT)?)?,
-            services6: HashMap::try_from(open_pinned(pin_dir, names::LB6_SERVICES)?)?,
-            backends6: HashMap::try_from(open_pinned(pin_dir, names::LB6_BACKENDS)?)?,
-            revnat6: HashMap::try_from(open_pinned(pin_dir, names::LB6_REVNAT)?)?,
+            families: BothFamilies::open(pin_dir)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
             affinity_groups: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_GROUP)?)?,
             maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
-            source_ranges: LpmTrie::try_from(open_pinned(pin_dir, names::LB4_SRC_RANGES)?)?,
-            source_ranges6: LpmTrie::try_from(open_pinned(pin_dir, names::LB6_SRC_RANGES)?)?,
             fe_filter: Array::try_from(open_pinned(pin_dir, names::LB4_FE_FILTER)?)?,
             config: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
             capacity,
@@ -161,58 +114,27 @@ impl BpfMaps {
 }
 
 /// Which run of batchable writes an operation belongs to: upserts into the
-/// same hash map. Everything else is written on its own.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Run {
-    Services4,
-    Services6,
-    Backends4,
-    Backends6,
-    RevNat4,
-    RevNat6,
-}
-
-fn run_of(op: &MapOp) -> Option<Run> {
-    let v4 = op.family() == Family::V4;
-    match op {
-        MapOp::UpsertService(..) => Some(if v4 { Run::Services4 } else { Run::Services6 }),
-        MapOp::UpsertBackend(..) => Some(if v4 { Run::Backends4 } else { Run::Backends6 }),
-        MapOp::UpsertRevNat(..) => Some(if v4 { Run::RevNat4 } else { Run::RevNat6 }),
-        _ => None,
-    }
+/// same hash map of one family. Everything else is written on its own.
+fn run_of(op: &MapOp) -> Option<(Family, RunMap)> {
+    let map = match op {
+        MapOp::UpsertService(..) => RunMap::Services,
+        MapOp::UpsertBackend(..) => RunMap::Backends,
+        MapOp::UpsertRevNat(..) => RunMap::RevNat,
+        _ => return None,
+    };
+    Some((op.family(), map))
 }
 
 impl BpfMaps {
     /// One run of upserts into one map, as a single BPF_MAP_UPDATE_BATCH.
-    fn write_run(&mut self, run: Run, ops: &[MapOp]) -> Result<(), (usize, io::Error)> {
-        use crate::sys::bpf::map_update_batch_of as batch;
-        macro_rules! go {
-            ($map:expr, $pat:pat => ($k:expr, $v:expr)) => {{
-                let (keys, values): (Vec<_>, Vec<_>) = ops
-                    .iter()
-                    .map(|op| match op {
-                        $pat => ($k, $v),
-                        _ => unreachable!("a run holds one kind of write"),
-                    })
-                    .unzip();
-                batch($map.map().fd().as_fd(), &keys, &values)
-            }};
-        }
-        match run {
-            Run::Services4 => {
-                go!(self.services4, MapOp::UpsertService(k, v) => (c::svc_key4(k), *v))
-            }
-            Run::Services6 => {
-                go!(self.services6, MapOp::UpsertService(k, v) => (c::svc_key6(k), *v))
-            }
-            Run::Backends4 => {
-                go!(self.backends4, MapOp::UpsertBackend(id, b) => (*id, c::backend4(b)))
-            }
-            Run::Backends6 => {
-                go!(self.backends6, MapOp::UpsertBackend(id, b) => (*id, c::backend6(b)))
-            }
-            Run::RevNat4 => go!(self.revnat4, MapOp::UpsertRevNat(id, r) => (*id, c::revnat4(r))),
-            Run::RevNat6 => go!(self.revnat6, MapOp::UpsertRevNat(id, r) => (*id, c::revnat6(r))),
+    fn write_run(
+        &mut self,
+        (family, map): (Family, RunMap),
+        ops: &[MapOp],
+    ) -> Result<(), (usize, io::Error)> {
+        match family {
+            Family::V4 => self.families.v4.write_run(map, ops),
+            Family::V6 => self.families.v6.write_run(map, ops),
         }
     }
 }
@@ -256,37 +178,14 @@ impl LbMaps for BpfMaps {
     }
 
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
-        let v4 = op.family() == Family::V4;
-        let result = match op {
-            MapOp::UpsertService(k, v) if v4 => self
-                .services4
-                .insert(c::svc_key4(k), v, 0)
-                .map_err(io_error),
-            MapOp::UpsertService(k, v) => self
-                .services6
-                .insert(c::svc_key6(k), v, 0)
-                .map_err(io_error),
-            MapOp::DeleteService(k) if v4 => ignore_missing(self.services4.remove(&c::svc_key4(k))),
-            MapOp::DeleteService(k) => ignore_missing(self.services6.remove(&c::svc_key6(k))),
-            MapOp::UpsertBackend(id, b) if v4 => self
-                .backends4
-                .insert(id, c::backend4(b), 0)
-                .map_err(io_error),
-            MapOp::UpsertBackend(id, b) => self
-                .backends6
-                .insert(id, c::backend6(b), 0)
-                .map_err(io_error),
-            MapOp::DeleteBackend(id, _) if v4 => ignore_missing(self.backends4.remove(id)),
-            MapOp::DeleteBackend(id, _) => ignore_missing(self.backends6.remove(id)),
-            MapOp::UpsertRevNat(id, r) if v4 => {
-                self.revnat4.insert(id, c::revnat4(r), 0).map_err(io_error)
-            }
-            MapOp::UpsertRevNat(id, r) => {
-                self.revnat6.insert(id, c::revnat6(r), 0).map_err(io_error)
-            }
-            MapOp::DeleteRevNat(id, _) if v4 => ignore_missing(self.revnat4.remove(id)),
-            MapOp::DeleteRevNat(id, _) => ignore_missing(self.revnat6.remove(id)),
-            MapOp::UpsertAffinityMatch(s, b) => self
+        // Services, backends, reverse NAT, source ranges: the family's maps.
+        let family = match op.family() {
+            Family::V4 => self.families.v4.apply(op),
+            Family::V6 => self.families.v6.apply(op),
+        };
+        let result = match (family, op) {
+            (Some(done), _) => done,
+            (None, MapOp::UpsertAffinityMatch(s, b)) => self
                 .affinity
                 .insert(
                     AffinityMatchKey {
@@ -297,34 +196,25 @@ impl LbMaps for BpfMaps {
                     0,
                 )
                 .map_err(io_error),
-            MapOp::SetAffinityGroup(s, g) => self.affinity_groups.insert(s, g, 0).map_err(io_error),
-            MapOp::DeleteAffinityGroup(s) => ignore_missing(self.affinity_groups.remove(s)),
-            MapOp::DeleteAffinityMatch(s, b) => {
+            (None, MapOp::SetAffinityGroup(s, g)) => {
+                self.affinity_groups.insert(s, g, 0).map_err(io_error)
+            }
+            (None, MapOp::DeleteAffinityGroup(s)) => ignore_missing(self.affinity_groups.remove(s)),
+            (None, MapOp::DeleteAffinityMatch(s, b)) => {
                 ignore_missing(self.affinity.remove(&AffinityMatchKey {
                     service_id: *s,
                     backend_id: *b,
                 }))
             }
-            MapOp::SetMaglev(s, table) => self.set_maglev(*s, table),
-            MapOp::DeleteMaglev(s) => ignore_missing(self.maglev.remove(s)),
-            MapOp::UpsertSourceRange(s, r) if r.address.is_ipv6() => source_range6_key(*s, r)
-                .and_then(|k| self.source_ranges6.insert(&k, 1, 0).map_err(io_error)),
-            MapOp::DeleteSourceRange(s, r) if r.address.is_ipv6() => match source_range6_key(*s, r)
-            {
-                Ok(k) => ignore_missing(self.source_ranges6.remove(&k)),
-                Err(e) => Err(e),
-            },
-            MapOp::UpsertSourceRange(s, r) => source_range_key(*s, r)
-                .and_then(|k| self.source_ranges.insert(&k, 1, 0).map_err(io_error)),
-            MapOp::DeleteSourceRange(s, r) => match source_range_key(*s, r) {
-                Ok(k) => ignore_missing(self.source_ranges.remove(&k)),
-                Err(e) => Err(e),
-            },
-            MapOp::SetFilterWord(i, w) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
-            MapOp::TrustFilter(t) => self
+            (None, MapOp::SetMaglev(s, table)) => self.set_maglev(*s, table),
+            (None, MapOp::DeleteMaglev(s)) => ignore_missing(self.maglev.remove(s)),
+            (None, MapOp::SetFilterWord(i, w)) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
+            (None, MapOp::TrustFilter(t)) => self
                 .config
                 .set(CFG_FRONTEND_FILTER, *t as u32, 0)
                 .map_err(io_error),
+            // Every other operation is one family's, written above.
+            (None, _) => Err(io::Error::other("no map takes this operation")),
         };
         result.map_err(|source| MapWriteError {
             map: op.map_name(),
@@ -334,33 +224,20 @@ impl LbMaps for BpfMaps {
     }
 
     fn dump(&self) -> anyhow::Result<MapState> {
-        let mut services = Vec::new();
-        for e in self.services4.iter() {
-            let (k, v) = e.context("reading LB4_SERVICES")?;
-            services.push((c::svc_key_from4(&k), v));
-        }
-        for e in self.services6.iter() {
-            let (k, v) = e.context("reading LB6_SERVICES")?;
-            services.push((c::svc_key_from6(&k), v));
-        }
-        let mut backends = Vec::new();
-        for e in self.backends4.iter() {
-            let (id, b) = e.context("reading LB4_BACKENDS")?;
-            backends.push((id, c::backend_from4(&b)));
-        }
-        for e in self.backends6.iter() {
-            let (id, b) = e.context("reading LB6_BACKENDS")?;
-            backends.push((id, c::backend_from6(&b)));
-        }
-        let mut revnat = Vec::new();
-        for e in self.revnat4.iter() {
-            let (id, r) = e.context("reading LB4_REVNAT")?;
-            revnat.push((id, c::revnat_from4(&r)));
-        }
-        for e in self.revnat6.iter() {
-            let (id, r) = e.context("reading LB6_REVNAT")?;
-            revnat.push((id, c::revnat_from6(&r)));
-        }
+        let (mut services, mut backends, mut revnat, mut source_ranges) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        self.families.v4.dump_into(
+            &mut services,
+            &mut backends,
+            &mut revnat,
+            &mut source_ranges,
+        )?;
+        self.families.v6.dump_into(
+            &mut services,
+            &mut backends,
+            &mut revnat,
+            &mut source_ranges,
+        )?;
         let mut affinity = Vec::new();
         for e in self.affinity.iter() {
             let (k, _) = e.context("reading LB_AFFINITY_MATCH")?;
@@ -375,30 +252,6 @@ impl LbMaps for BpfMaps {
                 crate::sys::bpf::array_lookup_all(inner.map().fd().as_fd(), inner.len() as usize)
                     .context("reading a Maglev table")?;
             maglev.push((k, table));
-        }
-        let mut source_ranges = Vec::new();
-        for k in self.source_ranges.keys() {
-            let k = k.context("reading LB4_SRC_RANGES")?;
-            let data = k.data();
-            let address = std::net::Ipv4Addr::from(data.address.to_ne_bytes());
-            source_ranges.push((
-                data.service_id,
-                crate::net::Cidr {
-                    address: address.into(),
-                    prefix: (k.prefix_len().saturating_sub(32)) as u8,
-                },
-            ));
-        }
-        for k in self.source_ranges6.keys() {
-            let k = k.context("reading LB6_SRC_RANGES")?;
-            let data = k.data();
-            source_ranges.push((
-                data.service_id,
-                crate::net::Cidr {
-                    address: std::net::Ipv6Addr::from(data.address).into(),
-                    prefix: (k.prefix_len().saturating_sub(32)) as u8,
-                },
-            ));
         }
         let groups: Vec<(u32, u32)> = self
             .affinity_groups

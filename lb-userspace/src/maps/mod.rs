@@ -10,6 +10,7 @@
 pub mod bpf;
 pub mod convert;
 pub mod fake;
+pub mod family;
 pub mod state;
 
 use std::{net::IpAddr, sync::Arc};
@@ -138,29 +139,12 @@ impl MapOp {
     }
 
     pub fn map_name(&self) -> &'static str {
-        let v4 = self.family() == Family::V4;
+        let family = self.family().names();
         match self {
-            MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => {
-                if v4 {
-                    names::LB4_BACKENDS
-                } else {
-                    names::LB6_BACKENDS
-                }
-            }
-            MapOp::UpsertService(..) | MapOp::DeleteService(..) => {
-                if v4 {
-                    names::LB4_SERVICES
-                } else {
-                    names::LB6_SERVICES
-                }
-            }
-            MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => {
-                if v4 {
-                    names::LB4_REVNAT
-                } else {
-                    names::LB6_REVNAT
-                }
-            }
+            MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => family.backends,
+            MapOp::UpsertService(..) | MapOp::DeleteService(..) => family.services,
+            MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => family.revnat,
+            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => family.source_ranges,
             MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => {
                 names::LB_AFFINITY_MATCH
             }
@@ -168,13 +152,6 @@ impl MapOp {
                 names::LB_AFFINITY_GROUP
             }
             MapOp::SetMaglev(..) | MapOp::DeleteMaglev(..) => names::LB_MAGLEV,
-            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => {
-                if v4 {
-                    names::LB4_SRC_RANGES
-                } else {
-                    names::LB6_SRC_RANGES
-                }
-            }
             MapOp::SetFilterWord(..) => names::LB4_FE_FILTER,
             MapOp::TrustFilter(..) => names::LB_CONFIG,
         }
