@@ -91,6 +91,10 @@ pub const CNT_XDP_PUNTED: u32 = 12;
 pub const CNT_FRAGMENTS: u32 = 13;
 /// A SNAT port was taken over from a flow that had ended.
 pub const CNT_SNAT_REUSED: u32 = 14;
+/// IPv6 fragments the programs left to the stack untranslated (IPv6
+/// fragments are not followed, unlike IPv4's): a fragmented datagram to a
+/// frontend reaches the node's own stack instead of a backend.
+pub const CNT_IPV6_FRAGMENTS_PASSED: u32 = 15;
 
 pub const COUNTER_SLOTS: u32 = 32;
 

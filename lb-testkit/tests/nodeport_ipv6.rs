@@ -728,3 +728,24 @@ fn ipv6_a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_
         "an untrusted filter is not used"
     );
 }
+
+/// IPv6 fragments are not followed (IPv4's are): one addressed to a
+/// NodePort is left to the stack untouched, and counted, so an operator
+/// sees what was not translated.
+#[test]
+fn ipv6_fragments_are_left_to_the_stack_and_counted() {
+    use lb_common::config::CNT_IPV6_FRAGMENTS_PASSED;
+    let dp = dataplane("np6_frag");
+    let whole = syn6(NODE_IP6, 31001, 40500, b"");
+    // The same packet with a fragment header (first fragment, more to come).
+    let mut frag = whole[..54].to_vec();
+    frag[20] = 44;
+    let payload = u16::from_be_bytes([frag[18], frag[19]]) + 8;
+    frag[18..20].copy_from_slice(&payload.to_be_bytes());
+    frag.extend_from_slice(&[6, 0, 0, 1, 0, 0, 0x12, 0x34]);
+    frag.extend_from_slice(&whole[54..]);
+    let before = dp.counter(CNT_IPV6_FRAGMENTS_PASSED);
+    assert_eq!(dp.tc_ingress(&frag), (TC_ACT_OK, frag.clone()), "untouched");
+    assert_eq!(dp.xdp(&frag), (XDP_PASS, frag.clone()));
+    assert_eq!(dp.counter(CNT_IPV6_FRAGMENTS_PASSED), before + 2);
+}

@@ -54,6 +54,7 @@ pub const ICMP_PARAMETER_PROB: u8 = 12;
 /// ICMPv6 (RFC 4443): next header 58, the error types we translate.
 pub const IPPROTO_ICMPV6: u8 = 58;
 pub const IPPROTO_DSTOPTS: u8 = 60;
+pub const IPPROTO_FRAGMENT: u8 = 44;
 pub const ICMPV6_DEST_UNREACH: u8 = 1;
 pub const ICMPV6_PKT_TOOBIG: u8 = 2;
 pub const ICMPV6_TIME_EXCEED: u8 = 3;

@@ -318,6 +318,9 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
         dsr_addr = addr;
     }
     if next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_ICMPV6 {
+        if next == IPPROTO_FRAGMENT {
+            crate::runtime::bump(lb_common::config::CNT_IPV6_FRAGMENTS_PASSED);
+        }
         return Parsed::Other;
     }
     let Some(payload) = load::<u16, P>(p, ip + IP6_PAYLOAD_LEN) else {

@@ -93,6 +93,11 @@ impl Collector for BpfCollector {
                     "DSR requests received on this node (service address taken from the IP option)",
                     CNT_DSR_LEARNED,
                 ),
+                (
+                    "ipv6_fragments_passed",
+                    "IPv6 fragments left to the stack untranslated (IPv6 fragments are not followed)",
+                    CNT_IPV6_FRAGMENTS_PASSED,
+                ),
             ] {
                 let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                 ConstCounter::new(get(i)).encode(e)?;
