@@ -437,6 +437,7 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         ])
     };
     let np_port = get("np", "{.spec.ports[0].nodePort}");
+    let lb_node_port: u16 = get("lb", "{.spec.ports[0].nodePort}").parse().unwrap();
     let lb_ip = get("lb", "{.spec.clusterIP}");
     let manual_ip = get("manual", "{.spec.clusterIP}");
     let headless_missing = get("other-proxy", "{.spec.clusterIP}");
@@ -497,6 +498,24 @@ fn every_service_kind_from_real_objects_reaches_the_maps_as_the_readme_says() {
         lb["affinity_timeout_s"], 10800,
         "ClientIP, the default 3 h: {lb}"
     );
+    // One affinity memory per service port, as kube-proxy: the
+    // LoadBalancer address, the external IP, the ClusterIP and the
+    // NodePort of the real Service share one group.
+    let group = &lb["affinity_group"];
+    assert!(group.is_u64(), "{lb}");
+    for (addr, port) in [
+        ("198.51.100.7".to_string(), 80),
+        (lb_ip.clone(), 80),
+        ("192.168.77.3".to_string(), lb_node_port),
+    ] {
+        let fe = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["frontend"]["address"] == addr.as_str() && s["frontend"]["port"] == port)
+            .unwrap_or_else(|| panic!("{addr}:{port} in {json}"));
+        assert_eq!(&fe["affinity_group"], group, "{addr}:{port}: {fe}");
+    }
     // loadBalancerSourceRanges as the apiserver stored them, sorted, on the
     // load balancer's address only.
     assert_eq!(

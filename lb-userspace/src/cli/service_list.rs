@@ -22,6 +22,10 @@ pub struct ServiceRow {
     /// sessionAffinity: ClientIP, its timeout in seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_s: Option<u32>,
+    /// The id clients' affinity memory is kept under, shared by the
+    /// frontends of one service port (LB_AFFINITY_GROUP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_group: Option<u32>,
     /// "maglev" or "random".
     pub algorithm: &'static str,
     /// The node-local view of an externalTrafficPolicy: Local frontend.
@@ -135,6 +139,7 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                 kind: type_name(master.flags),
                 affinity_timeout_s: (master.flags & lb_common::service::SVC_FLAG_AFFINITY != 0)
                     .then_some(master.affinity_timeout_s),
+                affinity_group: state.affinity_groups.get(&master.service_id).copied(),
                 algorithm: if master.algorithm == lb_common::service::ALG_MAGLEV {
                     "maglev"
                 } else {
