@@ -269,12 +269,13 @@ fn l4_fields<P: Pkt, I: Ip>(
     Parsed::Flow
 }
 
-/// An IPv6 TCP/UDP packet whose next header is TCP or UDP. Anything else
-/// goes to the stack untouched (`Other`): extension headers (fragments
-/// included: a fragmented IPv6 datagram to a frontend is reassembled by the
-/// stack, not translated here), ICMPv6 (neighbour discovery above all; its
-/// errors about our flows are not translated yet), and a payload length of
-/// 0 (a jumbogram, RFC 2675).
+/// An IPv6 packet whose next header is TCP or UDP (after our DSR header, on
+/// a backend's node), or an ICMPv6 error about such a packet. Anything else
+/// goes to the stack untouched (`Other`): other extension headers
+/// (fragments included, counted: a fragmented IPv6 datagram to a frontend
+/// is reassembled by the stack, not translated here), the rest of ICMPv6
+/// (neighbour discovery above all), and a payload length of 0 (a
+/// jumbogram, RFC 2675).
 #[inline(always)]
 pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
     let Some(eth_proto) = load::<u16, P>(p, 12) else {

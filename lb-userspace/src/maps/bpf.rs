@@ -84,7 +84,7 @@ impl BpfMaps {
     }
 }
 
-fn io_error(e: MapError) -> io::Error {
+pub(super) fn io_error(e: MapError) -> io::Error {
     match e {
         MapError::SyscallError(s) => s.io_error,
         other => io::Error::other(other.to_string()),
@@ -92,7 +92,7 @@ fn io_error(e: MapError) -> io::Error {
 }
 
 /// Deleting what is already gone is success: deletes are idempotent.
-fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
+pub(super) fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
     match r.map_err(io_error) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other,

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use aya::{
     maps::{
         lpm_trie::{Key as LpmKey, LpmTrie},
-        HashMap, IterableMap as _, MapData, MapError,
+        HashMap, IterableMap as _, MapData,
     },
     Pod,
 };
@@ -21,7 +21,10 @@ use lb_common::{
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
 };
 
-use super::{bpf::open_pinned, convert as c, BackendEntry, Family, MapOp, RevNatEntry, SvcKey};
+use super::{
+    bpf::{ignore_missing, io_error, open_pinned},
+    convert as c, BackendEntry, Family, MapOp, RevNatEntry, SvcKey,
+};
 use crate::net::Cidr;
 
 /// The names of one family's maps.
@@ -209,21 +212,6 @@ pub enum RunMap {
     Services,
     Backends,
     RevNat,
-}
-
-fn io_error(e: MapError) -> io::Error {
-    match e {
-        MapError::SyscallError(s) => s.io_error,
-        other => io::Error::other(other.to_string()),
-    }
-}
-
-/// Deleting what is already gone is success: deletes are idempotent.
-fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
-    match r.map_err(io_error) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other,
-    }
 }
 
 impl<L: Layout> FamilyMaps<L> {
