@@ -4,56 +4,119 @@
 //! short connections to one remote backend (four times the SNAT port range),
 //! DNS over UDP, for SNAT, DSR and hybrid, on tc and with XDP.
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     time::Duration,
 };
 
 use lb_testkit::{
-    cluster::{Cluster, Node, Options, CLIENT6, NODE_A, NODE_A6, POD_A, POD_A6, POD_B, POD_B6},
+    cluster::{
+        Cluster, Node, Options, CLIENT, CLIENT6, NODE_A, NODE_A6, POD_A, POD_A6, POD_B, POD_B6,
+    },
     servers, traffic, unique,
+};
+
+/// The addresses one family's run uses.
+struct Family {
+    label: &'static str,
+    node_a: IpAddr,
+    client: IpAddr,
+    pod_a: IpAddr,
+    pods_b: [IpAddr; 3],
+    /// ClusterIPs of the services of `services_of`, in order.
+    cluster_ips: [&'static str; 5],
+    /// The DNS LoadBalancer address.
+    lb: &'static str,
+}
+
+const V4: Family = Family {
+    label: "IPv4",
+    node_a: IpAddr::V4(NODE_A),
+    client: IpAddr::V4(CLIENT),
+    pod_a: IpAddr::V4(POD_A),
+    pods_b: [
+        IpAddr::V4(POD_B[0]),
+        IpAddr::V4(POD_B[1]),
+        IpAddr::V4(POD_B[2]),
+    ],
+    cluster_ips: [
+        "10.96.0.2",
+        "10.96.0.3",
+        "10.96.0.4",
+        "10.96.0.5",
+        "10.96.0.53",
+    ],
+    lb: "203.0.113.40",
+};
+
+/// The same on IPv6: clusterIPs of the service CIDR fd00:96::/112, the
+/// pods' IPv6 addresses as backends.
+const V6: Family = Family {
+    label: "IPv6",
+    node_a: IpAddr::V6(NODE_A6),
+    client: IpAddr::V6(CLIENT6),
+    pod_a: IpAddr::V6(POD_A6),
+    pods_b: [
+        IpAddr::V6(POD_B6[0]),
+        IpAddr::V6(POD_B6[1]),
+        IpAddr::V6(POD_B6[2]),
+    ],
+    cluster_ips: [
+        "fd00:96::2",
+        "fd00:96::3",
+        "fd00:96::4",
+        "fd00:96::5",
+        "fd00:96::53",
+    ],
+    lb: "2001:db8:40::53",
 };
 
 /// The same services on every node; `node` decides which backends are local.
 pub fn services(node: char) -> String {
-    let b = |ip: Ipv4Addr| {
-        let local = (node == 'a' && ip == POD_A) || (node == 'b' && POD_B.contains(&ip));
-        format!("{{address: {ip}, local: {local}}}")
+    services_of(node, &V4)
+}
+
+fn services_of(node: char, f: &Family) -> String {
+    let b = |ip: IpAddr| {
+        let local = (node == 'a' && ip == f.pod_a) || (node == 'b' && f.pods_b.contains(&ip));
+        format!("{{address: \"{ip}\", local: {local}}}")
     };
+    let [names, bulk, bulk_local, closed, dns] = f.cluster_ips;
     format!(
         r#"
 services:
   - name: names
     type: NodePort
-    clusterIPs: [10.96.0.2]
+    clusterIPs: ["{names}"]
     ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]
     backends: [{pb0}]
   - name: bulk
     type: NodePort
-    clusterIPs: [10.96.0.3]
+    clusterIPs: ["{bulk}"]
     ports: [{{port: 80, targetPort: 9000, nodePort: 30090}}]
     backends: [{pb0}]
   - name: bulk-local
     type: NodePort
-    clusterIPs: [10.96.0.4]
+    clusterIPs: ["{bulk_local}"]
     ports: [{{port: 80, targetPort: 9000, nodePort: 30091}}]
     backends: [{pa}]
   - name: closed
     type: NodePort
-    clusterIPs: [10.96.0.5]
+    clusterIPs: ["{closed}"]
     ports: [{{port: 99, protocol: UDP, targetPort: 5999, nodePort: 30095}}]
     backends: [{pb0}]
   - name: dns
     type: LoadBalancer
     algorithm: maglev
-    clusterIPs: [10.96.0.53]
-    loadBalancerIPs: [203.0.113.40]
+    clusterIPs: ["{dns}"]
+    loadBalancerIPs: ["{lb}"]
     ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]
     backends: [{pb0}, {pb1}, {pb2}]
 "#,
-        pb0 = b(POD_B[0]),
-        pb1 = b(POD_B[1]),
-        pb2 = b(POD_B[2]),
-        pa = b(POD_A),
+        pb0 = b(f.pods_b[0]),
+        pb1 = b(f.pods_b[1]),
+        pb2 = b(f.pods_b[2]),
+        pa = b(f.pod_a),
+        lb = f.lb,
     )
 }
 
@@ -62,12 +125,16 @@ pub struct Backends {
 }
 
 pub fn backends(c: &Cluster) -> Backends {
+    backends_of(c, &V4)
+}
+
+fn backends_of(c: &Cluster, f: &Family) -> Backends {
     let mut s = vec![
-        servers::tcp(&c.pod_b.name, SocketAddr::from((POD_B[0], 8080)), "b0"),
-        traffic::bulk_server(&c.pod_b.name, SocketAddr::from((POD_B[0], 9000))),
-        traffic::bulk_server(&c.pod_a.name, SocketAddr::from((POD_A, 9000))),
+        servers::tcp(&c.pod_b.name, SocketAddr::from((f.pods_b[0], 8080)), "b0"),
+        traffic::bulk_server(&c.pod_b.name, SocketAddr::from((f.pods_b[0], 9000))),
+        traffic::bulk_server(&c.pod_a.name, SocketAddr::from((f.pod_a, 9000))),
     ];
-    for (i, ip) in POD_B.iter().enumerate() {
+    for (i, ip) in f.pods_b.iter().enumerate() {
         s.push(servers::udp(
             &c.pod_b.name,
             SocketAddr::from((*ip, 5353)),
@@ -121,7 +188,12 @@ fn start_nodes(c: &mut Cluster, args: &[&str]) {
     Cluster::start(&mut c.b, &services('b'), args);
 }
 
-fn real_traffic(tag: &str, mode: &str, xdp: bool) {
+/// Through node A, for one family: who the backend sees, bulk both ways to
+/// a remote and a local backend, a 32 MiB download, 20 000 short
+/// connections (SNAT ports reused four times over) and DNS over UDP to a
+/// Maglev LoadBalancer, with GRO on; the flows went through the programs,
+/// and lbctl shows them.
+fn real_traffic(tag: &str, mode: &str, xdp: bool, f: &Family) {
     let opts = Options {
         gro: true,
         full_checksums: xdp,
@@ -129,23 +201,45 @@ fn real_traffic(tag: &str, mode: &str, xdp: bool) {
         ..Default::default()
     };
     let mut c = Cluster::with(&unique(tag), &opts);
-    let _b = backends(&c);
+    let _b = backends_of(&c, f);
     let mut args = vec!["--lb-mode", mode];
     if xdp {
         args.extend(["--acceleration", "native"]);
     }
-    start_nodes(&mut c, &args);
+    Cluster::start(&mut c.a, &services_of('a', f), &args);
+    Cluster::start(&mut c.b, &services_of('b', f), &args);
     let client = c.client.name.clone();
-    let label = format!("{mode}, xdp {xdp}");
+    let label = format!("{}, {mode}, xdp {xdp}", f.label);
     let report = |what: &str, c: &Cluster| report(&format!("{what} ({label})"), c);
+    let node = f.node_a;
+
+    // Who the backend sees: node A's address with SNAT, the client's with
+    // DSR (hybrid: DSR for TCP). The answer is "name address:port".
+    let answer = traffic::in_netns(&client, move || {
+        use std::io::Read as _;
+        let mut s = std::net::TcpStream::connect((node, 30081)).expect("connect");
+        let mut a = String::new();
+        s.read_to_string(&mut a).expect("answer");
+        a
+    });
+    let seen = if mode == "snat" { f.node_a } else { f.client };
+    let peer: Option<SocketAddr> = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok());
+    assert_eq!(
+        peer.map(|p| p.ip()),
+        Some(seen),
+        "{label}: the backend saw {answer:?}"
+    );
 
     // Bulk both ways for 2 s, every byte checked, remote and local backend.
-    bulk_both_ways(&c, 30090, &label);
-    bulk_both_ways(&c, 30091, &label);
+    bulk_both_ways_to(&c, node, 30090, &label);
+    bulk_both_ways_to(&c, node, 30091, &label);
     // 32 MiB, byte for byte.
     let big = traffic::download(
         &client,
-        SocketAddr::from((NODE_A, 30090)),
+        SocketAddr::from((node, 30090)),
         7,
         Some(32 << 20),
         None,
@@ -154,11 +248,8 @@ fn real_traffic(tag: &str, mode: &str, xdp: bool) {
     assert_eq!(big.bytes, 32 << 20);
 
     // 20 000 sequential short connections to the one remote backend.
-    let churn = traffic::churn(&client, SocketAddr::from((NODE_A, 30081)), 20_000);
-    eprintln!(
-        "{mode} xdp={xdp}: {} connections in {:.1?}",
-        churn.ok, churn.elapsed
-    );
+    let churn = traffic::churn(&client, SocketAddr::from((node, 30081)), 20_000);
+    eprintln!("{label}: {} connections in {:.1?}", churn.ok, churn.elapsed);
     assert_eq!(
         churn.failed,
         0,
@@ -169,204 +260,87 @@ fn real_traffic(tag: &str, mode: &str, xdp: bool) {
     assert_eq!(churn.backends.get("b0"), Some(&20_000));
 
     // DNS over UDP through the LoadBalancer address.
-    let answers = traffic::udp_from_one_socket(&client, "203.0.113.40:53".parse().unwrap(), 20);
+    let dns = SocketAddr::from((f.lb.parse::<IpAddr>().unwrap(), 53));
+    let answers = traffic::udp_from_one_socket(&client, dns, 20);
     assert!(
         answers.iter().all(Option::is_some),
         "{answers:?}\n{}",
         report("dns", &c)
     );
-    if xdp {
-        // XDP did the work it can do; what it cannot, tc did (counted).
-        let fwd = Cluster::counter(&c.a, lb_common::config::CNT_NP_FORWARD);
-        assert!(fwd > 20_000, "forwarded {fwd}");
-    }
-}
-
-/// The IPv6 services of the same shape (clusterIPs of the service CIDR
-/// fd00:96::/112, pods' IPv6 addresses as backends).
-fn services6(node: char) -> String {
-    let b = |ip: Ipv6Addr| {
-        let local = (node == 'a' && ip == POD_A6) || (node == 'b' && POD_B6.contains(&ip));
-        format!("{{address: \"{ip}\", local: {local}}}")
-    };
-    format!(
-        r#"
-services:
-  - name: names6
-    type: NodePort
-    clusterIPs: ["fd00:96::2"]
-    ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]
-    backends: [{pb0}]
-  - name: bulk6
-    type: NodePort
-    clusterIPs: ["fd00:96::3"]
-    ports: [{{port: 80, targetPort: 9000, nodePort: 30090}}]
-    backends: [{pb0}]
-  - name: bulk-local6
-    type: NodePort
-    clusterIPs: ["fd00:96::4"]
-    ports: [{{port: 80, targetPort: 9000, nodePort: 30091}}]
-    backends: [{pa}]
-  - name: dns6
-    type: LoadBalancer
-    algorithm: maglev
-    clusterIPs: ["fd00:96::53"]
-    loadBalancerIPs: ["2001:db8:40::53"]
-    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]
-    backends: [{pb0}, {pb1}, {pb2}]
-"#,
-        pb0 = b(POD_B6[0]),
-        pb1 = b(POD_B6[1]),
-        pb2 = b(POD_B6[2]),
-        pa = b(POD_A6),
-    )
-}
-
-/// IPv6 through node A: bulk both ways to a remote and a local backend, a
-/// 32 MiB download, 20 000 short connections (SNAT ports reused four times
-/// over) and DNS over UDP to a Maglev LoadBalancer, with GRO on.
-fn real_traffic6(tag: &str, mode: &str, xdp: bool) {
-    let opts = Options {
-        gro: true,
-        full_checksums: xdp,
-        xdp_ready: xdp,
-        ..Default::default()
-    };
-    let mut c = Cluster::with(&unique(tag), &opts);
-    let mut s = vec![
-        servers::tcp(&c.pod_b.name, SocketAddr::from((POD_B6[0], 8080)), "b0"),
-        traffic::bulk_server(&c.pod_b.name, SocketAddr::from((POD_B6[0], 9000))),
-        traffic::bulk_server(&c.pod_a.name, SocketAddr::from((POD_A6, 9000))),
-    ];
-    for (i, ip) in POD_B6.iter().enumerate() {
-        s.push(servers::udp(
-            &c.pod_b.name,
-            SocketAddr::from((*ip, 5353)),
-            &format!("b{i}"),
-        ));
-    }
-    let mut args = vec!["--lb-mode", mode];
-    if xdp {
-        args.extend(["--acceleration", "native"]);
-    }
-    Cluster::start(&mut c.a, &services6('a'), &args);
-    Cluster::start(&mut c.b, &services6('b'), &args);
-    let client = c.client.name.clone();
-    let label = format!("IPv6, {mode}, xdp {xdp}");
-    let node = IpAddr::V6(NODE_A6);
-    // Who the backend sees: node A's address with SNAT, the client's with
-    // DSR (hybrid: DSR for TCP).
-    let answer = traffic::in_netns(&client, move || {
-        use std::io::Read as _;
-        let mut s = std::net::TcpStream::connect((NODE_A6, 30081)).expect("connect");
-        let mut a = String::new();
-        s.read_to_string(&mut a).expect("answer");
-        a
-    });
-    let seen = if mode == "snat" { NODE_A6 } else { CLIENT6 };
-    assert!(
-        answer.contains(&format!("[{seen}]:")),
-        "{label}: the backend saw {answer:?}, not {seen}"
-    );
-    bulk_both_ways_to(&c, node, 30090, &label);
-    bulk_both_ways_to(&c, node, 30091, &label);
-    let big = traffic::download(
-        &client,
-        SocketAddr::from((node, 30090)),
-        7,
-        Some(32 << 20),
-        None,
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", report(&format!("32 MiB download ({label})"), &c)));
-    assert_eq!(big.bytes, 32 << 20);
-    let churn = traffic::churn(&client, SocketAddr::from((node, 30081)), 20_000);
-    eprintln!("{label}: {} connections in {:.1?}", churn.ok, churn.elapsed);
-    assert_eq!(
-        churn.failed,
-        0,
-        "{:?}\n{}",
-        churn.errors,
-        report(&format!("churn ({label})"), &c)
-    );
-    assert_eq!(churn.backends.get("b0"), Some(&20_000));
-    let answers =
-        traffic::udp_from_one_socket(&client, "[2001:db8:40::53]:53".parse().unwrap(), 20);
-    assert!(
-        answers.iter().all(Option::is_some),
-        "{answers:?}\n{}",
-        report(&format!("dns ({label})"), &c)
-    );
-    // The flows went through the programs, not around them.
+    // The flows went through the programs, not around them (with XDP:
+    // what XDP cannot do, tc did, counted the same).
     let fwd = Cluster::counter(&c.a, lb_common::config::CNT_NP_FORWARD);
     assert!(fwd > 20_000, "forwarded {fwd}");
-    let ct = c.a.agent.as_ref().unwrap().lbctl(&["ct", "list"]);
+    let agent = c.a.agent.as_ref().unwrap();
+    let ct = agent.lbctl(&["ct", "list"]);
+    let client_ep = SocketAddr::from((f.client, 0)).to_string();
     assert!(
-        ct.contains("[fd00:60::1]:"),
-        "lbctl ct list shows IPv6 flows:\n{ct}"
+        ct.contains(client_ep.trim_end_matches('0')),
+        "lbctl ct list shows the flows:\n{ct}"
     );
-    let list = c.a.agent.as_ref().unwrap().lbctl(&["service", "list"]);
+    let list = agent.lbctl(&["service", "list"]);
     assert!(
-        list.contains("[fd00:60::2]:30090/TCP") && list.contains("[2001:db8:40::53]:53/UDP"),
-        "lbctl service list shows the IPv6 NodePort and LoadBalancer frontends:\n{list}"
+        list.contains(&format!("{}/TCP", SocketAddr::from((node, 30090))))
+            && list.contains(&format!("{dns}/UDP")),
+        "lbctl service list shows the NodePort and LoadBalancer frontends:\n{list}"
     );
-    drop(s);
 }
 
 #[test]
 fn ipv6_snat_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
-    real_traffic6("t6snat", "snat", false);
+    real_traffic("t6snat", "snat", false, &V6);
 }
 
 #[test]
 fn ipv6_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
-    real_traffic6("t6xdp", "snat", true);
+    real_traffic("t6xdp", "snat", true, &V6);
 }
 
 /// DSR over IPv6: the frontend in a Destination Options header, the
 /// client's address at the backend, replies straight from node B.
 #[test]
 fn ipv6_dsr_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
-    real_traffic6("t6dsr", "dsr", false);
+    real_traffic("t6dsr", "dsr", false, &V6);
 }
 
 #[test]
 fn ipv6_dsr_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
-    real_traffic6("t6dsrx", "dsr", true);
+    real_traffic("t6dsrx", "dsr", true, &V6);
 }
 
 #[test]
 fn ipv6_hybrid_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
-    real_traffic6("t6hyb", "hybrid", false);
+    real_traffic("t6hyb", "hybrid", false, &V6);
 }
 
 #[test]
 fn snat_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
-    real_traffic("snat_tc", "snat", false);
+    real_traffic("snat_tc", "snat", false, &V4);
 }
 
 #[test]
 fn dsr_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
-    real_traffic("dsr_tc", "dsr", false);
+    real_traffic("dsr_tc", "dsr", false, &V4);
 }
 
 #[test]
 fn hybrid_carries_bulk_tcp_a_32_mib_download_and_20000_connections_with_gro() {
-    real_traffic("hybrid_tc", "hybrid", false);
+    real_traffic("hybrid_tc", "hybrid", false, &V4);
 }
 
 #[test]
 fn snat_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
-    real_traffic("snat_xdp", "snat", true);
+    real_traffic("snat_xdp", "snat", true, &V4);
 }
 
 #[test]
 fn dsr_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
-    real_traffic("dsr_xdp", "dsr", true);
+    real_traffic("dsr_xdp", "dsr", true, &V4);
 }
 
 #[test]
 fn hybrid_with_xdp_carries_bulk_tcp_a_32_mib_download_and_20000_connections() {
-    real_traffic("hybrid_xdp", "hybrid", true);
+    real_traffic("hybrid_xdp", "hybrid", true, &V4);
 }
 
 /// 20 000 connections through a SNAT range of 5 000 ports: every port is
@@ -450,8 +424,8 @@ fn ipv6_a_narrower_path_from_node_a_gets_packet_too_big_and_bulk_still_completes
     // write land in the ICMPv6 message would fail path MTU discovery here.
     lb_testkit::cluster::ethtool(&c.a.ns, "eth0", "tx", false);
     let _s = traffic::bulk_server(&c.pod_b.name, SocketAddr::from((POD_B6[0], 9000)));
-    Cluster::start(&mut c.a, &services6('a'), &[]);
-    Cluster::start(&mut c.b, &services6('b'), &[]);
+    Cluster::start(&mut c.a, &services_of('a', &V6), &[]);
+    Cluster::start(&mut c.b, &services_of('b', &V6), &[]);
     bulk_both_ways_to(&c, IpAddr::V6(NODE_A6), 30090, "IPv6, path MTU 1400");
     let sent = Cluster::counter(&c.a, lb_common::config::CNT_ICMP_SENT);
     assert!(
@@ -495,8 +469,8 @@ fn ipv6_a_routers_packet_too_big_reaches_the_client_through_snat_and_bulk_comple
     };
     let mut c = Cluster::with(&unique("pmtu6_router"), &opts);
     let _s = traffic::bulk_server(&c.pod_b.name, SocketAddr::from((POD_B6[0], 9000)));
-    Cluster::start(&mut c.a, &services6('a'), &[]);
-    Cluster::start(&mut c.b, &services6('b'), &[]);
+    Cluster::start(&mut c.a, &services_of('a', &V6), &[]);
+    Cluster::start(&mut c.b, &services_of('b', &V6), &[]);
     bulk_both_ways_to(
         &c,
         IpAddr::V6(NODE_A6),
