@@ -2,7 +2,7 @@
 //! with their checksums verified independently of the code under test.
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use etherparse::{Ipv4Header, Ipv6Header, PacketBuilder, TcpHeader, UdpHeader};
+use etherparse::{Ipv4Header, Ipv6Header, PacketBuilder, PacketBuilderStep, TcpHeader, UdpHeader};
 
 pub type Mac = [u8; 6];
 
@@ -22,9 +22,15 @@ pub fn tcp(
     flags: u8,
     payload: &[u8],
 ) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(src, dst)
+    let b = PacketBuilder::ethernet2(src, dst)
         .ipv4(saddr.octets(), daddr.octets(), 64)
         .tcp(sport, dport, 1000, 65535);
+    write_tcp(b, flags, payload)
+}
+
+/// Sets `flags` (SYN, ACK, FIN) on a TCP builder of either family and
+/// writes the frame.
+fn write_tcp(mut b: PacketBuilderStep<TcpHeader>, flags: u8, payload: &[u8]) -> Vec<u8> {
     if flags & SYN != 0 {
         b = b.syn();
     }
@@ -84,21 +90,10 @@ pub fn tcp6_hop(
     payload: &[u8],
     hop_limit: u8,
 ) -> Vec<u8> {
-    let mut b = PacketBuilder::ethernet2(src, dst)
+    let b = PacketBuilder::ethernet2(src, dst)
         .ipv6(saddr.octets(), daddr.octets(), hop_limit)
         .tcp(sport, dport, 1000, 65535);
-    if flags & SYN != 0 {
-        b = b.syn();
-    }
-    if flags & ACK != 0 {
-        b = b.ack(1);
-    }
-    if flags & FIN != 0 {
-        b = b.fin();
-    }
-    let mut out = Vec::new();
-    b.write(&mut out, payload).unwrap();
-    out
+    write_tcp(b, flags, payload)
 }
 
 pub fn udp6(
