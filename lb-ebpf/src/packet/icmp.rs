@@ -251,21 +251,6 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow<V4>, error: Error, service_id: u32) -> A
     Action::redirect(ctx.ingress_ifindex())
 }
 
-/// "Fragmentation needed" when DF is set (the sender can shrink its
-/// packets), else a counted drop: this node cannot fragment a packet it
-/// redirects. `mtu`: what the sender's packets must fit.
-#[inline(always)]
-pub fn too_big<C: Hook>(ctx: &C, f: &Flow<V4>, mtu: u16, service_id: u32) -> Action {
-    if C::IS_XDP {
-        return Action::PUNT;
-    }
-    if f.df {
-        return reply(ctx, f, Error::frag_needed(mtu), service_id);
-    }
-    record_drop(ctx, f, DropReason::FragNeeded, service_id);
-    Action::DROP
-}
-
 /// Writes a 16-bit word inside the ICMP message and keeps the ICMP checksum
 /// (at `check`) right.
 #[inline(always)]

@@ -110,7 +110,7 @@ pub struct Scratch<I: Ip> {
     pub quote: [u8; 28],
     /// The IPv6 header and 8 bytes, in 8-byte words.
     pub quote6: [u64; icmp6::QUOTE6_LEN / 8],
-    /// The ICMPv6 error `Action::SEND_ICMP6` asks for, and for which service.
+    /// The ICMP or ICMPv6 error `Action::SEND_ICMP` asks for, and for which service.
     pub icmp_error: u32,
     pub icmp_service: u32,
 }
@@ -154,8 +154,8 @@ impl Action {
     /// From `pick` to `new_flow` only: answer with ICMP port unreachable
     /// (the service id is in the scratch conntrack value).
     const REJECT: Self = Self(6);
-    /// Send the ICMPv6 error left in the scratch map (`send_icmp6`).
-    const SEND_ICMP6: Self = Self(7);
+    /// Send the ICMP error left in the scratch map (`send_icmp`).
+    const SEND_ICMP: Self = Self(7);
     const REDIRECT: u64 = 4 << 32;
     const REDIRECT_NEIGH: u64 = 5 << 32;
     const REDIRECT_NEIGH6: u64 = 6 << 32;
@@ -353,21 +353,26 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
     if a == Action::NEXT {
         a = new_flow(ctx, f);
     }
-    if a == Action::SEND_ICMP6 {
-        return send_icmp6(ctx, s);
+    if a == Action::SEND_ICMP {
+        return send_icmp(ctx, s);
     }
     a
 }
 
-/// The ICMPv6 error a deeper step left in the scratch map, sent from here:
-/// one call deep, its frame (it builds a whole packet) never sits under the
-/// remote path's frames, which the 512-byte stack could not hold.
+/// The ICMP or ICMPv6 error a deeper step left in the scratch map, sent
+/// from here: one call deep, its frame (it builds a whole packet) never
+/// sits under the remote path's frames, which the 512-byte stack could not
+/// hold with the IPv6 ones.
 #[inline(never)]
-fn send_icmp6<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) -> Action {
+fn send_icmp<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) -> Action {
     // SAFETY: per-CPU scratch, used by this program run only.
     let (f, error, service_id) = unsafe { (&(*s).flow, (*s).icmp_error, (*s).icmp_service) };
+    let error = icmp::Error::from_raw(error);
+    if let Some(f) = I::as_v4(f) {
+        return icmp::reply(ctx, f, error, service_id);
+    }
     match I::as_v6(f) {
-        Some(f) => icmp6::reply(ctx, f, icmp::Error::from_raw(error), service_id),
+        Some(f) => icmp6::reply(ctx, f, error, service_id),
         None => Action::DROP,
     }
 }
@@ -567,7 +572,7 @@ fn new_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         };
         // SAFETY: per-CPU scratch; read only.
         let service_id = unsafe { (*sp).ct.service_id };
-        return icmp_reply(ctx, f, icmp::Error::PORT_UNREACHABLE, service_id);
+        return pending_icmp::<C, I>(icmp::Error::PORT_UNREACHABLE, service_id);
     }
     if a != Action::NEXT {
         return a;
@@ -584,29 +589,24 @@ fn new_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     }
 }
 
-/// An ICMP error in answer to `f`: IPv4 sends it here; IPv6 leaves it in
-/// the scratch map for `send_icmp6` (SEND_ICMP6).
-#[inline(always)]
-fn icmp_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, error: icmp::Error, service_id: u32) -> Action {
-    match I::as_v4(f) {
-        Some(f) => icmp::reply(ctx, f, error, service_id),
-        None => pending_icmp6::<C, I>(error, service_id),
-    }
-}
-
 /// "Fragmentation needed" (IPv4) / "packet too big" (IPv6) with the
-/// path's MTU.
+/// path's MTU. An IPv4 packet without DF is not answered: this node cannot
+/// fragment a packet it redirects, so it is dropped, counted.
 #[inline(always)]
 fn icmp_too_big<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, mtu: u16, service_id: u32) -> Action {
-    match I::as_v4(f) {
-        Some(f) => icmp::too_big(ctx, f, mtu, service_id),
-        None if C::IS_XDP => Action::PUNT,
-        None => pending_icmp6::<C, I>(icmp::Error::frag_needed(mtu), service_id),
+    if C::IS_XDP {
+        return Action::PUNT;
     }
+    if I::as_v4(f).is_some_and(|f| !f.df) {
+        return drop_packet(ctx, f, DropReason::FragNeeded, service_id);
+    }
+    pending_icmp::<C, I>(icmp::Error::frag_needed(mtu), service_id)
 }
 
+/// An ICMP or ICMPv6 error in answer to the packet: left in the scratch
+/// map for `send_icmp` (SEND_ICMP), both families alike; XDP leaves it to tc.
 #[inline(always)]
-fn pending_icmp6<C: Hook, I: Ip>(error: icmp::Error, service_id: u32) -> Action {
+fn pending_icmp<C: Hook, I: Ip>(error: icmp::Error, service_id: u32) -> Action {
     if C::IS_XDP {
         return Action::PUNT; // tc sends it
     }
@@ -618,7 +618,7 @@ fn pending_icmp6<C: Hook, I: Ip>(error: icmp::Error, service_id: u32) -> Action 
         (*sp).icmp_error = error.raw();
         (*sp).icmp_service = service_id;
     }
-    Action::SEND_ICMP6
+    Action::SEND_ICMP
 }
 
 /// A new flow to a frontend with nothing to choose, as kube-proxy treats
@@ -803,7 +803,7 @@ fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         return Action::PUNT;
     }
     if f.ttl <= 1 {
-        return icmp_reply(ctx, f, icmp::Error::TTL_EXCEEDED, service_id);
+        return pending_icmp::<C, I>(icmp::Error::TTL_EXCEEDED, service_id);
     }
     if dsr {
         ct.flags |= CT_F_DSR;
@@ -896,7 +896,7 @@ fn forward_known<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) ->
         _ => {}
     }
     if f.ttl <= 1 {
-        return icmp_reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
+        return pending_icmp::<C, I>(icmp::Error::TTL_EXCEEDED, ct.service_id);
     }
     let a = rewrite_remote(ctx, f, ct);
     if a != Action::NEXT {
@@ -972,7 +972,7 @@ fn reverse_snat<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -> 
         _ => {}
     }
     if f.ttl <= 1 {
-        return icmp_reply(ctx, f, icmp::Error::TTL_EXCEEDED, ct.service_id);
+        return pending_icmp::<C, I>(icmp::Error::TTL_EXCEEDED, ct.service_id);
     }
     if fib::decrement_ttl(ctx, f).is_err() {
         return Action::DROP;
