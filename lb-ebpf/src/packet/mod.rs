@@ -296,6 +296,9 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
     if cannot_concern_a_service(ctx) {
         return Action::PASS;
     }
+    // After the early exit, which reads what is linear and sends anything
+    // else on (a failed read says "maybe a service").
+    ctx.pull(IPV4_HEADERS);
     match load::<u16, C>(ctx, 12) {
         Some(p) if p == ETH_P_IP.to_be() => ingress_of::<C, V4>(ctx),
         Some(p) if p == ETH_P_IPV6.to_be() => {
@@ -305,6 +308,11 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
         _ => Action::PASS,
     }
 }
+
+/// Headers we read directly: Ethernet, an IPv4 header with the DSR option,
+/// TCP. Packets from local sockets or GRO can keep part of them in page
+/// fragments; tc pulls them into the linear area first (XDP's are linear).
+pub const IPV4_HEADERS: usize = ETH_HLEN + 28 + 20;
 
 /// Ethernet, the IPv6 header and a TCP header: what an IPv6 packet needs
 /// directly readable (the programs pull less for IPv4, whose small packets

@@ -47,18 +47,16 @@ impl Pkt for Tc<'_> {
     }
     #[inline(always)]
     fn pull(&self, len: usize) {
-        if self.data() + len > self.data_end() {
-            let want = (len as u32).min(self.ctx.len());
+        // Compare with what the packet can give: a packet shorter than `len`
+        // (a 54-byte TCP ACK) that is all linear already must not call the
+        // helper, which costs a call on every such packet and, on a cloned
+        // skb (TCP's transmit path clones), copies its head.
+        let want = (len as u32).min(self.ctx.len());
+        if self.data() + want as usize > self.data_end() {
             let _ = self.ctx.pull_data(want);
         }
     }
 }
-
-/// Headers we read directly: Ethernet, an IPv4 header with the DSR option,
-/// TCP. Packets from local sockets or GRO can keep part of them in page
-/// fragments; pull them into the linear area first. (IPv6 pulls its longer
-/// header itself: `IPV6_HEADERS`.)
-const HEADERS: usize = 14 + 28 + 20;
 
 /// 802.1Q-tagged frames whose tag the device took off (skb->vlan_present)
 /// belong to the VLAN device, which has its own programs if it serves.
@@ -244,7 +242,6 @@ pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
         ctx: &ctx,
         hook: HOOK_TC_INGRESS,
     };
-    t.pull(HEADERS);
     verdict(super::ingress(&t))
 }
 
@@ -257,7 +254,7 @@ pub fn lb_tc_egress(ctx: TcContext) -> i32 {
         ctx: &ctx,
         hook: HOOK_TC_EGRESS,
     };
-    t.pull(HEADERS);
+    t.pull(super::IPV4_HEADERS);
     verdict(super::egress(&t))
 }
 
@@ -275,7 +272,6 @@ pub fn lb_tc_pod_ingress(ctx: TcContext) -> i32 {
         ctx: &ctx,
         hook: HOOK_TC_POD_INGRESS,
     };
-    t.pull(HEADERS);
     verdict(super::ingress(&t))
 }
 
@@ -290,6 +286,6 @@ pub fn lb_tc_pod_egress(ctx: TcContext) -> i32 {
         ctx: &ctx,
         hook: HOOK_TC_POD_EGRESS,
     };
-    t.pull(HEADERS);
+    t.pull(super::IPV4_HEADERS);
     verdict(super::egress(&t))
 }
