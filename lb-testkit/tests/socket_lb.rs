@@ -205,6 +205,69 @@ fn connected_udp_getpeername_returns_the_vip() {
     }
 }
 
+/// A closing socket's entry leaves the shared LB4_SOCK_REVNAT LRU
+/// (cgroup/sock_release), so connection churn does not fill it with dead
+/// sockets (and every connect insert into a full LRU takes the eviction
+/// path): after 2000 TCP connects and 300 connected UDP sockets, closed,
+/// only the entries of the sockets still open remain, and those still
+/// translate getpeername().
+#[test]
+fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() {
+    let w = World::new("sock_release_lru", 2);
+    let _dns = w.udp_servers(5353, false);
+    let _web = w.tcp_servers(8080, false);
+    let _echo: Vec<Server> = (0..2)
+        .map(|i| {
+            lb_testkit::servers::tcp_echo(
+                &w.topo.backends[i].name,
+                (Topology::backend_ip(i), 8081).into(),
+                &format!("b{}", i + 1),
+            )
+        })
+        .collect();
+    let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
+    w.write_services(&format!(
+        "services:\n  - name: mixed\n    clusterIPs: [{VIP}]\n    ports:\n      - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n      - {{name: web, port: 80, targetPort: 8080}}\n      - {{name: echo, port: 81, targetPort: 8081}}\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
+    ));
+    let _agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
+    let entries = || {
+        lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
+            .expect("reading LB4_SOCK_REVNAT")
+            .expect("LB4_SOCK_REVNAT is pinned")
+    };
+    assert_eq!(entries(), 0, "nothing translated yet");
+    let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
+    let mut udp = Held::start(cg, ns, &format!("{VIP}:53"));
+    let mut tcp = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    assert!(udp.ask().ok);
+    assert!(tcp.ask().ok);
+    assert_eq!(entries(), 2, "one entry per open translated socket");
+
+    for (mode, target, n) in [
+        ("tcp", "10.96.0.10:80", 2000),
+        ("udp-connected", "10.96.0.10:53", 300),
+    ] {
+        let attempts = w.probe(mode, target, n);
+        assert!(attempts.iter().all(|a| a.ok), "{mode}: a probe failed");
+        assert!(
+            attempts.iter().all(|a| a.peer.as_deref() == Some(target)),
+            "{mode}: getpeername() showed a backend while the socket was open"
+        );
+    }
+    assert_eq!(
+        entries(),
+        2,
+        "the 2300 closed sockets' entries were left in the LRU"
+    );
+    let a = udp.ask();
+    assert_eq!(a.peer.as_deref(), Some("10.96.0.10:53"), "{a:?}");
+    let a = tcp.ask();
+    assert_eq!(a.peer.as_deref(), Some("10.96.0.10:81"), "{a:?}");
+    drop(udp);
+    drop(tcp);
+    assert_eq!(entries(), 0, "the held sockets' entries outlived them");
+}
+
 /// Socket LB keeps a UDP socket's translation in the socket's own storage
 /// (LB_SOCK_PEERS), not only in the shared LB4_SOCK_REVNAT LRU: sockets
 /// opened far beyond that LRU's size (256 here) must not make an idle,

@@ -3,7 +3,9 @@
 //! * `forward`: connect4/6 and sendmsg4/6 pick a backend and rewrite the
 //!   socket's destination;
 //! * `reverse`: recvmsg4/6 and getpeername4/6 give the application back the
-//!   service address.
+//!   service address;
+//! * `release`: sock_release takes a closing socket's entry out of the
+//!   shared reverse-translation LRU.
 //!
 //! An IPv6 socket dialing a v4-mapped address (`::ffff:10.96.0.10`, a
 //! dual-stack socket) is translated through the IPv4 maps, as the kernel
@@ -16,6 +18,7 @@
 pub mod family;
 pub mod forward;
 pub mod peers;
+pub mod release;
 pub mod reverse;
 pub mod udp_choice;
 

@@ -36,7 +36,7 @@ enum Probe {
 /// Everything the socket hooks use, and with `devices` the tc/XDP path too.
 pub fn requirements(devices: bool) -> Vec<Requirement> {
     use aya::sys::BpfHelper as H;
-    use ProgramType::{CgroupSockAddr, SchedClassifier, Xdp};
+    use ProgramType::{CgroupSock, CgroupSockAddr, SchedClassifier, Xdp};
     let mut r = vec![
         Requirement {
             what: "bpf_get_netns_cookie in cgroup sock_addr programs",
@@ -49,6 +49,24 @@ pub fn requirements(devices: bool) -> Vec<Requirement> {
             since: (5, 18),
             why: "refuses a connect to a service without endpoints with ECONNREFUSED",
             probe: Probe::Helper(CgroupSockAddr, H::BPF_FUNC_set_retval),
+        },
+        Requirement {
+            what: "socket-local storage (BPF_MAP_TYPE_SK_STORAGE)",
+            since: (5, 2),
+            why: "keeps each UDP socket's translations with the socket, where churn cannot evict them",
+            probe: Probe::Map(MapType::SkStorage),
+        },
+        Requirement {
+            what: "bpf_sk_storage_get in cgroup sock_addr programs",
+            since: (5, 3),
+            why: "reads and writes a UDP socket's translations from connect/sendmsg/recvmsg",
+            probe: Probe::Helper(CgroupSockAddr, H::BPF_FUNC_sk_storage_get),
+        },
+        Requirement {
+            what: "bpf_get_socket_cookie in cgroup sock programs (sock_release: 5.9)",
+            since: (5, 7),
+            why: "takes a closing socket's entry out of the reverse-translation LRU",
+            probe: Probe::Helper(CgroupSock, H::BPF_FUNC_get_socket_cookie),
         },
         Requirement {
             what: "BPF ring buffers",

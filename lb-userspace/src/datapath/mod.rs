@@ -19,7 +19,7 @@ use anyhow::{bail, Context as _};
 use aya::{
     maps::{HashMap as BpfHashMap, MapData},
     programs::{
-        links::FdLink, CgroupAttachMode, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp,
+        links::FdLink, CgroupAttachMode, CgroupSock, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp,
         XdpMode,
     },
     Ebpf, EbpfLoader,
@@ -46,48 +46,74 @@ pub struct Hook {
     pub name: &'static str,
     pub program: &'static str,
     pub attach_type: u32,
+    pub kind: HookKind,
 }
 
-pub const HOOKS: [Hook; 8] = [
+/// The program type of a socket hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookKind {
+    /// cgroup sock_addr: connect, sendmsg, recvmsg, getpeername.
+    SockAddr,
+    /// cgroup sock: sock_release.
+    Sock,
+}
+
+pub const HOOKS: [Hook; 9] = [
     Hook {
         name: "connect4",
         program: "lb_connect4",
         attach_type: sysbpf::BPF_CGROUP_INET4_CONNECT,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "sendmsg4",
         program: "lb_sendmsg4",
         attach_type: sysbpf::BPF_CGROUP_UDP4_SENDMSG,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "recvmsg4",
         program: "lb_recvmsg4",
         attach_type: sysbpf::BPF_CGROUP_UDP4_RECVMSG,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "getpeername4",
         program: "lb_getpeername4",
         attach_type: sysbpf::BPF_CGROUP_INET4_GETPEERNAME,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "connect6",
         program: "lb_connect6",
         attach_type: sysbpf::BPF_CGROUP_INET6_CONNECT,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "sendmsg6",
         program: "lb_sendmsg6",
         attach_type: sysbpf::BPF_CGROUP_UDP6_SENDMSG,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "recvmsg6",
         program: "lb_recvmsg6",
         attach_type: sysbpf::BPF_CGROUP_UDP6_RECVMSG,
+        kind: HookKind::SockAddr,
     },
     Hook {
         name: "getpeername6",
         program: "lb_getpeername6",
         attach_type: sysbpf::BPF_CGROUP_INET6_GETPEERNAME,
+        kind: HookKind::SockAddr,
+    },
+    // Takes a closing socket's entry out of the reverse-translation LRU
+    // (lb-ebpf/src/sock/release.rs).
+    Hook {
+        name: "sock_release",
+        program: "lb_sock_release",
+        attach_type: sysbpf::BPF_CGROUP_INET_SOCK_RELEASE,
+        kind: HookKind::Sock,
     },
 ];
 
@@ -201,19 +227,38 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
     let cgroup_id = sys::fs::cgroup_id(&cfg.cgroup)?;
     let mut hooks = Vec::new();
     for hook in HOOKS {
-        let prog: &mut CgroupSockAddr = ebpf
+        let program = ebpf
             .program_mut(hook.program)
-            .with_context(|| format!("program {} missing from the object", hook.program))?
-            .try_into()?;
-        prog.load()
-            .with_context(|| format!("verifier rejected {}", hook.program))?;
+            .with_context(|| format!("program {} missing from the object", hook.program))?;
         let pin = layout.link(hook.name);
         let current =
             |link: BorrowedFd<'_>| Ok(sysbpf::cgroup_link_info(link)?.cgroup_id == cgroup_id);
-        let fd = prog.fd()?.try_clone()?;
-        let action = ensure_link(&pin, fd.as_fd(), current, || {
-            attach_cgroup(prog, &cfg.cgroup)
-        })?;
+        let action = match hook.kind {
+            HookKind::SockAddr => {
+                let prog: &mut CgroupSockAddr = program.try_into()?;
+                prog.load()
+                    .with_context(|| format!("verifier rejected {}", hook.program))?;
+                let fd = prog.fd()?.try_clone()?;
+                ensure_link(&pin, fd.as_fd(), current, || {
+                    let id = prog
+                        .attach(open_cgroup(&cfg.cgroup)?, CgroupAttachMode::Single)
+                        .with_context(|| format!("attaching {} to the cgroup", hook.program))?;
+                    Ok(FdLink::try_from(prog.take_link(id)?)?)
+                })?
+            }
+            HookKind::Sock => {
+                let prog: &mut CgroupSock = program.try_into()?;
+                prog.load()
+                    .with_context(|| format!("verifier rejected {}", hook.program))?;
+                let fd = prog.fd()?.try_clone()?;
+                ensure_link(&pin, fd.as_fd(), current, || {
+                    let id = prog
+                        .attach(open_cgroup(&cfg.cgroup)?, CgroupAttachMode::Single)
+                        .with_context(|| format!("attaching {} to the cgroup", hook.program))?;
+                    Ok(FdLink::try_from(prog.take_link(id)?)?)
+                })?
+            }
+        };
         info!(hook = hook.name, action = ?action, cgroup = %cfg.cgroup.display(), "hook ready");
         hooks.push((hook.name.to_string(), action));
     }
@@ -353,14 +398,8 @@ pub(crate) fn ensure_link(
     Ok(HookAction::Attached)
 }
 
-fn attach_cgroup(prog: &mut CgroupSockAddr, cgroup: &Path) -> anyhow::Result<FdLink> {
-    let file =
-        File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
-    let id = prog
-        .attach(file, CgroupAttachMode::Single)
-        .context("attaching to the cgroup")?;
-    let link = prog.take_link(id)?;
-    Ok(FdLink::try_from(link)?)
+fn open_cgroup(cgroup: &Path) -> anyhow::Result<File> {
+    File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))
 }
 
 /// LB_DEVICES: ifindex → the device's IPv4 address (the SNAT source), and

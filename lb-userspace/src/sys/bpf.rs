@@ -26,6 +26,7 @@ pub const BPF_CGROUP_INET6_CONNECT: u32 = 11;
 pub const BPF_CGROUP_UDP6_SENDMSG: u32 = 15;
 pub const BPF_CGROUP_UDP6_RECVMSG: u32 = 20;
 pub const BPF_CGROUP_INET6_GETPEERNAME: u32 = 30;
+pub const BPF_CGROUP_INET_SOCK_RELEASE: u32 = 34;
 
 #[repr(C, align(8))]
 struct Attr([u8; 128]);
