@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use lb::model::{file, file_cache::FileCache};
+use lb::source::file::{cache::FileCache, parse as file};
 use lb_common::{
     backend::Backend4,
     service::{Service4Key, ServiceValue, SCOPE_ALL},

@@ -151,8 +151,8 @@ pub fn breakdown(services: usize, endpoints: usize) -> Breakdown {
     let text = crate::workload::Workload::new(services, endpoints, &[]).services_yaml();
     let before = live();
     PEAK.store(before, Relaxed);
-    let model =
-        lb::model::file::parse_with(&text, &Default::default()).expect("bench services file");
+    let model = lb::source::file::parse::parse_with(&text, &Default::default())
+        .expect("bench services file");
     let parse_peak = (PEAK.load(Relaxed) - before) as u64;
     drop(text);
     let start = live();

@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn the_services_file_parses_to_the_same_model() {
         let w = Workload::new(3, 2, &["10.250.0.11:8080".parse().unwrap()]);
-        let parsed = lb::model::file::parse(&w.services_yaml()).unwrap();
+        let parsed = lb::source::file::parse::parse(&w.services_yaml()).unwrap();
         let built = w.model(FrontendKind::ClusterIP);
         assert_eq!(parsed.services.len(), 3);
         for (name, svc) in &built.services {

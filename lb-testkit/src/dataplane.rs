@@ -17,7 +17,7 @@ use lb::{
     reconcile::Reconciler,
 };
 
-use lb::model::file::FileContext;
+use lb::source::file::parse::FileContext;
 
 use crate::{agent::PinDir, netns::Netns, packets::Mac};
 
@@ -259,7 +259,9 @@ impl Dataplane {
     /// `new`, with a services file applied (`SERVICES` in most tests).
     pub fn with_services(tag: &str, services: &str) -> Self {
         let mut dp = Self::new(tag);
-        dp.apply(&lb::model::file::parse_with(services, &node_context()).expect("services file"));
+        dp.apply(
+            &lb::source::file::parse::parse_with(services, &node_context()).expect("services file"),
+        );
         dp
     }
 
@@ -278,10 +280,12 @@ impl Dataplane {
     /// file of more services), as this node's services file.
     pub fn apply_with_extra(&mut self, extra: &str) {
         let ctx = node_context();
-        let mut model = lb::model::file::parse_with(SERVICES, &ctx).unwrap();
-        model
-            .services
-            .extend(lb::model::file::parse_with(extra, &ctx).unwrap().services);
+        let mut model = lb::source::file::parse::parse_with(SERVICES, &ctx).unwrap();
+        model.services.extend(
+            lb::source::file::parse::parse_with(extra, &ctx)
+                .unwrap()
+                .services,
+        );
         self.apply(&model);
     }
 

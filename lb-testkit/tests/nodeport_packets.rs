@@ -3,7 +3,7 @@
 //! checksums verified independently (etherparse computes them from scratch).
 use std::net::Ipv4Addr;
 
-use lb::model::file::parse_with;
+use lb::source::file::parse::parse_with;
 use lb_common::{config::CFG_LB_MODE, nodeport::*};
 use lb_testkit::{
     dataplane::*,

@@ -270,7 +270,10 @@ fn lbctl_status_service_get_and_backend_list_describe_a_running_install() {
     let status = agent.lbctl_json(&["status"]);
     let hooks = status["hooks"].as_array().unwrap();
     assert_eq!(hooks.len(), lb::datapath::HOOKS.len(), "{hooks:?}");
-    assert!(hooks.iter().any(|h| h["hook"] == "sock_release"), "{hooks:?}");
+    assert!(
+        hooks.iter().any(|h| h["hook"] == "sock_release"),
+        "{hooks:?}"
+    );
     for h in hooks {
         assert_eq!(h["attached"], true, "{h}");
         assert_eq!(

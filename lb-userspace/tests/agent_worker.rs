@@ -25,7 +25,7 @@ use lb::{
 use lb_common::service::SVC_FLAG_FOREIGN_EXTERNAL_IP;
 
 fn model(yaml: &str) -> Model {
-    lb::model::file::parse(yaml).unwrap()
+    lb::source::file::parse::parse(yaml).unwrap()
 }
 
 fn full(yaml: &str) -> Pending {

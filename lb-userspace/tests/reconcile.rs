@@ -688,7 +688,7 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
 fn source_ranges_go_in_before_the_check_turns_on_and_out_after_it_turns_off() {
     use lb_common::service::SVC_FLAG_SOURCE_RANGES;
     let model = |ranges: &str| {
-        lb::model::file::parse(&format!(
+        lb::source::file::parse::parse(&format!(
             "services: [{{name: lb, type: LoadBalancer, clusterIPs: [10.96.0.1], loadBalancerIPs: [203.0.113.1], loadBalancerSourceRanges: [{ranges}], ports: [{{port: 80}}], backends: [{{address: 10.0.0.1}}]}}]"
         ))
         .unwrap()
@@ -751,7 +751,7 @@ fn source_ranges_go_in_before_the_check_turns_on_and_out_after_it_turns_off() {
 /// A bad network in the services file names its field and the fix.
 #[test]
 fn a_bad_source_range_names_its_field() {
-    let e = lb::model::file::parse(
+    let e = lb::source::file::parse::parse(
         "services: [{name: lb, type: LoadBalancer, loadBalancerIPs: [203.0.113.1], loadBalancerSourceRanges: [10.0.0.0/8, 10.0.0.0/40], ports: [{port: 80}]}]",
     )
     .unwrap_err();
@@ -765,7 +765,7 @@ fn a_bad_source_range_names_its_field() {
 #[test]
 fn a_drained_backend_is_parked_after_the_master_stops_counting_its_slot() {
     let model = |a_state: &str| {
-        lb::model::file::parse(&format!(
+        lb::source::file::parse::parse(&format!(
             "services: [{{name: web, clusterIPs: [10.96.0.1], ports: [{{port: 80}}], backends: [{{address: 10.0.0.1, state: {a_state}}}, {{address: 10.0.0.2}}, {{address: 10.0.0.3}}]}}]"
         ))
         .unwrap()
@@ -805,9 +805,9 @@ fn a_drained_backend_is_parked_after_the_master_stops_counting_its_slot() {
 fn the_local_view_is_written_before_the_master_that_names_it() {
     use lb_common::service::{SCOPE_LOCAL, SVC_FLAG_TWO_SCOPES};
     let model = |policy: &str| {
-        lb::model::file::parse_with(
+        lb::source::file::parse::parse_with(
             &format!("services: [{{name: np, type: NodePort, externalTrafficPolicy: {policy}, clusterIPs: [10.96.0.1], ports: [{{port: 80, nodePort: 30080}}], backends: [{{address: 10.0.0.1, local: true}}]}}]"),
-            &lb::model::file::FileContext {
+            &lb::source::file::parse::FileContext {
                 nodeport_addresses: vec!["192.168.1.10".parse().unwrap()],
                 ..Default::default()
             },

@@ -2,7 +2,7 @@
 //! out of range, not addresses at all) and whatever the bytes, parsing never
 //! panics; a refused file names the field at fault and says what to do; an
 //! accepted file gives exactly the frontends and backends it describes.
-use lb::model::file::parse;
+use lb::source::file::parse::parse;
 use proptest::prelude::*;
 
 fn address() -> impl Strategy<Value = String> {
@@ -156,8 +156,8 @@ proptest! {
         pool in prop::collection::vec(versions(), 1..8),
         files in prop::collection::vec(prop::collection::vec((0usize..8, any::<bool>()), 0..8), 1..6),
     ) {
-        let ctx = lb::model::file::FileContext::default();
-        let mut cache = lb::model::file_cache::FileCache::default();
+        let ctx = lb::source::file::parse::FileContext::default();
+        let mut cache = lb::source::file::cache::FileCache::default();
         for picks in &files {
             let svcs: Vec<Svc> = picks
                 .iter()
@@ -167,7 +167,7 @@ proptest! {
                 })
                 .collect();
             let text = render(&svcs);
-            let whole = lb::model::file::parse_with(&text, &ctx);
+            let whole = lb::source::file::parse::parse_with(&text, &ctx);
             let cached = cache.parse(&text, &ctx);
             prop_assert_eq!(cached, whole, "file:\n{}", text);
         }
@@ -193,12 +193,12 @@ fn the_file_cache_reads_other_layouts_as_a_whole_parse_does() {
         "",
         "services:\n",
     ];
-    let ctx = lb::model::file::FileContext::default();
-    let mut cache = lb::model::file_cache::FileCache::default();
+    let ctx = lb::source::file::parse::FileContext::default();
+    let mut cache = lb::source::file::cache::FileCache::default();
     for text in files {
         assert_eq!(
             cache.parse(text, &ctx),
-            lb::model::file::parse_with(text, &ctx),
+            lb::source::file::parse::parse_with(text, &ctx),
             "file:\n{text}"
         );
     }
@@ -217,8 +217,8 @@ fn the_file_cache_parses_only_the_edited_service() {
             backends: vec![format!("10.244.0.{}", i + 1)],
         })
         .collect();
-    let ctx = lb::model::file::FileContext::default();
-    let mut cache = lb::model::file_cache::FileCache::default();
+    let ctx = lb::source::file::parse::FileContext::default();
+    let mut cache = lb::source::file::cache::FileCache::default();
     let first = cache.parse(&render(&svcs), &ctx).unwrap();
     assert_eq!(cache.last_parsed, 50);
     let mut edited = svcs.clone();
@@ -228,7 +228,7 @@ fn the_file_cache_parses_only_the_edited_service() {
     assert_ne!(first, second);
     assert_eq!(
         second,
-        lb::model::file::parse_with(&render(&edited), &ctx).unwrap()
+        lb::source::file::parse::parse_with(&render(&edited), &ctx).unwrap()
     );
 }
 

@@ -339,7 +339,7 @@ fn node_addresses() -> anyhow::Result<std::collections::BTreeSet<std::net::IpAdd
 fn file_context(
     args: &RunArgs,
     devices: &[String],
-) -> anyhow::Result<lb::model::file::FileContext> {
+) -> anyhow::Result<lb::source::file::parse::FileContext> {
     let mut nodeport_addresses = Vec::new();
     for dev in devices {
         let v4 = sys::netdev::ipv4_address(dev)?.map(std::net::IpAddr::V4);
@@ -355,7 +355,7 @@ fn file_context(
             }
         }
     }
-    Ok(lb::model::file::FileContext {
+    Ok(lb::source::file::parse::FileContext {
         nodeport_addresses,
         default_algorithm: args.lb_algorithm.into(),
     })

@@ -91,7 +91,8 @@ pub fn render_table(s: &MaglevSummary) -> String {
 mod tests {
     use super::*;
     use crate::{
-        desired::BuildConfig, maps::fake::FakeMaps, model::file::parse, reconcile::Reconciler,
+        desired::BuildConfig, maps::fake::FakeMaps, reconcile::Reconciler,
+        source::file::parse::parse,
     };
 
     #[test]

@@ -224,7 +224,7 @@ pub fn render_table(rows: &[ServiceRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{maps::fake::FakeMaps, model::file::parse, reconcile::Reconciler};
+    use crate::{maps::fake::FakeMaps, reconcile::Reconciler, source::file::parse::parse};
 
     #[test]
     fn table_matches_golden_output() {

@@ -19,8 +19,8 @@ use anyhow::{bail, Context as _};
 use aya::{
     maps::{HashMap as BpfHashMap, MapData},
     programs::{
-        links::FdLink, CgroupAttachMode, CgroupSock, CgroupSockAddr, SchedClassifier, TcAttachType, Xdp,
-        XdpMode,
+        links::FdLink, CgroupAttachMode, CgroupSock, CgroupSockAddr, SchedClassifier, TcAttachType,
+        Xdp, XdpMode,
     },
     Ebpf, EbpfLoader,
 };

@@ -1,8 +1,7 @@
 //! The model: what services exist and where their backends are, independent
 //! of where that knowledge came from (services file or apiserver) and of how
 //! the data path stores it.
-pub mod file;
-pub mod file_cache;
+pub mod expand;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,6 +10,9 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+
+/// Most backends one frontend can have: slots are numbered with a u16.
+pub const MAX_BACKENDS_PER_FRONTEND: usize = u16::MAX as usize;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
@@ -301,9 +303,6 @@ pub enum Algorithm {
     Maglev,
 }
 
-/// A frontend's share of a Service's loadBalancerSourceRanges: only a
-/// LoadBalancer address is restricted (kube-proxy's KUBE-FW chain), and only
-/// by networks of its own family; host bits cleared, sorted, no duplicates.
 /// Whether a service with these addresses has NodePorts on the node
 /// address `node`: when the address families of its ClusterIPs (Kubernetes'
 /// `spec.ipFamilies`) include `node`'s. A service without ClusterIPs (a
@@ -317,6 +316,9 @@ pub fn serves_family(addresses: &[(IpAddr, FrontendKind)], node: &IpAddr) -> boo
         .any(|(a, _)| a.is_ipv4() == node.is_ipv4())
 }
 
+/// A frontend's share of a Service's loadBalancerSourceRanges: only a
+/// LoadBalancer address is restricted (kube-proxy's KUBE-FW chain), and only
+/// by networks of its own family; host bits cleared, sorted, no duplicates.
 pub fn source_ranges_for(
     kind: FrontendKind,
     address: IpAddr,

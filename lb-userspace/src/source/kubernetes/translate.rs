@@ -29,7 +29,8 @@ use std::{
 use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice};
 
 use crate::model::{
-    Algorithm, Backend, BackendState, Frontend, FrontendKind, Protocol, Service, ServiceName,
+    expand::{port_frontends, Port, Shape},
+    Algorithm, Backend, BackendState, FrontendKind, Protocol, Service, ServiceName,
 };
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -229,6 +230,15 @@ pub fn translate<'a>(
     };
 
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
+    let shape = Shape {
+        addresses: &addresses,
+        nodeport_addresses: &node.nodeport_addresses,
+        algorithm,
+        affinity_timeout_s,
+        internal_local,
+        external_local,
+        source_ranges: &source_ranges,
+    };
     let mut frontends = Vec::new();
     let mut seen_ports = BTreeSet::new();
     for (i, port) in spec.ports.iter().flatten().enumerate() {
@@ -267,67 +277,30 @@ pub fn translate<'a>(
         // (backend, allowed by topology for cluster traffic)
         let all = apply_topology(hinted, node);
 
-        let mut kinds: Vec<(IpAddr, u16, FrontendKind)> =
-            addresses.iter().map(|(a, k)| (*a, number, *k)).collect();
-        if let Some(node_port) = port
+        let node_port = match port
             .node_port
             .filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer"))
         {
-            match u16::try_from(node_port) {
-                // On the node's addresses of the service's own families,
-                // its ClusterIPs' (spec.ipFamilies): a single-stack IPv4
-                // service has no IPv6 NodePort, even with an IPv6 external
-                // or LoadBalancer IP, as kube-proxy's per-family proxiers
-                // skip a service without a ClusterIP of their family.
-                Ok(np) if np != 0 => kinds.extend(
-                    node.nodeport_addresses
-                        .iter()
-                        .filter(|n| crate::model::serves_family(&addresses, n))
-                        .map(|a| (*a, np, FrontendKind::NodePort)),
-                ),
-                _ => warn(
-                    &mut warnings,
-                    "invalid-port",
-                    format!("{name}: nodePort {node_port} is out of range; skipped"),
-                ),
-            }
-        }
-        for (address, fport, kind) in kinds {
-            let local_only = kind == FrontendKind::ClusterIP && internal_local;
-            let external_local_view = external_local && kind != FrontendKind::ClusterIP;
-            let backends: Vec<Backend> = all
-                .iter()
-                .filter(|(b, _)| b.address.is_ipv4() == address.is_ipv4())
-                .filter(|(b, in_topology)| {
-                    if local_only {
-                        // internalTrafficPolicy: Local ignores topology
-                        // (kube-proxy's CategorizeEndpoints).
-                        b.local
-                    } else if external_local_view {
-                        // The local view (traffic from outside) takes every
-                        // local endpoint whatever its hints; the cluster
-                        // view (clients on this node) keeps topology, plus
-                        // those local ones.
-                        *in_topology || b.local
-                    } else {
-                        *in_topology
-                    }
-                })
-                .map(|(b, _)| b.clone())
-                .collect();
-            frontends.push(Frontend {
-                address,
-                port: fport,
-                port_index: i as u16,
-                protocol,
-                kind,
-                algorithm,
-                affinity_timeout_s,
-                external_traffic_local: external_local && kind != FrontendKind::ClusterIP,
-                source_ranges: crate::model::source_ranges_for(kind, address, &source_ranges),
-                backends,
-            });
-        }
+            None => None,
+            Some(node_port) => match u16::try_from(node_port) {
+                Ok(np) if np != 0 => Some(np),
+                _ => {
+                    warn(
+                        &mut warnings,
+                        "invalid-port",
+                        format!("{name}: nodePort {node_port} is out of range; skipped"),
+                    );
+                    None
+                }
+            },
+        };
+        let port = Port {
+            index: i as u16,
+            port: number,
+            protocol,
+            node_port,
+        };
+        port_frontends(&shape, &port, &all, &mut frontends);
     }
     frontends.sort_by_key(|a| (a.address, a.port, a.protocol));
     frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
@@ -498,7 +471,7 @@ fn backends_for_port(
         }
     }
     let mut out: Vec<(Backend, Hints)> = by_addr.into_values().collect();
-    if out.len() > crate::model::file::MAX_BACKENDS_PER_FRONTEND {
+    if out.len() > crate::model::MAX_BACKENDS_PER_FRONTEND {
         // Keep the most usable ones.
         out.sort_by(|(a, _), (b, _)| {
             (a.state, a.address, a.port).cmp(&(b.state, b.address, b.port))
@@ -509,10 +482,10 @@ fn backends_for_port(
             format!(
                 "{name}: port {port_name:?} has {} endpoints; only the first {} are used",
                 out.len(),
-                crate::model::file::MAX_BACKENDS_PER_FRONTEND
+                crate::model::MAX_BACKENDS_PER_FRONTEND
             ),
         );
-        out.truncate(crate::model::file::MAX_BACKENDS_PER_FRONTEND);
+        out.truncate(crate::model::MAX_BACKENDS_PER_FRONTEND);
         out.sort_by(|(a, _), (b, _)| a.cmp(b));
     }
     out

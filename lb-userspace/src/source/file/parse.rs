@@ -29,12 +29,11 @@ use std::{collections::BTreeSet, fmt, net::IpAddr};
 
 use serde::Deserialize;
 
-use super::{
-    Algorithm, Backend, BackendState, Frontend, FrontendKind, Model, Service, ServiceName,
+use crate::model::{
+    expand::{port_frontends, Candidate, Port, Shape},
+    Algorithm, Backend, BackendState, FrontendKind, Model, Service, ServiceName,
+    MAX_BACKENDS_PER_FRONTEND,
 };
-
-/// Most backends one frontend can have: slots are numbered with a u16.
-pub const MAX_BACKENDS_PER_FRONTEND: usize = u16::MAX as usize;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -511,6 +510,15 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
         ));
     }
 
+    let shape = Shape {
+        addresses: &addresses,
+        nodeport_addresses: &ctx.nodeport_addresses,
+        algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),
+        affinity_timeout_s,
+        internal_local,
+        external_local,
+        source_ranges: &source_ranges,
+    };
     let mut seen_ports = BTreeSet::new();
     let mut seen_names = BTreeSet::new();
     let mut frontends = Vec::new();
@@ -522,8 +530,8 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
             p.target_port.unwrap_or(p.port),
         )?;
         let protocol = match p.protocol.as_str() {
-            "TCP" => super::Protocol::Tcp,
-            "UDP" => super::Protocol::Udp,
+            "TCP" => crate::model::Protocol::Tcp,
+            "UDP" => crate::model::Protocol::Udp,
             "SCTP" => {
                 return Err(err(
                     format!("{pat}.protocol"),
@@ -554,61 +562,47 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
                 ));
             }
         }
-        let mut fronts: Vec<(IpAddr, u16, FrontendKind)> =
-            addresses.iter().map(|(a, k)| (*a, port, *k)).collect();
-        if let Some(np) = p.node_port {
-            let field = format!("{pat}.nodePort");
-            if kind == "ClusterIP" {
-                return Err(err(
-                    field,
-                    "a ClusterIP service has no nodePort; set type: NodePort or LoadBalancer",
-                ));
+        let node_port = match p.node_port {
+            None => None,
+            Some(np) => {
+                let field = format!("{pat}.nodePort");
+                if kind == "ClusterIP" {
+                    return Err(err(
+                        field,
+                        "a ClusterIP service has no nodePort; set type: NodePort or LoadBalancer",
+                    ));
+                }
+                let np = check_port(&field, np)?;
+                if ctx.nodeport_addresses.is_empty() {
+                    return Err(err(
+                        field,
+                        "NodePorts need this node's addresses: start lb-agent with --devices",
+                    ));
+                }
+                Some(np)
             }
-            let np = check_port(&field, np)?;
-            if ctx.nodeport_addresses.is_empty() {
-                return Err(err(
-                    field,
-                    "NodePorts need this node's addresses: start lb-agent with --devices",
-                ));
-            }
-            // On the node's addresses of the service's own families (its
-            // ClusterIPs'), as in Kubernetes.
-            fronts.extend(
-                ctx.nodeport_addresses
-                    .iter()
-                    .filter(|n| super::serves_family(&addresses, n))
-                    .map(|a| (*a, np, FrontendKind::NodePort)),
-            );
-        }
-        for (address, fport, fkind) in fronts {
-            let mut backends: Vec<Backend> = backends_by_address
-                .iter()
-                .filter(|(a, _)| a.is_ipv4() == address.is_ipv4())
-                .map(|(a, b)| Backend {
+        };
+        // No topology in a services file: every backend is a candidate.
+        let candidates: Vec<Candidate> = backends_by_address
+            .iter()
+            .map(|(a, b)| {
+                let backend = Backend {
                     address: *a,
                     port: target,
                     state: b.state,
                     local: b.local,
                     weight: b.weight.unwrap_or(1) as u32,
-                })
-                .collect();
-            if fkind == FrontendKind::ClusterIP && internal_local {
-                backends.retain(|b| b.local);
-            }
-            backends.sort();
-            frontends.push(Frontend {
-                address,
-                port: fport,
-                port_index: j as u16,
-                protocol,
-                kind: fkind,
-                algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),
-                affinity_timeout_s,
-                external_traffic_local: external_local && fkind != FrontendKind::ClusterIP,
-                source_ranges: super::source_ranges_for(fkind, address, &source_ranges),
-                backends,
-            });
-        }
+                };
+                (backend, true)
+            })
+            .collect();
+        let port = Port {
+            index: j as u16,
+            port,
+            protocol,
+            node_port,
+        };
+        port_frontends(&shape, &port, &candidates, &mut frontends);
     }
     Ok(Service {
         frontends,
@@ -705,12 +699,12 @@ services:
         let http = &web.frontends[0];
         assert_eq!(http.address, "10.96.0.10".parse::<IpAddr>().unwrap());
         assert_eq!(http.port, 80);
-        assert_eq!(http.protocol, super::super::Protocol::Tcp);
+        assert_eq!(http.protocol, crate::model::Protocol::Tcp);
         assert_eq!(http.backends.len(), 2);
         assert!(http.backends.iter().all(|b| b.port == 8080));
         assert_eq!(http.backends[1].state, BackendState::Terminating);
         let dns = &web.frontends[1];
-        assert_eq!((dns.port, dns.protocol), (53, super::super::Protocol::Udp));
+        assert_eq!((dns.port, dns.protocol), (53, crate::model::Protocol::Udp));
         assert!(
             dns.backends.iter().all(|b| b.port == 53),
             "targetPort defaults to port"
@@ -940,7 +934,7 @@ services:
     /// The examples users copy from the README must be valid files.
     #[test]
     fn every_services_file_example_in_the_readme_parses() {
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../../../README.md");
         let blocks: Vec<&str> = readme
             .split("```yaml\n")
             .skip(1)

@@ -7,7 +7,11 @@ use anyhow::Context as _;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
-use crate::model::{file as services_file, file_cache::FileCache, Model};
+pub mod cache;
+pub mod parse;
+
+use self::{cache::FileCache, parse as services_file};
+use crate::model::Model;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -30,7 +34,7 @@ pub fn load(path: &Path, ctx: &services_file::FileContext) -> Result<Model, Load
 }
 
 /// `load`, reusing from `cache` the services whose text did not change
-/// since the last read (see `model::file_cache`).
+/// since the last read (see `cache`).
 pub fn load_cached(
     path: &Path,
     ctx: &services_file::FileContext,

@@ -14,10 +14,8 @@
 //! another top-level key) is parsed whole, as before.
 use crate::collections::HashMap;
 
-use super::{
-    file::{self, Converter, FileContext, FileError, ServiceSpec, ServicesFile},
-    Model, Service,
-};
+use super::parse::{self as file, Converter, FileContext, FileError, ServiceSpec, ServicesFile};
+use crate::model::{Model, Service};
 
 /// One service as read before: its spec, and its conversion once made.
 struct Piece {
