@@ -23,7 +23,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::source::kubernetes::store::Cidr;
+use crate::net::Cidr;
 
 /// What a cleanup found and removed (or would remove, with `dry_run`).
 #[derive(Clone, Debug, Default, serde::Serialize)]

@@ -19,13 +19,12 @@ use lb::{
     health::{proxy::ProxyHealth, NodeEligibility},
     maps::bpf::BpfMaps,
     metrics::{self, Metrics},
+    net::Cidr,
     reconcile::Reconciler,
     source::{
         self,
-        kubernetes::{
-            store::{Cidr, NodePortAddr, NodePortAddresses},
-            watch::WatchConfig,
-        },
+        kubernetes::watch::WatchConfig,
+        nodeports::{NodePortAddr, NodePortAddresses},
     },
     sys,
 };
@@ -340,25 +339,7 @@ fn file_context(
     args: &RunArgs,
     devices: &[String],
 ) -> anyhow::Result<lb::source::file::parse::FileContext> {
-    let mut nodeport_addresses = Vec::new();
-    for dev in devices {
-        let v4 = sys::netdev::ipv4_address(dev)?.map(std::net::IpAddr::V4);
-        let v6 = sys::netdev::ipv6_address(dev)?.map(std::net::IpAddr::V6);
-        for ip in v4.into_iter().chain(v6) {
-            if args.nodeport_addresses.is_empty()
-                || args.nodeport_addresses.iter().any(|a| match a {
-                    NodePortAddr::Cidr(c) => c.contains(&ip),
-                    NodePortAddr::Primary => true,
-                })
-            {
-                nodeport_addresses.push(ip);
-            }
-        }
-    }
-    Ok(lb::source::file::parse::FileContext {
-        nodeport_addresses,
-        default_algorithm: args.lb_algorithm.into(),
-    })
+    source::file::node_context(&args.nodeport_addresses, devices, args.lb_algorithm.into())
 }
 
 enum Mode {

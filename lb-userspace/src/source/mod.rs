@@ -3,6 +3,7 @@
 //! touches maps. The agent feeds them to the reconciler.
 pub mod file;
 pub mod kubernetes;
+pub mod nodeports;
 
 use std::time::{Instant, SystemTime};
 

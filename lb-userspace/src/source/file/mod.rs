@@ -11,7 +11,11 @@ pub mod cache;
 pub mod parse;
 
 use self::{cache::FileCache, parse as services_file};
-use crate::model::Model;
+use crate::{
+    model::{Algorithm, Model},
+    source::nodeports::{NodePortAddr, NodePortAddresses},
+    sys,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -27,6 +31,26 @@ pub enum LoadError {
         #[source]
         source: services_file::FileError,
     },
+}
+
+/// What the services file is read against on this node: NodePorts on the
+/// devices' addresses, filtered by --nodeport-addresses (`primary`: the
+/// first device's addresses, one per family), and the default algorithm.
+pub fn node_context(
+    flags: &[NodePortAddr],
+    devices: &[String],
+    default_algorithm: Algorithm,
+) -> anyhow::Result<services_file::FileContext> {
+    let mut addresses = Vec::new();
+    for dev in devices {
+        addresses.extend(sys::netdev::ipv4_address(dev)?.map(std::net::IpAddr::V4));
+        addresses.extend(sys::netdev::ipv6_address(dev)?.map(std::net::IpAddr::V6));
+    }
+    let nodeports = NodePortAddresses::from_flags(flags, addresses.clone());
+    Ok(services_file::FileContext {
+        nodeport_addresses: nodeports.pick(&addresses, &[]),
+        default_algorithm,
+    })
 }
 
 pub fn load(path: &Path, ctx: &services_file::FileContext) -> Result<Model, LoadError> {

@@ -25,60 +25,7 @@ use kube::runtime::watcher::Event;
 use super::translate::{self, service_name, slice_service, NodeContext, Warning};
 use crate::model::{Model, Service, ServiceName};
 
-pub use crate::net::Cidr;
-
-/// One value of --nodeport-addresses: a CIDR, or `primary` (the node's
-/// InternalIP per family, as kube-proxy's `--nodeport-addresses primary`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodePortAddr {
-    Cidr(Cidr),
-    Primary,
-}
-
-impl std::str::FromStr for NodePortAddr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "primary" {
-            Ok(NodePortAddr::Primary)
-        } else {
-            s.parse().map(NodePortAddr::Cidr)
-        }
-    }
-}
-
-/// Which addresses of this node serve NodePorts.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodePortAddresses {
-    /// Limit to these CIDRs (none: no limit).
-    pub cidrs: Vec<Cidr>,
-    /// Only the node's primary addresses (its InternalIP per family).
-    pub primary: bool,
-    /// The node's own addresses (read at start). Unset flag: all of them,
-    /// as kube-proxy's default.
-    pub local: Vec<IpAddr>,
-}
-
-impl NodePortAddresses {
-    pub fn from_flags(flags: &[NodePortAddr], local: Vec<IpAddr>) -> Self {
-        Self {
-            cidrs: flags
-                .iter()
-                .filter_map(|f| match f {
-                    NodePortAddr::Cidr(c) => Some(*c),
-                    NodePortAddr::Primary => None,
-                })
-                .collect(),
-            primary: flags.contains(&NodePortAddr::Primary),
-            local: local
-                .into_iter()
-                .filter(|a| match a {
-                    IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
-                    IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
-                })
-                .collect(),
-        }
-    }
-}
+use crate::source::nodeports::NodePortAddresses;
 
 type FrontendId = (IpAddr, u16, u8);
 
@@ -515,24 +462,8 @@ pub fn node_addresses(node: &Node, cfg: &NodePortAddresses) -> Vec<IpAddr> {
             .filter_map(|a| a.address.parse().ok())
             .collect()
     };
-    let mut out: Vec<IpAddr> = if cfg.primary {
-        let internal = listed(&["InternalIP"]);
-        [
-            internal.iter().find(|a| a.is_ipv4()).copied(),
-            internal.iter().find(|a| a.is_ipv6()).copied(),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
-    } else if !cfg.local.is_empty() {
-        cfg.local.clone()
-    } else {
-        listed(&["InternalIP", "ExternalIP"])
-    };
-    out.retain(|ip| cfg.cidrs.is_empty() || cfg.cidrs.iter().any(|c| c.contains(ip)));
-    out.sort();
-    out.dedup();
-    out
+    let internal = listed(&["InternalIP"]);
+    cfg.pick(&internal, &listed(&["InternalIP", "ExternalIP"]))
 }
 
 #[cfg(test)]
@@ -795,16 +726,5 @@ mod tests {
             s.node().nodeport_addresses,
             vec!["10.0.0.5".parse::<IpAddr>().unwrap()]
         );
-    }
-
-    #[test]
-    fn cidrs_parse_and_match() {
-        let c: Cidr = "10.0.0.0/8".parse().unwrap();
-        assert!(c.contains(&"10.1.2.3".parse().unwrap()));
-        assert!(!c.contains(&"11.0.0.1".parse().unwrap()));
-        let c6: Cidr = "fd00::/8".parse().unwrap();
-        assert!(c6.contains(&"fd12::1".parse().unwrap()));
-        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
-        assert!("nope".parse::<Cidr>().is_err());
     }
 }

@@ -29,7 +29,7 @@ pub struct WatchConfig {
     /// This node (downward API spec.nodeName): locality and NodePort addresses.
     pub node_name: String,
     /// --nodeport-addresses: which node addresses serve NodePorts (empty: all).
-    pub nodeports: super::store::NodePortAddresses,
+    pub nodeports: crate::source::nodeports::NodePortAddresses,
     /// How long to gather changes before applying them.
     pub debounce: Duration,
     /// Written from this node's Node: read by the proxy health server.

@@ -1,0 +1,130 @@
+//! Which of this node's addresses serve NodePorts, for both sources: the
+//! `--nodeport-addresses` flag (kube-proxy's) applied to the node's
+//! addresses. In Kubernetes mode the node's primary addresses are its
+//! InternalIPs; in standalone mode, the first device's addresses.
+use std::net::IpAddr;
+
+use crate::net::Cidr;
+
+/// One value of --nodeport-addresses: a CIDR, or `primary` (the node's
+/// primary address per family, as kube-proxy's `--nodeport-addresses primary`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodePortAddr {
+    Cidr(Cidr),
+    Primary,
+}
+
+impl std::str::FromStr for NodePortAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "primary" {
+            Ok(NodePortAddr::Primary)
+        } else {
+            s.parse().map(NodePortAddr::Cidr)
+        }
+    }
+}
+
+/// Which addresses of this node serve NodePorts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    /// Limit to these CIDRs (none: no limit).
+    pub cidrs: Vec<Cidr>,
+    /// Only the node's primary addresses (one per family).
+    pub primary: bool,
+    /// The node's own addresses (read at start). Unset flag: all of them,
+    /// as kube-proxy's default.
+    pub local: Vec<IpAddr>,
+}
+
+impl NodePortAddresses {
+    /// Loopback and link-local addresses never serve NodePorts.
+    pub fn from_flags(flags: &[NodePortAddr], local: Vec<IpAddr>) -> Self {
+        Self {
+            cidrs: flags
+                .iter()
+                .filter_map(|f| match f {
+                    NodePortAddr::Cidr(c) => Some(*c),
+                    NodePortAddr::Primary => None,
+                })
+                .collect(),
+            primary: flags.contains(&NodePortAddr::Primary),
+            local: local.into_iter().filter(serves_nodeports).collect(),
+        }
+    }
+
+    /// The addresses that serve NodePorts: with `primary`, the first of
+    /// `primary` per family; otherwise every local address, or `listed`
+    /// (the Node object's addresses) when none were read; then the CIDR
+    /// limit. Sorted, without duplicates.
+    pub fn pick(&self, primary: &[IpAddr], listed: &[IpAddr]) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = if self.primary {
+            [
+                primary.iter().find(|a| a.is_ipv4()).copied(),
+                primary.iter().find(|a| a.is_ipv6()).copied(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect()
+        } else if !self.local.is_empty() {
+            self.local.clone()
+        } else {
+            listed.to_vec()
+        };
+        out.retain(|ip| self.cidrs.is_empty() || self.cidrs.iter().any(|c| c.contains(ip)));
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+fn serves_nodeports(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
+        IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn no_flag_takes_every_local_address_but_loopback_and_link_local() {
+        let n = NodePortAddresses::from_flags(
+            &[],
+            ips(&[
+                "127.0.0.1",
+                "192.168.1.10",
+                "fe80::1",
+                "fd00::10",
+                "169.254.0.1",
+            ]),
+        );
+        assert_eq!(n.pick(&[], &[]), ips(&["192.168.1.10", "fd00::10"]));
+    }
+
+    #[test]
+    fn primary_takes_one_address_per_family_and_cidrs_limit() {
+        let flags: Vec<NodePortAddr> = vec!["primary".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, ips(&["10.0.0.1", "10.0.0.2"]));
+        let primary = ips(&["10.0.0.2", "10.0.0.1", "fd00::2"]);
+        assert_eq!(n.pick(&primary, &[]), ips(&["10.0.0.2", "fd00::2"]));
+        let flags: Vec<NodePortAddr> = vec!["10.0.0.0/31".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, ips(&["10.0.0.1", "10.0.0.2"]));
+        assert_eq!(n.pick(&[], &[]), ips(&["10.0.0.1"]));
+    }
+
+    #[test]
+    fn without_local_addresses_the_listed_ones_serve() {
+        let n = NodePortAddresses::default();
+        assert_eq!(
+            n.pick(&[], &ips(&["192.168.1.10", "192.168.1.10"])),
+            ips(&["192.168.1.10"])
+        );
+    }
+}
