@@ -4,6 +4,7 @@
 //! and the binary only parses flags, installs the data path and answers
 //! signals.
 pub mod mailbox;
+pub mod settings;
 pub mod worker;
 
 use std::path::{Path, PathBuf};

@@ -14,7 +14,11 @@ use std::{
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use lb::{
-    agent::{mailbox::Mailbox, worker::Worker},
+    agent::{
+        mailbox::Mailbox,
+        settings::{StartSettings, Timeouts},
+        worker::Worker,
+    },
     datapath::{self, config::RuntimeConfig, DatapathConfig, MapSizes},
     health::{proxy::ProxyHealth, NodeEligibility},
     maps::bpf::BpfMaps,
@@ -27,11 +31,6 @@ use lb::{
         nodeports::{NodePortAddr, NodePortAddresses},
     },
     sys,
-};
-use lb_common::config::{
-    CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S, CFG_EVENT_RATE,
-    CFG_HOST_NETNS_COOKIE_HI, CFG_HOST_NETNS_COOKIE_LO, CFG_HOST_NS_ONLY, CFG_LB_MODE,
-    CFG_LOG_LEVEL, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN,
 };
 use tokio::{
     io::unix::AsyncFd,
@@ -543,9 +542,27 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         &args.bpf_log_level,
     )
     .context("--bpf-log-level")?;
-    if args.event_rate == 0 {
-        bail!("--event-rate must be at least 1");
-    }
+    let settings = StartSettings {
+        log_level,
+        event_rate: args.event_rate,
+        host_netns_cookie: sys::fs::own_netns_cookie()?,
+        host_namespace_only: args.socket_lb_host_namespace_only,
+        lb_mode: match args.lb_mode {
+            LbMode::Snat => lb_common::nodeport::MODE_SNAT,
+            LbMode::Dsr => lb_common::nodeport::MODE_DSR,
+            LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
+        },
+        maglev_m: args.maglev_table_size,
+        snat_ports: (args.snat_port_range.0, args.snat_port_range.1),
+        conntrack: Timeouts {
+            tcp: args.conntrack_timeout_tcp,
+            tcp_syn: args.conntrack_timeout_tcp_syn,
+            tcp_fin: args.conntrack_timeout_tcp_fin,
+            udp: args.conntrack_timeout_udp,
+        },
+    };
+    // Before anything is installed: a bad flag changes nothing.
+    settings.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -603,65 +620,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let report = datapath::install(&cfg)?;
     info!(pin_dir = %cfg.pin_dir.display(), maps_reused = report.maps_reused, "data path installed");
-    let mut config = RuntimeConfig::open(&cfg.pin_dir)?;
-    config.set(CFG_LOG_LEVEL, log_level)?;
-    config.set(CFG_EVENT_RATE, args.event_rate)?;
-    let cookie = sys::fs::own_netns_cookie()?;
-    config.set(CFG_HOST_NETNS_COOKIE_LO, cookie as u32)?;
-    config.set(CFG_HOST_NETNS_COOKIE_HI, (cookie >> 32) as u32)?;
-    config.set(
-        CFG_HOST_NS_ONLY,
-        u32::from(args.socket_lb_host_namespace_only),
-    )?;
-    config.set(
-        CFG_LB_MODE,
-        match args.lb_mode {
-            LbMode::Snat => lb_common::nodeport::MODE_SNAT,
-            LbMode::Dsr => lb_common::nodeport::MODE_DSR,
-            LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
-        },
-    )?;
-    config.set(CFG_MAGLEV_M, args.maglev_table_size)?;
-    // The hull first: a reply to a port of the old range must never leave
-    // early (CFG_SNAT_PORTS_EVER), not even between these two writes.
-    let ever = config.get(lb_common::config::CFG_SNAT_PORTS_EVER)?;
-    config.set(
-        lb_common::config::CFG_SNAT_PORTS_EVER,
-        lb_common::config::snat_ports_ever(ever, args.snat_port_range.0, args.snat_port_range.1),
-    )?;
-    config.set(CFG_SNAT_PORT_MIN, args.snat_port_range.0 as u32)?;
-    config.set(CFG_SNAT_PORT_MAX, args.snat_port_range.1 as u32)?;
-    for (index, flag, d) in [
-        (
-            CFG_CT_TCP_S,
-            "--conntrack-timeout-tcp",
-            args.conntrack_timeout_tcp,
-        ),
-        (
-            CFG_CT_TCP_SYN_S,
-            "--conntrack-timeout-tcp-syn",
-            args.conntrack_timeout_tcp_syn,
-        ),
-        (
-            CFG_CT_CLOSING_S,
-            "--conntrack-timeout-tcp-fin",
-            args.conntrack_timeout_tcp_fin,
-        ),
-        (
-            CFG_CT_UDP_S,
-            "--conntrack-timeout-udp",
-            args.conntrack_timeout_udp,
-        ),
-    ] {
-        let secs = d.as_secs();
-        if secs == 0 || secs > u32::MAX as u64 {
-            bail!("{flag} {}: give at least 1s", humantime::format_duration(d));
-        }
-        config.set(index, secs as u32)?;
-    }
+    settings.write(&mut RuntimeConfig::open(&cfg.pin_dir)?)?;
     if args.socket_lb_host_namespace_only {
         info!(
-            netns_cookie = cookie,
+            netns_cookie = settings.host_netns_cookie,
             "socket LB applies to the host network namespace only"
         );
     }
