@@ -1,9 +1,17 @@
-//! The agent's loop as a library: sources post to a mailbox, a worker
-//! thread applies what it holds through the reconciler (over `LbMaps`, so
-//! the loop runs against the fake maps in tests as well as the pinned ones),
-//! and the binary only parses flags, installs the data path and answers
-//! signals.
+//! The agent as a library, each part tested without root:
+//! * `settings`: the programs' start settings, checked before the install
+//!   and written in a safe order;
+//! * `router`: the event loop, source events to the NodePort health checks
+//!   and the mailbox, control messages (reload, stop);
+//! * `mailbox`: merges events while the worker is busy;
+//! * `worker`: applies them through the reconciler (over `LbMaps`, so it
+//!   runs against the fake maps in tests as well as the pinned ones).
+//!
+//! The binary parses flags, installs the data path (`datapath::install`,
+//! root, tested by the integration tests), wires these together and turns
+//! signals into control messages.
 pub mod mailbox;
+pub mod router;
 pub mod settings;
 pub mod worker;
 

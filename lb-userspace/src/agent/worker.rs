@@ -246,3 +246,33 @@ pub struct RefusedService {
     pub service: String,
     pub error: String,
 }
+
+/// Connected UDP sockets that socket LB pinned to a backend that was just
+/// removed fail over: they are destroyed in the background (scanning every
+/// namespace takes a moment; the maps are already up to date).
+pub fn terminate_stale_udp(pin_dir: PathBuf, metrics: Metrics) -> OnRemovedUdp {
+    Box::new(move |gone| {
+        let (pin_dir, metrics) = (pin_dir.clone(), metrics.clone());
+        std::thread::spawn(
+            move || match crate::sockets::terminate_udp(&pin_dir, &gone) {
+                Ok(r) => {
+                    metrics.sockets_destroyed.inc_by(r.destroyed as u64);
+                    metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
+                    for e in &r.errors {
+                        warn!("connected UDP sockets to removed backends: {e}");
+                    }
+                    info!(
+                        backends = gone.len(),
+                        namespaces = r.namespaces,
+                        destroyed = r.destroyed,
+                        "destroyed connected UDP sockets to removed backends"
+                    );
+                }
+                Err(e) => {
+                    metrics.socket_scan_errors.inc();
+                    warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
+                }
+            },
+        );
+    })
+}

@@ -16,6 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use lb::{
     agent::{
         mailbox::Mailbox,
+        router::{Control, Router},
         settings::{StartSettings, Timeouts},
         worker::Worker,
     },
@@ -672,7 +673,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let worker = Worker {
         reconciler,
         metrics: metrics.clone(),
-        on_removed_udp: terminate_stale_udp(args.pin_dir.clone(), metrics.clone()),
+        on_removed_udp: lb::agent::worker::terminate_stale_udp(
+            args.pin_dir.clone(),
+            metrics.clone(),
+        ),
         status_file: Some(lb::agent::status_file(&cfg.pin_dir)),
         retry_every: lb::agent::worker::RETRY_EVERY,
         unprogrammed: Vec::new(),
@@ -715,12 +719,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             proxy_health,
             metrics.health_check_listen_errors.clone(),
         ));
-        let mut health_checks = lb::health::services::Tracker::default();
         if let Some(logger) = report.logger {
             tokio::spawn(forward_bpf_logs(logger));
         }
 
-        let (tx, mut events) = mpsc::channel(64);
+        let (tx, events) = mpsc::channel(64);
         let (reload_tx, reload_rx) = mpsc::channel(1);
         match mode {
             Mode::File(path) => {
@@ -734,25 +737,30 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
 
+        // Signals become control messages for the loop (lb::agent::router).
+        let (control_tx, control) = mpsc::channel(4);
         let mut hup = signal(SignalKind::hangup())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        loop {
-            tokio::select! {
-                Some(ev) = events.recv() => {
-                    if health_checks.observe(&ev) {
-                        let _ = checks_tx.send(health_checks.checks());
-                    }
-                    mailbox.post(ev)
+        tokio::spawn(async move {
+            loop {
+                let c = tokio::select! {
+                    _ = hup.recv() => Control::Reload,
+                    _ = term.recv() => Control::Stop,
+                    _ = int.recv() => Control::Stop,
+                };
+                if control_tx.send(c).await.is_err() || c == Control::Stop {
+                    return;
                 }
-                _ = hup.recv() => {
-                    info!("SIGHUP: re-reading the source");
-                    let _ = reload_tx.try_send(());
-                }
-                _ = term.recv() => break,
-                _ = int.recv() => break,
             }
-        }
+        });
+        let router = Router {
+            mailbox: mailbox.clone(),
+            checks: checks_tx,
+            reload: reload_tx,
+            tracker: lb::health::services::Tracker::default(),
+        };
+        router.run(events, control).await;
         anyhow::Ok(())
     });
     info!("stopping; the data path stays installed and keeps forwarding");
@@ -776,34 +784,6 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     // Do not wait for the runtime's blocking tasks (a socket scan).
     rt.shutdown_timeout(Duration::from_millis(100));
     outcome
-}
-
-/// Connected UDP sockets that socket LB pinned to a backend that was just
-/// removed fail over: they are destroyed in the background (scanning every
-/// namespace takes a moment; the maps are already up to date).
-fn terminate_stale_udp(pin_dir: PathBuf, metrics: Metrics) -> lb::agent::worker::OnRemovedUdp {
-    Box::new(move |gone| {
-        let (pin_dir, metrics) = (pin_dir.clone(), metrics.clone());
-        std::thread::spawn(move || match lb::sockets::terminate_udp(&pin_dir, &gone) {
-            Ok(r) => {
-                metrics.sockets_destroyed.inc_by(r.destroyed as u64);
-                metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
-                for e in &r.errors {
-                    warn!("connected UDP sockets to removed backends: {e}");
-                }
-                info!(
-                    backends = gone.len(),
-                    namespaces = r.namespaces,
-                    destroyed = r.destroyed,
-                    "destroyed connected UDP sockets to removed backends"
-                );
-            }
-            Err(e) => {
-                metrics.socket_scan_errors.inc();
-                warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
-            }
-        });
-    })
 }
 
 /// Forwards the programs' aya-log records to tracing (through the `log` crate).
