@@ -19,13 +19,13 @@ mod drop;
 #[cfg(target_arch = "bpf")]
 mod events;
 #[cfg(target_arch = "bpf")]
-mod lb;
-#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod packet;
 #[cfg(target_arch = "bpf")]
 mod runtime;
+#[cfg(target_arch = "bpf")]
+mod select;
 #[cfg(target_arch = "bpf")]
 mod sock;
 

@@ -152,9 +152,9 @@ pub static LB_MAGLEV: btf_maps::HashOfMaps<
 /// Per-CPU scratch space of the tc and XDP programs, one per address family
 /// (not pinned: nothing in it outlives one packet).
 #[map]
-pub static LB_SCRATCH: PerCpuArray<crate::packet::Scratch<crate::lb::V4>> =
+pub static LB_SCRATCH: PerCpuArray<crate::packet::Scratch<crate::select::V4>> =
     PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-pub static LB_SCRATCH6: PerCpuArray<crate::packet::Scratch<crate::lb::V6>> =
+pub static LB_SCRATCH6: PerCpuArray<crate::packet::Scratch<crate::select::V6>> =
     PerCpuArray::with_max_entries(1, 0);

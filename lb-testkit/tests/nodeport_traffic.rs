@@ -16,7 +16,7 @@ use lb_testkit::{
 };
 
 /// The addresses one family's run uses.
-struct Family {
+struct IpFamily {
     label: &'static str,
     node_a: IpAddr,
     client: IpAddr,
@@ -28,7 +28,7 @@ struct Family {
     lb: &'static str,
 }
 
-const V4: Family = Family {
+const V4: IpFamily = IpFamily {
     label: "IPv4",
     node_a: IpAddr::V4(NODE_A),
     client: IpAddr::V4(CLIENT),
@@ -50,7 +50,7 @@ const V4: Family = Family {
 
 /// The same on IPv6: clusterIPs of the service CIDR fd00:96::/112, the
 /// pods' IPv6 addresses as backends.
-const V6: Family = Family {
+const V6: IpFamily = IpFamily {
     label: "IPv6",
     node_a: IpAddr::V6(NODE_A6),
     client: IpAddr::V6(CLIENT6),
@@ -75,7 +75,7 @@ pub fn services(node: char) -> String {
     services_of(node, &V4)
 }
 
-fn services_of(node: char, f: &Family) -> String {
+fn services_of(node: char, f: &IpFamily) -> String {
     let b = |ip: IpAddr| {
         let local = (node == 'a' && ip == f.pod_a) || (node == 'b' && f.pods_b.contains(&ip));
         format!("{{address: \"{ip}\", local: {local}}}")
@@ -128,7 +128,7 @@ pub fn backends(c: &Cluster) -> Backends {
     backends_of(c, &V4)
 }
 
-fn backends_of(c: &Cluster, f: &Family) -> Backends {
+fn backends_of(c: &Cluster, f: &IpFamily) -> Backends {
     let mut s = vec![
         servers::tcp(&c.pod_b.name, SocketAddr::from((f.pods_b[0], 8080)), "b0"),
         traffic::bulk_server(&c.pod_b.name, SocketAddr::from((f.pods_b[0], 9000))),
@@ -193,7 +193,7 @@ fn start_nodes(c: &mut Cluster, args: &[&str]) {
 /// connections (SNAT ports reused four times over) and DNS over UDP to a
 /// Maglev LoadBalancer, with GRO on; the flows went through the programs,
 /// and lbctl shows them.
-fn real_traffic(tag: &str, mode: &str, xdp: bool, f: &Family) {
+fn real_traffic(tag: &str, mode: &str, xdp: bool, f: &IpFamily) {
     let opts = Options {
         gro: true,
         full_checksums: xdp,

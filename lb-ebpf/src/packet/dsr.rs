@@ -33,8 +33,8 @@ use super::{
     Action, Hook,
 };
 use crate::{
-    lb::{V4, V6},
     runtime::bump,
+    select::{V4, V6},
 };
 
 const BPF_NOEXIST: u64 = 1;

@@ -29,18 +29,18 @@ use lb_common::{
 
 use super::{access::Pkt, parse, parse::Flow, Parsed, Scratch};
 use crate::{
-    lb::{Family, V4, V6},
     maps::{
         LB4_BACKENDS, LB4_CT, LB4_SRC_RANGES, LB6_BACKENDS, LB6_CT, LB6_DEVICES, LB6_SRC_RANGES,
         LB_DEVICES, LB_SCRATCH, LB_SCRATCH6,
     },
+    select::{ServiceFamily, V4, V6},
 };
 
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
 /// An address family of the packet path.
-pub trait Ip: Family + Sized + 'static {
+pub trait Ip: ServiceFamily + Sized + 'static {
     type Addr: Copy + PartialEq + Default;
     const IS_V6: bool;
     /// 4 or 6, as events and `lbctl monitor` show it.

@@ -11,7 +11,7 @@ use super::{
     family::Ip,
     parse::{Flow, FRAG_FIRST},
 };
-use crate::{lb::V4, maps::LB4_FRAGS};
+use crate::{maps::LB4_FRAGS, select::V4};
 
 #[inline(always)]
 fn key(f: &Flow<V4>) -> Frag4Key {

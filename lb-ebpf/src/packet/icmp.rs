@@ -28,7 +28,7 @@ use super::{
     parse::Flow,
     record_drop, scratch, Action, Hook,
 };
-use crate::{lb::V4, maps::LB_EVENT_RATE, runtime::bump};
+use crate::{maps::LB_EVENT_RATE, runtime::bump, select::V4};
 
 /// Length of what we send: Ethernet, a 24-byte IPv4 header (see
 /// `reply`), the ICMP header, the quoted IPv4 header and 8 bytes.

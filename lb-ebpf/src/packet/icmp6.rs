@@ -39,7 +39,7 @@ use super::{
     parse::Flow,
     record_drop, scratch, Action, Hook,
 };
-use crate::{lb::V6, runtime::bump};
+use crate::{runtime::bump, select::V6};
 
 const ICMPV6_PORT_UNREACH: u8 = 4;
 /// Option type of the padding option that absorbs the offload's write.

@@ -82,9 +82,9 @@ use self::{
 };
 use crate::{
     drop,
-    lb::{self, Lookup, V4, V6},
     maps::{LB4_FE_FILTER, LB_MAGLEV},
     runtime::{self, bump},
+    select::{self, Lookup, V4, V6},
 };
 
 /// Per-CPU room for what does not fit the 512-byte BPF stack along a call
@@ -549,7 +549,7 @@ enum Frontend<K> {
 #[inline(always)]
 fn frontend<I: Ip>(f: &Flow<I>, from_pod: bool) -> Frontend<I::Key> {
     let key = I::service_key(f.daddr, f.dport, f.proto, SCOPE_ALL);
-    match lb::lookup_service::<I>(&key) {
+    match select::lookup_service::<I>(&key) {
         Lookup::NotService => Frontend::None,
         Lookup::UnknownPort => Frontend::UnknownPort,
         // Pods on this node are clients on the node: they use every
@@ -680,7 +680,7 @@ fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let client = I::client(f.saddr);
     let affinity = svc.flags & SVC_FLAG_AFFINITY != 0;
     let remembered = if affinity {
-        lb::remembered::<I>(&svc, client)
+        select::remembered::<I>(&svc, client)
     } else {
         None
     };
@@ -689,11 +689,11 @@ fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     } else if svc.algorithm == ALG_MAGLEV {
         maglev(f, &svc)
     } else {
-        lb::select_backend::<I>(&key, &svc)
+        select::select_backend::<I>(&key, &svc)
     };
     if affinity && remembered.is_none() {
         if let Ok((id, _)) = picked {
-            lb::remember(&svc, client, id);
+            select::remember(&svc, client, id);
         }
     }
     let (backend_id, b) = match picked {

@@ -135,7 +135,7 @@ pub enum Parsed {
 /// temporaries (an Option of a tuple) let LLVM mix packet pointers into
 /// integer arithmetic, which the verifier rejects.
 #[inline(always)]
-pub fn parse4<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V4>) -> Parsed {
+pub fn parse4<P: Pkt>(p: &P, f: &mut Flow<crate::select::V4>) -> Parsed {
     let Some(eth_proto) = load::<u16, P>(p, 12) else {
         return Parsed::Other;
     };
@@ -277,7 +277,7 @@ fn l4_fields<P: Pkt, I: Ip>(
 /// (neighbour discovery above all), and a payload length of 0 (a
 /// jumbogram, RFC 2675).
 #[inline(always)]
-pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
+pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
     let Some(eth_proto) = load::<u16, P>(p, 12) else {
         return Parsed::Other;
     };
@@ -399,7 +399,7 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
 /// An ICMP error quoting a TCP or UDP packet; anything else (echo, errors
 /// about other protocols) is left to the stack.
 #[inline(always)]
-fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V4>) -> Parsed {
+fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow<crate::select::V4>) -> Parsed {
     let icmp = f.l4();
     // The quoted headers may sit beyond the linear part of an skb.
     p.pull(icmp + ICMP_HLEN + 60 + 8);
@@ -457,7 +457,7 @@ fn parse_icmp_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V4>) -> Parsed {
 /// IPv6 header has no extension header. Everything else of ICMPv6 goes to
 /// the stack untouched: neighbour discovery above all, and echo.
 #[inline(always)]
-fn parse_icmp6_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
+fn parse_icmp6_error<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
     let icmp = ETH_HLEN + IPV6_HLEN;
     let Some(ty) = load::<u8, P>(p, icmp + ICMP_TYPE) else {
         return Parsed::Other;
@@ -508,7 +508,7 @@ fn parse_icmp6_error<P: Pkt>(p: &P, f: &mut Flow<crate::lb::V6>) -> Parsed {
 
 /// Our DSR option, when it is the first option (where we put it).
 #[inline(always)]
-fn dsr_option<P: Pkt>(p: &P, ip: usize, f: &mut Flow<crate::lb::V4>) {
+fn dsr_option<P: Pkt>(p: &P, ip: usize, f: &mut Flow<crate::select::V4>) {
     let (Some(ty), Some(len)) = (load::<u8, P>(p, ip + 20), load::<u8, P>(p, ip + 21)) else {
         return;
     };

@@ -1,5 +1,5 @@
 //! tc (tcx) programs on the node's external devices.
-use crate::lb::{V4, V6};
+use crate::select::{V4, V6};
 use aya_ebpf::{
     bindings::{
         bpf_adj_room_mode::BPF_ADJ_ROOM_NET, bpf_fib_lookup, bpf_redir_neigh, TC_ACT_OK,

@@ -10,8 +10,8 @@ use lb_common::{
 
 use super::{bytes_to_words, words_to_bytes};
 use crate::{
-    lb::{Family, V4, V6},
     maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT},
+    select::{ServiceFamily, V4, V6},
 };
 
 /// A translation as the shared LRU (`LB4/6_SOCK_REVNAT`) keeps it.
@@ -22,7 +22,7 @@ pub struct Translation {
     pub service_id: u32,
 }
 
-pub trait SockFamily: Family {
+pub trait SockFamily: ServiceFamily {
     /// 4 or 6, as events and `SockPeer::family` carry it.
     const FAMILY: u8;
     fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Self::Key;

@@ -22,8 +22,8 @@ use super::{
 };
 use crate::{
     drop, events,
-    lb::{self, Lookup, V4, V6},
     runtime::{self, bump, log_enabled},
+    select::{self, Lookup, V4, V6},
 };
 
 const LOG_WARN: u32 = 2;
@@ -110,7 +110,7 @@ fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: [u32; 4], de
     };
     let dport = sa.user_port();
     let key = F::frontend_key(address, dport, protocol);
-    let svc = match lb::lookup_service::<F>(&key) {
+    let svc = match select::lookup_service::<F>(&key) {
         Lookup::NotService => return ALLOW,
         Lookup::UnknownPort => {
             let mut e = event::<F>(ctx, hook, protocol, address, dport);
@@ -124,7 +124,7 @@ fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: [u32; 4], de
     let picked = if keeps_choice(hook, protocol, &svc) {
         udp_choice::choose::<F>(ctx, address, dport, &key, &svc)
     } else {
-        lb::select_backend_for::<F>(&key, &svc, netns)
+        select::select_backend_for::<F>(&key, &svc, netns)
     };
     let (backend_id, backend) = match picked {
         Ok(found) => found,

@@ -17,7 +17,7 @@
 //!
 //! The LRU is also still used for:
 //! * connected UDP sockets, indexed there too: the agent finds the sockets
-//!   to destroy when their backend goes (`lb::sockets`) by cookie and
+//!   to destroy when their backend goes (`select::sockets`) by cookie and
 //!   backend, and cannot read another process's socket storage;
 //! * translations that no longer fit a socket's storage (an unconnected UDP
 //!   socket with replies outstanding from more than `SOCK_PEERS` backends):
@@ -31,7 +31,7 @@ use aya_ebpf::{
 use lb_common::sock::{SockPeer, SockPeers, SOCK_PEERS};
 
 use super::family::{SockFamily, Translation};
-use crate::lb::{V4, V6};
+use crate::select::{V4, V6};
 
 #[btf_map]
 pub static LB_SOCK_PEERS: SkStorage<SockPeers> = SkStorage::new();

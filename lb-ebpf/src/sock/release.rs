@@ -22,7 +22,7 @@ use aya_ebpf::{
 use lb_common::proto;
 
 use super::{family::SockFamily, v4_mapped, ALLOW};
-use crate::lb::{V4, V6};
+use crate::select::{V4, V6};
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;

@@ -5,8 +5,8 @@ use lb_common::config::CNT_SOCK_REVERSE;
 
 use super::{family::SockFamily, peers, v4_mapped, Dest, SockAddr, ALLOW};
 use crate::{
-    lb::{V4, V6},
     runtime::bump,
+    select::{V4, V6},
 };
 
 #[cgroup_sock_addr(recvmsg4)]

@@ -15,7 +15,7 @@ use lb_common::{
     sock::{UdpChoice, UdpChoices, UDP_CHOICES as CHOICES},
 };
 
-use crate::lb::{self, Family};
+use crate::select::{self, ServiceFamily};
 
 #[btf_map]
 pub static LB_SOCK_UDP: SkStorage<UdpChoices> = SkStorage::new();
@@ -23,7 +23,7 @@ pub static LB_SOCK_UDP: SkStorage<UdpChoices> = SkStorage::new();
 /// The backend this socket already uses for the frontend `address:port`,
 /// while it is still at its slot of `key`; else a new choice, stored.
 #[inline(always)]
-pub fn choose<F: Family>(
+pub fn choose<F: ServiceFamily>(
     ctx: &SockAddrContext,
     address: [u32; 4],
     port: u16,
@@ -33,7 +33,7 @@ pub fn choose<F: Family>(
     // SAFETY: the context's socket; the storage is created zeroed.
     let choices = unsafe { LB_SOCK_UDP.get_or_insert_ptr_mut(ctx, None) };
     if choices.is_null() {
-        return lb::select_backend::<F>(key, svc);
+        return select::select_backend::<F>(key, svc);
     }
     // SAFETY: the storage of this socket, valid for the program's run.
     let choices = unsafe { &mut *choices };
@@ -43,7 +43,7 @@ pub fn choose<F: Family>(
         if c.used != 0 && c.port == port && c.address == address {
             let count = svc.count as u32 + svc.terminating_count as u32;
             if c.slot as u32 <= count {
-                if let Ok((id, b)) = lb::backend_at::<F>(key, c.slot) {
+                if let Ok((id, b)) = select::backend_at::<F>(key, c.slot) {
                     if id == c.backend_id {
                         return Ok((id, b));
                     }
@@ -60,7 +60,7 @@ pub fn choose<F: Family>(
 }
 
 #[inline(always)]
-fn store<F: Family>(
+fn store<F: ServiceFamily>(
     choices: &mut UdpChoices,
     i: usize,
     address: [u32; 4],
@@ -68,8 +68,8 @@ fn store<F: Family>(
     key: &F::Key,
     svc: &ServiceValue,
 ) -> Result<(u32, F::Backend), lb_common::drop::DropReason> {
-    let slot = lb::select_slot(svc);
-    let (id, b) = lb::backend_at::<F>(key, slot)?;
+    let slot = select::select_slot(svc);
+    let (id, b) = select::backend_at::<F>(key, slot)?;
     if i < CHOICES {
         choices.entries[i] = UdpChoice {
             address,

@@ -17,7 +17,7 @@ use crate::maps::{
 };
 
 /// The maps of one address family.
-pub trait Family {
+pub trait ServiceFamily {
     type Key: Copy;
     type Backend: Copy;
     fn service(key: &Self::Key) -> Option<ServiceValue>;
@@ -31,7 +31,7 @@ pub struct V4;
 pub struct V6;
 
 // Values are copied out at once: the element may be replaced while we run.
-impl Family for V4 {
+impl ServiceFamily for V4 {
     type Key = Service4Key;
     type Backend = Backend4;
     #[inline(always)]
@@ -54,7 +54,7 @@ impl Family for V4 {
     }
 }
 
-impl Family for V6 {
+impl ServiceFamily for V6 {
     type Key = Service6Key;
     type Backend = Backend6;
     #[inline(always)]
@@ -88,7 +88,7 @@ pub enum Lookup {
 }
 
 #[inline(always)]
-pub fn lookup_service<F: Family>(key: &F::Key) -> Lookup {
+pub fn lookup_service<F: ServiceFamily>(key: &F::Key) -> Lookup {
     if let Some(svc) = F::service(key) {
         return Lookup::Service(svc);
     }
@@ -118,7 +118,10 @@ pub fn select_slot(svc: &ServiceValue) -> u16 {
 
 /// The backend at a slot of a frontend.
 #[inline(always)]
-pub fn backend_at<F: Family>(key: &F::Key, slot: u16) -> Result<(u32, F::Backend), DropReason> {
+pub fn backend_at<F: ServiceFamily>(
+    key: &F::Key,
+    slot: u16,
+) -> Result<(u32, F::Backend), DropReason> {
     if slot == 0 {
         return Err(DropReason::NoBackend);
     }
@@ -135,7 +138,7 @@ pub fn backend_at<F: Family>(key: &F::Key, slot: u16) -> Result<(u32, F::Backend
 /// Picks a backend uniformly at random among the active backends, or among
 /// the terminating ones when none is active (KEP-1669).
 #[inline(always)]
-pub fn select_backend<F: Family>(
+pub fn select_backend<F: ServiceFamily>(
     key: &F::Key,
     svc: &ServiceValue,
 ) -> Result<(u32, F::Backend), DropReason> {
@@ -147,7 +150,7 @@ pub fn select_backend<F: Family>(
 /// still selectable for the service and the timeout has not run out since
 /// its last use.
 #[inline(always)]
-pub fn select_backend_for<F: Family>(
+pub fn select_backend_for<F: ServiceFamily>(
     key: &F::Key,
     svc: &ServiceValue,
     client: u64,
@@ -178,7 +181,7 @@ fn affinity_group(svc: &ServiceValue) -> u32 {
 /// it is still selectable for it (LB_AFFINITY_MATCH) and the timeout has not
 /// run out since its last use (which this refreshes).
 #[inline(always)]
-pub fn remembered<F: Family>(svc: &ServiceValue, client: u64) -> Option<(u32, F::Backend)> {
+pub fn remembered<F: ServiceFamily>(svc: &ServiceValue, client: u64) -> Option<(u32, F::Backend)> {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let akey = AffinityKey {
