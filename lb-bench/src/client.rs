@@ -84,7 +84,10 @@ pub fn run(
     count: usize,
     millis: u64,
 ) -> Sample {
-    let target: Vec<String> = targets.iter().map(|t| t.to_string()).collect();
+    let target: Vec<String> = targets
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .arg("connect-client")
         .arg("--cgroup")

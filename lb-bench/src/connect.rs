@@ -289,7 +289,7 @@ fn connect4_program() -> Option<aya::programs::ProgramInfo> {
     aya::programs::loaded_programs()
         .flatten()
         .filter(|p| p.name_as_str() == Some("lb_connect4"))
-        .max_by_key(|p| p.id())
+        .max_by_key(aya::programs::ProgramInfo::id)
 }
 
 /// connect4's mean run time in ns, through the VIP and direct to a backend,

@@ -47,7 +47,7 @@ pub fn run(p: &Profile) -> Vec<MaglevResult> {
             for &id in &table {
                 counts[id as usize] += 1;
             }
-            let ideal = m as f64 / n as f64;
+            let ideal = f64::from(m) / n as f64;
             let (max, min) = (
                 counts[1..].iter().max().copied().unwrap_or(0),
                 counts[1..].iter().min().copied().unwrap_or(0),
@@ -63,7 +63,7 @@ pub fn run(p: &Profile) -> Vec<MaglevResult> {
                 build: median(times),
                 max_over_ideal: max as f64 / ideal,
                 min_over_ideal: min as f64 / ideal,
-                disruption: moved as f64 / m as f64,
+                disruption: moved as f64 / f64::from(m),
             });
         }
     }

@@ -365,8 +365,7 @@ async fn measure(
             .unwrap()
             .iter()
             .find(|(svc, n, t)| *svc == name && *n == want && *t >= t0)
-            .map(|(_, _, t)| *t)
-            .unwrap_or(mapped);
+            .map_or(mapped, |(_, _, t)| *t);
         to_slice.push(seen - t0);
         slice_to_map.push(mapped.saturating_duration_since(seen));
         to_map.push(mapped - t0);

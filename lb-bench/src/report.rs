@@ -654,7 +654,7 @@ impl Report {
                 o,
                 "| {} | {} | {} | {} | {:.3} | {:.3} | {:.2}% | {:.2}× | {:.2}% |",
                 m.m,
-                m.m as u64 * 4 / 1024,
+                u64::from(m.m) * 4 / 1024,
                 m.backends,
                 ms(m.build),
                 m.max_over_ideal,

@@ -70,7 +70,7 @@ impl Workload {
                 s.name,
                 s.vip,
                 s.port,
-                s.endpoints.first().map_or(TARGET_PORT, |e| e.port())
+                s.endpoints.first().map_or(TARGET_PORT, std::net::SocketAddrV4::port)
             ));
             let eps: Vec<String> = s
                 .endpoints

@@ -84,7 +84,7 @@ layouts! {
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
-        h ^= *b as u64;
+        h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
@@ -178,7 +178,7 @@ mod tests {
                 all.join("\n")
             ));
         }
-        for (name, _) in RECORDED.iter() {
+        for (name, _) in &RECORDED {
             if !current.contains(name) {
                 problems.push(format!("{name} was removed: bump LAYOUT_VERSION"));
             }

@@ -30,7 +30,10 @@ pub mod proto {
 /// (checked at compile time in `layout`), so any bytes are a valid value.
 #[cfg(feature = "user")]
 macro_rules! user_pod {
-    ($($t:ty),* $(,)?) => { $( unsafe impl aya::Pod for $t {} )* };
+    ($($t:ty),* $(,)?) => { $(
+        // SAFETY: see the macro's doc: repr(C), Copy, integers without padding.
+        unsafe impl aya::Pod for $t {}
+    )* };
 }
 #[cfg(not(feature = "user"))]
 macro_rules! user_pod {

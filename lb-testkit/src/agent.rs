@@ -100,7 +100,10 @@ impl Agent {
             "--min-sync-period",
             "20ms",
         ];
-        let source = source.iter().map(|s| s.to_string()).collect();
+        let source = source
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect();
         Self::launch(source, cgroup, pin_dir, extra_args, None, STARTUP)
     }
 
@@ -203,7 +206,10 @@ impl Agent {
             pin_dir: pin_dir.to_path_buf(),
             metrics: ([127, 0, 0, 1], free_port()).into(),
             healthz: ([127, 0, 0, 1], free_port()).into(),
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            extra_args: extra_args
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             netns,
             startup_timeout: STARTUP,
             ready_log: "reconciled",
@@ -362,7 +368,7 @@ impl Agent {
 
     /// The agent's process id while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.child.as_ref().map(std::process::Child::id)
     }
 
     /// SIGKILL: no chance to clean anything up.

@@ -152,7 +152,7 @@ pub fn parse_junit(xml: &str) -> Vec<Outcome> {
             let text = &text[..text.find("</").unwrap_or(text.len())];
             let attr_msg = el[..open_end].find(" message=\"").map(|k| {
                 let k = k + " message=\"".len();
-                let e = el[k..open_end].find('"').map(|e| e + k).unwrap_or(open_end);
+                let e = el[k..open_end].find('"').map_or(open_end, |e| e + k);
                 unescape(&el[k..e])
             });
             let all = format!("{}\n{}", attr_msg.unwrap_or_default(), unescape(text));

@@ -45,5 +45,5 @@ pub fn timed(prog: &OwnedFd, packet: &[u8], repeat: u32) -> io::Result<Duration>
     attr.0[32..36].copy_from_slice(&repeat.to_ne_bytes());
     bpf_raw(BPF_PROG_TEST_RUN, &mut attr)?;
     let ns = u32::from_ne_bytes(attr.0[36..40].try_into().unwrap());
-    Ok(Duration::from_nanos(ns as u64))
+    Ok(Duration::from_nanos(u64::from(ns)))
 }

@@ -267,8 +267,10 @@ impl ControlPlane {
 
     fn run(&mut self, name: &'static str, args: &[&str]) {
         self.args.retain(|(n, _)| *n != name);
-        self.args
-            .push((name, args.iter().map(|a| a.to_string()).collect()));
+        self.args.push((
+            name,
+            args.iter().map(std::string::ToString::to_string).collect(),
+        ));
         let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let mut cmd = Command::new(testbed_bin());
         cmd.args(args)
@@ -499,7 +501,7 @@ fn base64(data: &[u8]) -> String {
             *chunk.get(1).unwrap_or(&0),
             *chunk.get(2).unwrap_or(&0),
         ];
-        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);

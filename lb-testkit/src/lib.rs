@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 pub fn unique(test: &str) -> String {
     let short: String = test
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
+        .filter(char::is_ascii_alphanumeric)
         .take(12)
         .collect();
     format!("{short}-{}", std::process::id())

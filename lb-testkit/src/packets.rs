@@ -354,7 +354,7 @@ pub fn internet_checksum(data: &[u8]) -> u16 {
         } else {
             u16::from_be_bytes([chunk[0], 0])
         };
-        sum += word as u32;
+        sum += u32::from(word);
     }
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);

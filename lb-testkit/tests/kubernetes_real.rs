@@ -25,7 +25,9 @@ use lb_testkit::{
 };
 
 fn shared_cp() -> MutexGuard<'static, ControlPlane> {
-    k8s::shared().lock().unwrap_or_else(|e| e.into_inner())
+    k8s::shared()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// deploy/kubernetes applied once (server-side apply is idempotent), and

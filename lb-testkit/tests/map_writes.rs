@@ -14,7 +14,7 @@ fn upsert(i: u16) -> MapOp {
     MapOp::UpsertService(
         key,
         ServiceValue {
-            backend_id: 100 + i as u32,
+            backend_id: 100 + u32::from(i),
             ..Default::default()
         },
     )

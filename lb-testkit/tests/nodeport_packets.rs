@@ -552,7 +552,7 @@ fn fix_ip_checksum(frame: &mut [u8]) {
     frame[25] = 0;
     let mut sum: u32 = 0;
     for i in (14..34).step_by(2) {
-        sum += u16::from_be_bytes([frame[i], frame[i + 1]]) as u32;
+        sum += u32::from(u16::from_be_bytes([frame[i], frame[i + 1]]));
     }
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);

@@ -159,7 +159,7 @@ fn report(what: &str, c: &Cluster) -> String {
 
 /// Bulk both ways for 2 s to `port` on node A, every byte checked.
 fn bulk_both_ways(c: &Cluster, port: u16, label: &str) {
-    bulk_both_ways_to(c, IpAddr::V4(NODE_A), port, label)
+    bulk_both_ways_to(c, IpAddr::V4(NODE_A), port, label);
 }
 
 fn bulk_both_ways_to(c: &Cluster, node: IpAddr, port: u16, label: &str) {

@@ -220,6 +220,8 @@ fn original_dst(fd: i32) -> SocketAddr {
     // SAFETY: a zeroed sockaddr_in is valid; its size is passed.
     let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    // SAFETY: `fd` is an open socket; the kernel writes at most `len` bytes
+    // into `sa`, which outlives the call.
     let r = unsafe {
         libc::getsockopt(
             fd,

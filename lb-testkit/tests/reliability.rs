@@ -201,7 +201,7 @@ fn rolling_replacement_of_every_backend_under_load_fails_no_new_connect_and_keep
             agent.log_text()
         );
         std::thread::sleep(Duration::from_millis(300)); // load on this state
-        for (name, s) in streams.iter_mut() {
+        for (name, s) in &mut streams {
             let a = s.ask();
             assert!(
                 a.ok && a.backend() == Some(name.as_str()),

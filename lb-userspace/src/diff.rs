@@ -82,7 +82,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
         // and withdrawn after the master that turns it off: a client inside
         // both the old and the new ranges is never dropped.
         let have = current.source_ranges.get(&id);
-        for r in fe.source_ranges.iter() {
+        for r in &fe.source_ranges {
             if !have.is_some_and(|h| h.contains(r)) {
                 first.push(MapOp::UpsertSourceRange(id, *r));
             }
@@ -343,7 +343,7 @@ fn markers(current: &MapState, d: &Deltas, addresses: &[IpAddr]) -> (Vec<MapOp>,
     let mut del = Vec::new();
     for address in addresses {
         let users =
-            current.vip_refs(address) as i64 + d.vip_users.get(&address).copied().unwrap_or(0);
+            i64::from(current.vip_refs(address)) + d.vip_users.get(&address).copied().unwrap_or(0);
         let has = current.has_marker(address);
         if users > 0 && !has {
             add.push(MapOp::UpsertService(
@@ -373,7 +373,7 @@ fn unreferenced_backends(
     ids.into_iter()
         .filter(|id| {
             let refs =
-                current.backend_refs(*id) as i64 + d.backend_refs.get(id).copied().unwrap_or(0);
+                i64::from(current.backend_refs(*id)) + d.backend_refs.get(id).copied().unwrap_or(0);
             refs <= 0 && current.backends.contains_key(id) && !desired.backends.contains_key(id)
         })
         .map(|id| MapOp::DeleteBackend(id, Family::of(&current.backends[&id].address)))

@@ -68,8 +68,7 @@ pub fn strip_kube_chains(save: &str) -> (String, usize, usize) {
 
 fn tool_exists(name: &str) -> bool {
     std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false)
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
 }
 
 fn output(program: &str, args: &[&str]) -> anyhow::Result<String> {

@@ -531,13 +531,13 @@ impl<M: LbMaps> Reconciler<M> {
             for op in ops.iter().filter(|op| op.family() == family) {
                 match op {
                     MapOp::UpsertService(k, _) if !self.state.services.contains_key(k) => {
-                        services += 1
+                        services += 1;
                     }
                     MapOp::UpsertBackend(id, _) if !self.state.backends.contains_key(id) => {
-                        backends += 1
+                        backends += 1;
                     }
                     MapOp::UpsertRevNat(id, _) if !self.state.revnat.contains_key(id) => {
-                        revnat += 1
+                        revnat += 1;
                     }
                     _ => {}
                 }

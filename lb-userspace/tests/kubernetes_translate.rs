@@ -525,7 +525,7 @@ fn load_balancer_source_ranges_restrict_only_the_load_balancer_addresses_by_fami
             .unwrap()
             .source_ranges
             .iter()
-            .map(|c| c.to_string())
+            .map(std::string::ToString::to_string)
             .collect()
     };
     assert_eq!(ranges("198.51.100.9"), ["203.0.113.0/24"]);

@@ -671,7 +671,7 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
     assert!(k >= 2_600, "{k} refused");
     let work = r.ids_touched();
     assert!(
-        work <= 8 * (n as u64 + k),
+        work <= 8 * (u64::from(n) + k),
         "{work} id-table entries looked at for n = {n}, k = {k}"
     );
     // The summary is one line whatever k is.
@@ -709,7 +709,7 @@ fn source_ranges_go_in_before_the_check_turns_on_and_out_after_it_turns_off() {
         .unwrap();
     let ranges: Vec<String> = r.state().source_ranges[&lb_id]
         .iter()
-        .map(|c| c.to_string())
+        .map(std::string::ToString::to_string)
         .collect();
     assert_eq!(
         ranges,

@@ -101,7 +101,7 @@ proptest! {
                     let fe = &svc.frontends[0];
                     let vip: std::net::IpAddr = s.vip.parse().unwrap();
                     prop_assert_eq!(fe.address, vip);
-                    prop_assert_eq!(fe.port as i64, s.port);
+                    prop_assert_eq!(i64::from(fe.port), s.port);
                     prop_assert!((1..=65535).contains(&s.target));
                     prop_assert_eq!(fe.protocol.as_str(), s.proto);
                     // The backends of the frontend's family, on targetPort.
@@ -117,7 +117,7 @@ proptest! {
                     got.sort();
                     got.dedup();
                     prop_assert_eq!(got, want);
-                    prop_assert!(fe.backends.iter().all(|b| b.port as i64 == s.target));
+                    prop_assert!(fe.backends.iter().all(|b| i64::from(b.port) == s.target));
                 }
             }
         }

@@ -69,11 +69,10 @@ pub fn run() -> anyhow::Result<()> {
 }
 
 fn cargo_home() -> PathBuf {
-    std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
-        })
+    std::env::var_os("CARGO_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"),
+        PathBuf::from,
+    )
 }
 
 /// PATH with $CARGO_HOME/bin first, where `cargo install` puts bpf-linker.
@@ -89,8 +88,7 @@ fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", pkg])
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
-        .unwrap_or(false)
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
 fn apt() -> anyhow::Result<()> {

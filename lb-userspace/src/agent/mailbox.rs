@@ -59,7 +59,7 @@ impl Pending {
                 self.triggers.extend(triggers);
             }
             note @ (SourceEvent::Error { .. } | SourceEvent::Warning { .. }) => {
-                self.notes.push(note)
+                self.notes.push(note);
             }
         }
     }

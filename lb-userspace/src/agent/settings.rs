@@ -92,7 +92,7 @@ impl StartSettings {
         }
         for (_, flag, d) in self.conntrack.slots() {
             let secs = d.as_secs();
-            if secs == 0 || secs > u32::MAX as u64 {
+            if secs == 0 || secs > u64::from(u32::MAX) {
                 anyhow::bail!("{flag} {}: give at least 1s", humantime::format_duration(d));
             }
         }
@@ -123,8 +123,8 @@ impl StartSettings {
         let (low, high) = self.snat_ports;
         let ever = config.get(CFG_SNAT_PORTS_EVER)?;
         config.set(CFG_SNAT_PORTS_EVER, snat_ports_ever(ever, low, high))?;
-        config.set(CFG_SNAT_PORT_MIN, low as u32)?;
-        config.set(CFG_SNAT_PORT_MAX, high as u32)?;
+        config.set(CFG_SNAT_PORT_MIN, u32::from(low))?;
+        config.set(CFG_SNAT_PORT_MAX, u32::from(high))?;
         for (index, _, d) in self.conntrack.slots() {
             config.set(index, d.as_secs() as u32)?;
         }

@@ -264,7 +264,7 @@ fn init_logging(format: LogFormat) {
             // Colour codes only for a person at a terminal (https://no-color.org).
             let colour = std::io::stderr().is_terminal()
                 && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-            builder.with_ansi(colour).init()
+            builder.with_ansi(colour).init();
         }
     }
 }

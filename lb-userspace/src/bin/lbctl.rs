@@ -215,7 +215,7 @@ fn run() -> anyhow::Result<()> {
             }
             match out {
                 Output::Table if counts.is_empty() => {
-                    println!("No drops counted (--all shows every counter).")
+                    println!("No drops counted (--all shows every counter).");
                 }
                 Output::Table => print!("{}", cli::drops::render_table(&counts)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&counts)?),

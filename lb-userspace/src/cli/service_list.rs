@@ -151,7 +151,7 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                     .get(&master.service_id)
                     .into_iter()
                     .flatten()
-                    .map(|c| c.to_string())
+                    .map(std::string::ToString::to_string)
                     .collect(),
                 foreign_external_ip: master.flags
                     & lb_common::service::SVC_FLAG_FOREIGN_EXTERNAL_IP

@@ -48,8 +48,7 @@ impl Status {
 
 fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
+        .map_or_else(|_| "?".into(), |s| s.trim().to_string())
 }
 
 /// Finds the cgroup directory with this id (inode) under the cgroup2 mount.
@@ -82,12 +81,10 @@ pub fn gather(pin_dir: &Path) -> Status {
             Err(e) => format!("{e:#}"),
         },
     });
-    let bpffs = std::fs::read_to_string("/proc/mounts")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
-        })
-        .unwrap_or(false);
+    let bpffs = std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+    });
     checks.push(Check {
         name: "bpffs",
         ok: bpffs,
@@ -230,7 +227,7 @@ pub fn render_table(s: &Status) -> String {
         ]];
         for m in &s.maps {
             let fill = match (m.entries, m.capacity) {
-                (Some(e), Some(c)) if c > 0 => format!("{:.1}%", e as f64 * 100.0 / c as f64),
+                (Some(e), Some(c)) if c > 0 => format!("{:.1}%", e as f64 * 100.0 / f64::from(c)),
                 _ => "-".into(),
             };
             t.push([

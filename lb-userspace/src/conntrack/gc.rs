@@ -66,7 +66,7 @@ pub fn sweep(pin_dir: &Path) -> anyhow::Result<Sweep> {
     } else {
         (0, 0, c4)
     };
-    let share = |d: usize, c: u32| d as f64 / c.max(1) as f64;
+    let share = |d: usize, c: u32| d as f64 / f64::from(c.max(1));
     let busiest = if share(d6, c6) > share(d4, c4) {
         (d6, c6)
     } else {
@@ -107,7 +107,7 @@ where
 /// The interval after a sweep that took `current` to come and deleted
 /// `deleted` of `capacity` entries.
 pub fn next_interval(current: Duration, deleted: usize, capacity: u32) -> Duration {
-    let ratio = deleted as f64 / capacity.max(1) as f64;
+    let ratio = deleted as f64 / f64::from(capacity.max(1));
     let next = if ratio > 0.25 {
         current.mul_f64(1.0 - ratio.min(0.9))
     } else if ratio < 0.05 {

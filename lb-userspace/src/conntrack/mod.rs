@@ -31,13 +31,13 @@ pub fn timeouts(config: &crate::datapath::config::RuntimeConfig) -> anyhow::Resu
 /// Seconds an entry has left at `now_ns` (negative: expired), as the
 /// programs judge it (lb-ebpf `packet::ct::expired`).
 pub fn remaining_s<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTimeouts) -> i64 {
-    let life = ct_lifetime_s(key.proto, value.flags, t) as i64;
+    let life = i64::from(ct_lifetime_s(key.proto, value.flags, t));
     let idle = (now_ns.saturating_sub(value.last_seen_ns) / 1_000_000_000) as i64;
     life - idle
 }
 
 fn expired<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTimeouts) -> bool {
-    let life = ct_lifetime_s(key.proto, value.flags, t) as u64 * 1_000_000_000;
+    let life = u64::from(ct_lifetime_s(key.proto, value.flags, t)) * 1_000_000_000;
     now_ns.saturating_sub(value.last_seen_ns) > life
 }
 

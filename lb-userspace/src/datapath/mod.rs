@@ -493,7 +493,7 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
     }
     if let Ok(entries) = std::fs::read_dir(layout.links_dir()) {
         let mut entries: Vec<_> = entries.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
+        entries.sort_by_key(std::fs::DirEntry::file_name);
         for e in entries {
             std::fs::remove_file(e.path())
                 .with_context(|| format!("removing {}", e.path().display()))?;

@@ -37,7 +37,7 @@ pub fn build(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
     if bs.is_empty() || m < 2 {
         return Vec::new();
     }
-    let m64 = m as u64;
+    let m64 = u64::from(m);
     let prefs: Vec<Preference> = bs
         .iter()
         .map(|b| Preference {
@@ -63,7 +63,7 @@ struct Preference {
 /// The paper's Pseudocode 1, with the permutations kept incrementally (the
 /// next preference as `pos`) instead of as an N×M matrix.
 fn populate(prefs: &[Preference], m: u32) -> Vec<u32> {
-    let m64 = m as u64;
+    let m64 = u64::from(m);
     let mut pos: Vec<u64> = prefs.iter().map(|p| p.offset).collect();
     let skip: Vec<u64> = prefs.iter().map(|p| p.skip).collect();
     let bs = prefs;
@@ -151,8 +151,9 @@ mod tests {
             let all = backends(n);
             let before = build(&all, m);
             let after = build(&all[..n as usize - 1], m);
-            let moved = before.iter().zip(&after).filter(|(a, b)| a != b).count() as f64 / m as f64;
-            let ideal = 1.0 / n as f64;
+            let moved =
+                before.iter().zip(&after).filter(|(a, b)| a != b).count() as f64 / f64::from(m);
+            let ideal = 1.0 / f64::from(n);
             // The removed backend's own slots must move (≈1/N); Maglev moves a
             // little more than that (paper, Fig. 11), never much more.
             assert!(

@@ -61,8 +61,10 @@ pub async fn serve(addr: SocketAddr, state: ProxyHealth) -> anyhow::Result<()> {
 
 fn rfc3339(t: Option<SystemTime>) -> String {
     // kube-proxy prints Go's zero time before the first update.
-    t.map(|t| humantime::format_rfc3339_nanos(t).to_string())
-        .unwrap_or_else(|| "0001-01-01T00:00:00Z".into())
+    t.map_or_else(
+        || "0001-01-01T00:00:00Z".into(),
+        |t| humantime::format_rfc3339_nanos(t).to_string(),
+    )
 }
 
 fn json(code: StatusCode, body: String) -> impl IntoResponse {

@@ -211,7 +211,7 @@ impl LbMaps for BpfMaps {
             (None, MapOp::SetFilterWord(i, w)) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
             (None, MapOp::TrustFilter(t)) => self
                 .config
-                .set(CFG_FRONTEND_FILTER, *t as u32, 0)
+                .set(CFG_FRONTEND_FILTER, u32::from(*t), 0)
                 .map_err(io_error),
             // Every other operation is one family's, written above.
             (None, _) => Err(io::Error::other("no map takes this operation")),
@@ -239,7 +239,7 @@ impl LbMaps for BpfMaps {
             &mut source_ranges,
         )?;
         let mut affinity = Vec::new();
-        for e in self.affinity.iter() {
+        for e in &self.affinity {
             let (k, _) = e.context("reading LB_AFFINITY_MATCH")?;
             affinity.push((k.service_id, k.backend_id));
         }

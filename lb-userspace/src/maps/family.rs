@@ -284,15 +284,15 @@ impl<L: Layout> FamilyMaps<L> {
         source_ranges: &mut Vec<(u32, Cidr)>,
     ) -> anyhow::Result<()> {
         let n = L::FAMILY.names();
-        for e in self.services.iter() {
+        for e in &self.services {
             let (k, v) = e.with_context(|| format!("reading {}", n.services))?;
             services.push((L::svc_key_from(&k), v));
         }
-        for e in self.backends.iter() {
+        for e in &self.backends {
             let (id, b) = e.with_context(|| format!("reading {}", n.backends))?;
             backends.push((id, L::backend_from(&b)));
         }
-        for e in self.revnat.iter() {
+        for e in &self.revnat {
             let (id, r) = e.with_context(|| format!("reading {}", n.revnat))?;
             revnat.push((id, L::revnat_from(&r)));
         }

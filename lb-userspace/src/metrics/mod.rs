@@ -286,7 +286,7 @@ impl Metrics {
                     map: format!("{p}_{name}"),
                 };
                 self.map_entries.get_or_create(&labels).set(n as i64);
-                self.map_capacity.get_or_create(&labels).set(c as i64);
+                self.map_capacity.get_or_create(&labels).set(i64::from(c));
             }
         }
         let mut h = self.health.lock().unwrap();

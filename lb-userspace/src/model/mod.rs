@@ -330,7 +330,7 @@ pub fn source_ranges_for(
     let mut out: Vec<_> = ranges
         .iter()
         .filter(|c| c.address.is_ipv4() == address.is_ipv4())
-        .map(|c| c.network())
+        .map(super::net::Cidr::network)
         .collect();
     out.sort();
     out.dedup();

@@ -58,7 +58,7 @@ pub fn all_addresses() -> anyhow::Result<Vec<(String, std::net::IpAddr)>> {
             .into_owned();
         if !ifa.ifa_addr.is_null() {
             // SAFETY: the family says which sockaddr it is.
-            let family = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
             if family == libc::AF_INET {
                 // SAFETY: AF_INET: the address is a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };

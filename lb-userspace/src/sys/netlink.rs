@@ -204,7 +204,7 @@ impl LinkWatch {
                 LinkEvent::New(l)
             } else {
                 LinkEvent::Gone(l)
-            })
+            });
         })?;
         Ok(out)
     }

@@ -198,7 +198,7 @@ impl Store {
         match ev {
             Event::Apply(s) => {
                 self.note_trigger(&s);
-                self.put_slice(s)
+                self.put_slice(s);
             }
             Event::Delete(s) => {
                 let key = slice_key(&s);
@@ -419,7 +419,7 @@ impl Store {
                     f.address,
                     f.port,
                     f.protocol.as_str(),
-                    owner.map_or("?".into(), |o| o.to_string())
+                    owner.map_or("?".into(), std::string::ToString::to_string)
                 ));
             }
             ours
