@@ -16,14 +16,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_common::maps as names;
 use smallvec::SmallVec;
 
 use crate::{
     collections::{HashMap, HashSet},
     desired::{self, BuildConfig, Desired, DesiredError, Ids},
     diff::{diff, sweep},
-    maps::{Family, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
+    maps::{capacity::Bounded, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
     model::{Model, Service, ServiceName},
 };
 
@@ -526,79 +525,22 @@ impl<M: LbMaps> Reconciler<M> {
     /// Each family has its own maps of the same capacity.
     fn check_capacity(&self, ops: &[MapOp]) -> Result<(), ServiceError> {
         let cap = self.maps.capacity();
-        for family in [Family::V4, Family::V6] {
-            let (mut services, mut backends, mut revnat) = self.state.counts(family);
-            for op in ops.iter().filter(|op| op.family() == family) {
-                match op {
-                    MapOp::UpsertService(k, _) if !self.state.services.contains_key(k) => {
-                        services += 1;
-                    }
-                    MapOp::UpsertBackend(id, _) if !self.state.backends.contains_key(id) => {
-                        backends += 1;
-                    }
-                    MapOp::UpsertRevNat(id, _) if !self.state.revnat.contains_key(id) => {
-                        revnat += 1;
-                    }
-                    _ => {}
-                }
-            }
-            let n = family.names();
-            let checks = [
-                (n.services, services, cap.services, "--map-size-services"),
-                (n.backends, backends, cap.backends, "--map-size-backends"),
-                (n.revnat, revnat, cap.revnat, "--map-size-services"),
-            ];
-            for (map, needed, max, flag) in checks {
-                if needed > max as usize {
-                    return Err(ServiceError::Capacity {
-                        map,
-                        needed,
-                        max,
-                        flag,
-                    });
-                }
+        let mut added: BTreeMap<Bounded, usize> = BTreeMap::new();
+        for op in ops {
+            if let Some(m) = Bounded::added_by(op, &self.state) {
+                *added.entry(m).or_default() += 1;
             }
         }
-        let tables = self.state.maglev.len()
-            + ops
-                .iter()
-                .filter(
-                    |op| matches!(op, MapOp::SetMaglev(s, _) if !self.state.maglev.contains_key(s)),
-                )
-                .count();
-        if tables > cap.maglev as usize {
-            return Err(ServiceError::Capacity {
-                map: names::LB_MAGLEV,
-                needed: tables,
-                max: cap.maglev,
-                flag: "--map-size-maglev",
-            });
-        }
-        let affinity = self.state.affinity_entries()
-            + ops
-                .iter()
-                .filter(|op| matches!(op, MapOp::UpsertAffinityMatch(s, b) if !self.state.affinity.get(s).is_some_and(|set| set.contains(b))))
-                .count();
-        if affinity > cap.services as usize {
-            return Err(ServiceError::Capacity {
-                map: names::LB_AFFINITY_MATCH,
-                needed: affinity,
-                max: cap.services,
-                flag: "--map-size-services",
-            });
-        }
-        let ranges = self.state.source_range_entries()
-            + ops
-                .iter()
-                .filter(|op| matches!(op, MapOp::UpsertSourceRange(s, r) if !self.state.source_ranges.get(s).is_some_and(|set| set.contains(r))))
-                .count();
-        if ranges > cap.source_ranges as usize {
-            return Err(ServiceError::Capacity {
-                map: names::LB4_SRC_RANGES,
-                needed: ranges,
-                max: cap.source_ranges,
-                flag: "--map-size-source-ranges",
-            });
+        for (m, n) in added {
+            let needed = m.len(&self.state) + n;
+            if needed > m.max(&cap) as usize {
+                return Err(ServiceError::Capacity {
+                    map: m.map(),
+                    needed,
+                    max: m.max(&cap),
+                    flag: m.flag(),
+                });
+            }
         }
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! In-memory maps for tests of the reconciler: same `LbMaps` contract as the
 //! BPF maps, records every operation, can be told to fail.
-use super::{Capacity, LbMaps, MapOp, MapState, MapWriteError};
+use super::{capacity, Capacity, LbMaps, MapOp, MapState, MapWriteError};
 
 #[derive(Debug, Default)]
 pub struct FakeMaps {
@@ -50,35 +50,9 @@ impl LbMaps for FakeMaps {
             }
         }
         // Capacities are per family, like the real LB4_* / LB6_* maps.
-        let (services, backends, revnat) = self.state.counts(op.family());
-        let full = match op {
-            MapOp::UpsertService(k, _) => {
-                !self.state.services.contains_key(k) && services >= self.capacity.services as usize
-            }
-            MapOp::UpsertBackend(id, _) => {
-                !self.state.backends.contains_key(id) && backends >= self.capacity.backends as usize
-            }
-            MapOp::UpsertRevNat(id, _) => {
-                !self.state.revnat.contains_key(id) && revnat >= self.capacity.revnat as usize
-            }
-            MapOp::SetMaglev(svc, _) => {
-                !self.state.maglev.contains_key(svc)
-                    && self.state.maglev.len() >= self.capacity.maglev as usize
-            }
-            MapOp::UpsertAffinityMatch(svc, b) => {
-                !self.state.affinity.get(svc).is_some_and(|s| s.contains(b))
-                    && self.state.affinity_entries() >= self.capacity.services as usize
-            }
-            MapOp::UpsertSourceRange(svc, r) => {
-                !self
-                    .state
-                    .source_ranges
-                    .get(svc)
-                    .is_some_and(|s| s.contains(r))
-                    && self.state.source_range_entries() >= self.capacity.source_ranges as usize
-            }
-            _ => false,
-        };
+        let full = capacity::out_of_range(op)
+            || capacity::Bounded::added_by(op, &self.state)
+                .is_some_and(|m| m.len(&self.state) >= m.max(&self.capacity) as usize);
         if full {
             return Err(MapWriteError {
                 map: op.map_name(),

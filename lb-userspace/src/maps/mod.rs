@@ -8,6 +8,7 @@
 //! kernel keeps IPv4 and IPv6 in separate maps with network-order fields
 //! (conversions in `convert.rs`).
 pub mod bpf;
+pub mod capacity;
 pub mod convert;
 pub mod fake;
 pub mod family;

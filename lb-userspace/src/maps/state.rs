@@ -335,11 +335,11 @@ impl MapState {
         self.source_range_entries
     }
 
-    /// Entries per family: (services, backends, revnat).
     pub fn affinity_entries(&self) -> usize {
         self.affinity_entries
     }
 
+    /// Entries per family: (services, backends, revnat).
     pub fn counts(&self, family: Family) -> (usize, usize, usize) {
         let c = self.sizes[family as usize];
         (c.services, c.backends, c.revnat)

@@ -1,0 +1,192 @@
+//! Which maps the agent can fill, and how full they are: one table read by
+//! both the reconciler (which refuses a change that cannot fit, before
+//! writing anything) and the fake maps (which refuse what the kernel would,
+//! E2BIG, so tests meet the same limits as the real maps).
+use lb_common::{filter::FILTER_WORDS, maps as names};
+
+use super::{Capacity, Family, MapOp, MapState};
+
+/// A map with a fixed number of entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Bounded {
+    Services(Family),
+    Backends(Family),
+    RevNat(Family),
+    Maglev,
+    AffinityMatch,
+    AffinityGroup,
+    /// LB4_SRC_RANGES and LB6_SRC_RANGES, each of the same size, counted
+    /// together (the state keeps one count): refused early, never late.
+    SourceRanges,
+}
+
+impl Bounded {
+    pub const ALL: [Bounded; 10] = [
+        Bounded::Services(Family::V4),
+        Bounded::Services(Family::V6),
+        Bounded::Backends(Family::V4),
+        Bounded::Backends(Family::V6),
+        Bounded::RevNat(Family::V4),
+        Bounded::RevNat(Family::V6),
+        Bounded::Maglev,
+        Bounded::AffinityMatch,
+        Bounded::AffinityGroup,
+        Bounded::SourceRanges,
+    ];
+
+    pub fn map(self) -> &'static str {
+        match self {
+            Bounded::Services(f) => f.names().services,
+            Bounded::Backends(f) => f.names().backends,
+            Bounded::RevNat(f) => f.names().revnat,
+            Bounded::Maglev => names::LB_MAGLEV,
+            Bounded::AffinityMatch => names::LB_AFFINITY_MATCH,
+            Bounded::AffinityGroup => names::LB_AFFINITY_GROUP,
+            Bounded::SourceRanges => "LB4_SRC_RANGES and LB6_SRC_RANGES",
+        }
+    }
+
+    /// The agent flag that sizes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Bounded::Services(_)
+            | Bounded::RevNat(_)
+            | Bounded::AffinityMatch
+            | Bounded::AffinityGroup => "--map-size-services",
+            Bounded::Backends(_) => "--map-size-backends",
+            Bounded::Maglev => "--map-size-maglev",
+            Bounded::SourceRanges => "--map-size-source-ranges",
+        }
+    }
+
+    pub fn max(self, cap: &Capacity) -> u32 {
+        match self {
+            Bounded::Services(_) | Bounded::AffinityMatch | Bounded::AffinityGroup => cap.services,
+            Bounded::Backends(_) => cap.backends,
+            Bounded::RevNat(_) => cap.revnat,
+            Bounded::Maglev => cap.maglev,
+            Bounded::SourceRanges => cap.source_ranges,
+        }
+    }
+
+    /// Entries it holds in `state`.
+    pub fn len(self, state: &MapState) -> usize {
+        match self {
+            Bounded::Services(f) => state.counts(f).0,
+            Bounded::Backends(f) => state.counts(f).1,
+            Bounded::RevNat(f) => state.counts(f).2,
+            Bounded::Maglev => state.maglev.len(),
+            Bounded::AffinityMatch => state.affinity_entries(),
+            Bounded::AffinityGroup => state.affinity_groups.len(),
+            Bounded::SourceRanges => state.source_range_entries(),
+        }
+    }
+
+    /// The map `op` adds an entry to, if it adds one (an update of an
+    /// existing entry takes no room).
+    pub fn added_by(op: &MapOp, state: &MapState) -> Option<Bounded> {
+        let new = match op {
+            MapOp::UpsertService(k, _) => !state.services.contains_key(k),
+            MapOp::UpsertBackend(id, _) => !state.backends.contains_key(id),
+            MapOp::UpsertRevNat(id, _) => !state.revnat.contains_key(id),
+            MapOp::SetMaglev(svc, _) => !state.maglev.contains_key(svc),
+            MapOp::UpsertAffinityMatch(svc, b) => {
+                !state.affinity.get(svc).is_some_and(|s| s.contains(b))
+            }
+            MapOp::SetAffinityGroup(svc, _) => !state.affinity_groups.contains_key(svc),
+            MapOp::UpsertSourceRange(svc, r) => {
+                !state.source_ranges.get(svc).is_some_and(|s| s.contains(r))
+            }
+            _ => false,
+        };
+        if !new {
+            return None;
+        }
+        let f = op.family();
+        Some(match op {
+            MapOp::UpsertService(..) => Bounded::Services(f),
+            MapOp::UpsertBackend(..) => Bounded::Backends(f),
+            MapOp::UpsertRevNat(..) => Bounded::RevNat(f),
+            MapOp::SetMaglev(..) => Bounded::Maglev,
+            MapOp::UpsertAffinityMatch(..) => Bounded::AffinityMatch,
+            MapOp::SetAffinityGroup(..) => Bounded::AffinityGroup,
+            _ => Bounded::SourceRanges,
+        })
+    }
+}
+
+/// An array write beyond the array (the kernel's E2BIG for an index past
+/// max_entries).
+pub fn out_of_range(op: &MapOp) -> bool {
+    matches!(op, MapOp::SetFilterWord(i, _) if *i >= FILTER_WORDS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        datapath::{catalog::CATALOG, MapSizes},
+        maps::fake::FakeMaps,
+        maps::LbMaps as _,
+    };
+
+    /// The checks and the maps the install creates agree: each bounded
+    /// map's limit is the catalog's capacity for it, with sizes that all
+    /// differ (so a wrong flag shows).
+    #[test]
+    fn every_bounded_map_is_limited_by_the_catalogs_capacity() {
+        let sizes = MapSizes {
+            services: 11,
+            backends: 12,
+            revnat: 13,
+            maglev: 14,
+            source_ranges: 15,
+            ..MapSizes::default()
+        };
+        let cap = Capacity {
+            services: sizes.services,
+            backends: sizes.backends,
+            revnat: sizes.revnat,
+            maglev: sizes.maglev,
+            source_ranges: sizes.source_ranges,
+        };
+        let catalog = |name: &str| {
+            CATALOG
+                .iter()
+                .find(|m| m.name == name)
+                .unwrap_or_else(|| panic!("{name} not in the catalog"))
+                .max_entries(&sizes)
+        };
+        for m in Bounded::ALL {
+            let names: Vec<&str> = m.map().split(" and ").collect();
+            for name in names {
+                assert_eq!(catalog(name), Some(m.max(&cap)), "{m:?} ({name})");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fake_refuses_what_the_kernel_refuses() {
+        let mut fake = FakeMaps::with_capacity(Capacity {
+            services: 1,
+            ..Capacity::default()
+        });
+        fake.apply(&MapOp::SetAffinityGroup(1, 1)).unwrap();
+        // Updating an entry takes no room; a second one does not fit.
+        fake.apply(&MapOp::SetAffinityGroup(1, 2)).unwrap();
+        let e = fake.apply(&MapOp::SetAffinityGroup(2, 2)).unwrap_err();
+        assert_eq!(e.source.raw_os_error(), Some(libc::E2BIG), "{e}");
+        let e = fake
+            .apply(&MapOp::SetFilterWord(FILTER_WORDS, 1))
+            .unwrap_err();
+        assert_eq!(e.source.raw_os_error(), Some(libc::E2BIG), "{e}");
+        fake.apply(&MapOp::SetFilterWord(FILTER_WORDS - 1, 1))
+            .unwrap();
+        let e = fake
+            .apply(&MapOp::SetMaglev(3, Arc::new(Vec::new())))
+            .unwrap_err();
+        assert_eq!(e.source.raw_os_error(), Some(libc::EINVAL), "{e}");
+    }
+}
