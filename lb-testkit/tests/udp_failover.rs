@@ -84,6 +84,16 @@ fn connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_socket_fails
         metrics.lines().any(|l| l == "lb_sockets_destroyed_total 1"),
         "{metrics}"
     );
+
+    // The destroyed socket's destination was cleared by udp_abort; its
+    // entry in the shared reverse LRU still goes when it closes (through
+    // its own storage), as the retry's did.
+    drop(resolver);
+    drop(direct);
+    let left = lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
+        .unwrap()
+        .unwrap();
+    assert_eq!(left, 0, "closed sockets' entries left in LB4_SOCK_REVNAT");
 }
 
 /// An unconnected UDP socket (sendto for every datagram, like a QUIC client

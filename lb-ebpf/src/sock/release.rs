@@ -14,14 +14,27 @@
 //! connected UDP socket the agent may have to find) from being evicted by
 //! dead ones.
 //!
+//! A UDP socket's own storage (`LB_SOCK_PEERS`) names every backend it was
+//! sent to; their entries go too. That covers what the destination alone
+//! misses: a socket the agent destroyed (the kernel's udp_abort clears its
+//! destination before the close), one that disconnected or connected again
+//! elsewhere. A TCP socket whose connect failed (tcp_disconnect clears its
+//! destination) keeps its entry until the LRU evicts it.
+//!
 //! Sockets of other families or protocols and sockets never translated
 //! cost one lookup that misses.
 use aya_ebpf::{
-    helpers::bpf_get_socket_cookie, macros::cgroup_sock, programs::SockContext, EbpfContext,
+    helpers::{bpf_get_socket_cookie, generated::bpf_sk_storage_get},
+    macros::cgroup_sock,
+    programs::SockContext,
+    EbpfContext,
 };
-use lb_common::proto;
+use lb_common::{
+    proto,
+    sock::{SockPeers, SOCK_PEERS},
+};
 
-use super::{family::SockFamily, v4_mapped, ALLOW};
+use super::{family::SockFamily, peers::LB_SOCK_PEERS, v4_mapped, ALLOW};
 use crate::select::{V4, V6};
 
 const AF_INET: u32 = 2;
@@ -43,11 +56,14 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
     }
     // SAFETY: as above; dst_port is a 16-bit field in network order (Linux 5.16+).
     let port = unsafe { core::ptr::read_volatile(&(*sk).dst_port) };
-    if port == 0 {
-        return ALLOW; // never connected
-    }
     // SAFETY: the hook's own context; the helper only reads the socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if protocol == proto::UDP as u32 {
+        forget_stored(&ctx, cookie);
+    }
+    if port == 0 {
+        return ALLOW; // not connected (any more)
+    }
     if family == AF_INET {
         // SAFETY: as above.
         let addr = unsafe { core::ptr::read_volatile(&(*sk).dst_ip4) };
@@ -70,4 +86,36 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
         }
     }
     ALLOW
+}
+
+/// Deletes the shared entries of every backend the socket's own storage
+/// names (no storage: nothing to do, none is created).
+#[inline(always)]
+fn forget_stored(ctx: &SockContext, cookie: u64) {
+    // SAFETY: the storage map is ours; the context is this run's socket,
+    // which a cgroup sock program passes as its context (the kernel's
+    // bpf_sk_storage_get_cg_sock_proto); no flag: nothing is created.
+    let peers = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::from_ref(&LB_SOCK_PEERS).cast_mut().cast(),
+            ctx.as_ptr(),
+            core::ptr::null_mut(),
+            0,
+        )
+    }
+    .cast::<SockPeers>();
+    if peers.is_null() {
+        return;
+    }
+    let mut i = 0;
+    while i < SOCK_PEERS {
+        // SAFETY: this socket's storage, valid for the program's run.
+        let e = unsafe { &(*peers).entries[i] };
+        match e.family {
+            4 => V4::lru_remove(cookie, e.backend, e.backend_port),
+            6 => V6::lru_remove(cookie, e.backend, e.backend_port),
+            _ => {}
+        }
+        i += 1;
+    }
 }

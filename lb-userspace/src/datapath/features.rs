@@ -63,8 +63,11 @@ pub fn requirements(devices: bool) -> Vec<Requirement> {
             probe: Probe::Helper(CgroupSockAddr, H::BPF_FUNC_sk_storage_get),
         },
         Requirement {
-            what: "bpf_get_socket_cookie in cgroup sock programs (sock_release: 5.9)",
-            since: (5, 7),
+            what: "bpf_get_socket_cookie in cgroup sock_release programs",
+            // The helper came to cgroup sock programs in 5.7, the
+            // sock_release attach type in 5.9 (not probed: the 5.18 of
+            // bpf_set_retval covers it).
+            since: (5, 9),
             why: "takes a closing socket's entry out of the reverse-translation LRU",
             probe: Probe::Helper(CgroupSock, H::BPF_FUNC_get_socket_cookie),
         },
