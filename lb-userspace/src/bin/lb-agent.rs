@@ -354,6 +354,7 @@ fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Resu
             let node_name = args.node_name.clone().context(
                 "Kubernetes mode needs this node's name: --node-name or NODE_NAME (downward API spec.nodeName)",
             )?;
+            NodePortAddresses::check_flags(&args.nodeport_addresses).map_err(anyhow::Error::msg)?;
             Ok(Mode::Kubernetes(WatchConfig {
                 node_name,
                 nodeports: NodePortAddresses::from_flags(

@@ -1,7 +1,8 @@
 //! Which of this node's addresses serve NodePorts, for both sources: the
 //! `--nodeport-addresses` flag (kube-proxy's) applied to the node's
 //! addresses. In Kubernetes mode the node's primary addresses are its
-//! InternalIPs; in standalone mode, the first device's addresses.
+//! InternalIPs; in standalone mode, the first IPv4 and the first global
+//! IPv6 address of the --devices, in their order.
 use std::net::IpAddr;
 
 use crate::net::Cidr;
@@ -53,19 +54,29 @@ impl NodePortAddresses {
         }
     }
 
+    /// `primary` stands alone, as in kube-proxy: with CIDRs beside it, say
+    /// which one is meant.
+    pub fn check_flags(flags: &[NodePortAddr]) -> Result<(), String> {
+        if flags.contains(&NodePortAddr::Primary) && flags.len() > 1 {
+            return Err(
+                "--nodeport-addresses: primary cannot be combined with CIDRs; give either primary or a list of CIDRs".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// The addresses that serve NodePorts: with `primary`, the first of
-    /// `primary` per family; otherwise every local address, or `listed`
-    /// (the Node object's addresses) when none were read; then the CIDR
-    /// limit. Sorted, without duplicates.
+    /// `primary` per family (never loopback or link-local); otherwise
+    /// every local address, or `listed` (the Node object's addresses) when
+    /// none were read; then the CIDR limit. Sorted, without duplicates.
     pub fn pick(&self, primary: &[IpAddr], listed: &[IpAddr]) -> Vec<IpAddr> {
         let mut out: Vec<IpAddr> = if self.primary {
-            [
-                primary.iter().find(|a| a.is_ipv4()).copied(),
-                primary.iter().find(|a| a.is_ipv6()).copied(),
-            ]
-            .into_iter()
-            .flatten()
-            .collect()
+            let mut usable = primary.iter().filter(|a| serves_nodeports(a));
+            let v4 = usable.clone().find(|a| a.is_ipv4()).copied();
+            [v4, usable.find(|a| a.is_ipv6()).copied()]
+                .into_iter()
+                .flatten()
+                .collect()
         } else if !self.local.is_empty() {
             self.local.clone()
         } else {
@@ -117,6 +128,19 @@ mod tests {
         let flags: Vec<NodePortAddr> = vec!["10.0.0.0/31".parse().unwrap()];
         let n = NodePortAddresses::from_flags(&flags, ips(&["10.0.0.1", "10.0.0.2"]));
         assert_eq!(n.pick(&[], &[]), ips(&["10.0.0.1"]));
+    }
+
+    #[test]
+    fn primary_skips_link_local_and_stands_alone() {
+        let flags: Vec<NodePortAddr> = vec!["primary".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, Vec::new());
+        let primary = ips(&["169.254.1.1", "192.168.1.10"]);
+        assert_eq!(n.pick(&primary, &[]), ips(&["192.168.1.10"]));
+        assert!(NodePortAddresses::check_flags(&flags).is_ok());
+        let both: Vec<NodePortAddr> =
+            vec!["primary".parse().unwrap(), "10.0.0.0/8".parse().unwrap()];
+        let e = NodePortAddresses::check_flags(&both).unwrap_err();
+        assert!(e.contains("--nodeport-addresses"), "{e}");
     }
 
     #[test]

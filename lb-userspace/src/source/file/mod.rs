@@ -35,7 +35,8 @@ pub enum LoadError {
 
 /// What the services file is read against on this node: NodePorts on the
 /// devices' addresses, filtered by --nodeport-addresses (`primary`: the
-/// first device's addresses, one per family), and the default algorithm.
+/// first IPv4 and the first global IPv6 address of the devices, in their
+/// order), and the default algorithm.
 pub fn node_context(
     flags: &[NodePortAddr],
     devices: &[String],
@@ -46,6 +47,7 @@ pub fn node_context(
         addresses.extend(sys::netdev::ipv4_address(dev)?.map(std::net::IpAddr::V4));
         addresses.extend(sys::netdev::ipv6_address(dev)?.map(std::net::IpAddr::V6));
     }
+    NodePortAddresses::check_flags(flags).map_err(anyhow::Error::msg)?;
     let nodeports = NodePortAddresses::from_flags(flags, addresses.clone());
     Ok(services_file::FileContext {
         nodeport_addresses: nodeports.pick(&addresses, &[]),
