@@ -21,12 +21,14 @@ pub enum Bounded {
 }
 
 impl Bounded {
+    /// In the order the reconciler reports the first full one: a family's
+    /// maps together, IPv4 first.
     pub const ALL: [Bounded; 10] = [
         Bounded::Services(Family::V4),
-        Bounded::Services(Family::V6),
         Bounded::Backends(Family::V4),
-        Bounded::Backends(Family::V6),
         Bounded::RevNat(Family::V4),
+        Bounded::Services(Family::V6),
+        Bounded::Backends(Family::V6),
         Bounded::RevNat(Family::V6),
         Bounded::Maglev,
         Bounded::AffinityMatch,
