@@ -531,7 +531,8 @@ impl<M: LbMaps> Reconciler<M> {
                 *added.entry(m).or_default() += 1;
             }
         }
-        for (m, n) in added {
+        for m in Bounded::ALL {
+            let Some(n) = added.get(&m) else { continue };
             let needed = m.len(&self.state) + n;
             if needed > m.max(&cap) as usize {
                 return Err(ServiceError::Capacity {
