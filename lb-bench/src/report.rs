@@ -22,10 +22,14 @@ const NOTES: &str = "\
   machine, of which about 0.2 µs is what every connect pays (the `direct`
   figure: the service lookup that finds nothing); the rest is the backend
   choice and the reverse-translation entry that lets `getpeername()` show
-  the service address. Keeping that entry in socket storage instead of the
-  LRU measured 1.2-1.6 µs (the storage is allocated per socket), so TCP
-  keeps the LRU and UDP sockets, whose every reply needs the translation,
-  use socket storage (lb-ebpf/src/sock/peers.rs). Against a 26 µs
+  the service address. That entry is most of it: without the LRU insert
+  connect4 took 0.36-0.48 µs per run, with it 0.8-1.0 µs, even with the
+  LRU kept nearly empty by sock_release and shrunk to 4096 entries (quick
+  runs, 2026-12-01), so the cost is the LRU update itself, not a full map.
+  Keeping that entry in socket storage instead measured 1.2-1.6 µs (the
+  storage is allocated per socket), so TCP keeps the LRU and UDP sockets,
+  whose every reply needs the translation, use socket storage
+  (lb-ebpf/src/sock/peers.rs). Against a 26 µs
   handshake to a backend in the next namespace that is 2-4%, below the
   rounds' noise (±5% here); against a real network round trip it is noise.
   The cost does not grow with the number of services (the flat row).
@@ -33,14 +37,17 @@ const NOTES: &str = "\
   in-memory column: desired state, diff, mirror), the rest is the kernel
   inserting 230 000 hash-map elements. The table under section 2 prices
   that per element: our maps (`BPF_F_NO_PREALLOC`, written service by
-  service, about 16 elements per `BPF_MAP_UPDATE_BATCH`) pay about 1.5 µs;
-  preallocated maps about 0.5 µs, and 0.3 µs from two threads; batches of
-  4096 halve the cost without preallocation. Preallocation is not taken:
-  it reserves every map's full capacity at load (tens of MiB at the sizes
-  for 100 000 services) and reuses a deleted element at once, under a
-  program that may still be reading it. The next step is batching across
-  services in a full sync (writes grouped by map in an order that keeps
-  every service's own order). A full sync happens once per agent start
+  service, about 16 elements per `BPF_MAP_UPDATE_BATCH`) pay about 0.9-1.5
+  µs; preallocated maps about half that, and less from two threads. Beyond
+  16 the batch size changes nothing (the table: 16, 256, 4096 and one batch
+  of everything cost the same per element). Batching across services was
+  tried (2026-12-01: a full sync's upserts held back and written in runs of
+  thousands per map, in reader-safe order): 394 ms against 402 ms in the
+  same quick run, with more computation, so it was not kept.
+  Preallocation is not taken: it reserves every map's full capacity at load
+  (tens of MiB at the sizes for 100 000 services) and reuses a deleted
+  element at once, under a program that may still be reading it. A full
+  sync happens once per agent start
   with an empty data path; a restart with pinned maps writes nothing, and
   a change writes only what changed (the one-change column).
 * **Not run.** Loading kube-proxy's nftables layout grows faster than
