@@ -4,17 +4,13 @@ use std::{io, os::fd::AsFd as _, path::Path};
 
 use anyhow::Context as _;
 use aya::maps::{
-    lpm_trie::LpmTrie, Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError,
-    PerCpuArray,
+    Array, HashMap, HashOfMaps, IterableMap as _, Map, MapData, MapError, PerCpuArray,
 };
 use lb_common::{
     affinity::AffinityMatchKey,
-    backend::{Backend4, Backend6},
     config::CFG_FRONTEND_FILTER,
     drop::{drop_index, Direction, DropReason},
     maps as names,
-    revnat::{RevNat4, RevNat6},
-    service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
 };
 
 use super::{
@@ -316,47 +312,24 @@ pub fn read_drops(pin_dir: &Path) -> anyhow::Result<Vec<DropCount>> {
     Ok(out)
 }
 
-/// Number of entries in a pinned map, for hash maps (arrays and ring
-/// buffers have no meaningful count: None).
+/// Number of entries in a pinned map with keys (hash maps, LRU hashes, LPM
+/// tries, the Maglev hash of maps); arrays and ring buffers have no
+/// meaningful count: None. The key size comes from the kernel's map info,
+/// so no map needs listing here.
 pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>> {
-    use lb_common::revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value};
-    fn count<K: aya::Pod, V: aya::Pod>(map: Map) -> anyhow::Result<usize> {
-        let m: HashMap<MapData, K, V> = HashMap::try_from(map)?;
-        Ok(m.keys().filter(Result::is_ok).count())
-    }
     let map = open_pinned(pin_dir, name)?;
-    let n = match name {
-        names::LB4_SERVICES => count::<Service4Key, ServiceValue>(map)?,
-        names::LB6_SERVICES => count::<Service6Key, ServiceValue>(map)?,
-        names::LB4_BACKENDS => count::<u32, Backend4>(map)?,
-        names::LB6_BACKENDS => count::<u32, Backend6>(map)?,
-        names::LB4_REVNAT => count::<u32, RevNat4>(map)?,
-        names::LB6_REVNAT => count::<u32, RevNat6>(map)?,
-        names::LB4_SOCK_REVNAT => count::<SockRevNat4Key, SockRevNat4Value>(map)?,
-        names::LB6_SOCK_REVNAT => count::<SockRevNat6Key, SockRevNat6Value>(map)?,
-        names::LB_AFFINITY => {
-            count::<lb_common::affinity::AffinityKey, lb_common::affinity::AffinityValue>(map)?
-        }
-        names::LB_AFFINITY_MATCH => count::<AffinityMatchKey, u8>(map)?,
-        names::LB_AFFINITY_GROUP => count::<u32, u32>(map)?,
-        names::LB4_SRC_RANGES => {
-            let m: LpmTrie<MapData, SourceRange4, u8> = LpmTrie::try_from(map)?;
-            m.keys().filter(Result::is_ok).count()
-        }
-        names::LB6_SRC_RANGES => {
-            let m: LpmTrie<MapData, SourceRange6, u8> = LpmTrie::try_from(map)?;
-            m.keys().filter(Result::is_ok).count()
-        }
-        names::LB4_CT => count::<lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value>(map)?,
-        names::LB_DEVICES => count::<u32, lb_common::nodeport::Device>(map)?,
-        names::LB6_CT => count::<lb_common::nodeport::Ct6Key, lb_common::nodeport::Ct6Value>(map)?,
-        names::LB6_DEVICES => count::<u32, lb_common::nodeport::Device6>(map)?,
-        names::LB_MAGLEV => {
-            let m: HashOfMaps<MapData, u32, Array<MapData, u32>> = HashOfMaps::try_from(map)?;
-            m.keys().filter(Result::is_ok).count()
-        }
-        _ => return Ok(None),
+    let (Map::HashMap(data)
+    | Map::LruHashMap(data)
+    | Map::PerCpuHashMap(data)
+    | Map::PerCpuLruHashMap(data)
+    | Map::LpmTrie(data)
+    | Map::HashOfMaps(data)) = &map
+    else {
+        return Ok(None);
     };
+    let info = data.info().context("reading the map's info")?;
+    let n = crate::sys::bpf::count_keys(data.fd().as_fd(), info.key_size() as usize)
+        .with_context(|| format!("walking the keys of {name}"))?;
     Ok(Some(n))
 }
 

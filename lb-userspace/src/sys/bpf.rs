@@ -10,6 +10,7 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
@@ -168,6 +169,31 @@ pub fn map_update_batch_of<K: Copy, V: Copy>(
             )),
         )),
         Err(e) => Err((done.min(keys.len()), e)),
+    }
+}
+
+/// How many keys a map holds, walked with BPF_MAP_GET_NEXT_KEY: works for
+/// every map type with keys (hash, LRU hash, LPM trie, hash of maps)
+/// without knowing the key's type, only its size. An LRU may change while
+/// it is walked; the count is then of that moment, more or less one.
+pub fn count_keys(map: BorrowedFd<'_>, key_size: usize) -> io::Result<usize> {
+    let mut key = vec![0u8; key_size];
+    let mut next = vec![0u8; key_size];
+    let mut n = 0;
+    loop {
+        let mut attr = Attr::new();
+        attr.put_u32(0, map.as_raw_fd() as u32); // map_fd
+                                                 // key: NULL for the first one.
+        attr.put_u64(8, if n == 0 { 0 } else { key.as_ptr() as u64 });
+        attr.put_u64(16, next.as_mut_ptr() as u64); // next_key
+        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+            Ok(_) => {
+                n += 1;
+                std::mem::swap(&mut key, &mut next);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(n),
+            Err(e) => return Err(e),
+        }
     }
 }
 
