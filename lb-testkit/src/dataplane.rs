@@ -233,10 +233,10 @@ impl Dataplane {
             datapath::pods::TC_POD_INGRESS,
         ] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
-            p.load().unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            datapath::load_retrying(|| p.load()).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
         let x: &mut Xdp = ebpf.program_mut(datapath::XDP).unwrap().try_into().unwrap();
-        x.load().expect("lb_xdp");
+        datapath::load_retrying(|| x.load()).expect("lb_xdp");
         datapath::write_devices(&pins.path, &["ext0".to_string()]).expect("LB_DEVICES");
         let reconciler = Reconciler::restore(BpfMaps::open(&pins.path).unwrap()).unwrap();
         let ifindex = lb::sys::netdev::ifindex("ext0").unwrap();

@@ -236,7 +236,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         let action = match hook.kind {
             HookKind::SockAddr => {
                 let prog: &mut CgroupSockAddr = program.try_into()?;
-                prog.load()
+                load_retrying(|| prog.load())
                     .with_context(|| format!("verifier rejected {}", hook.program))?;
                 let fd = prog.fd()?.try_clone()?;
                 ensure_link(&pin, fd.as_fd(), current, || {
@@ -248,7 +248,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
             }
             HookKind::Sock => {
                 let prog: &mut CgroupSock = program.try_into()?;
-                prog.load()
+                load_retrying(|| prog.load())
                     .with_context(|| format!("verifier rejected {}", hook.program))?;
                 let fd = prog.fd()?.try_clone()?;
                 ensure_link(&pin, fd.as_fd(), current, || {
@@ -273,7 +273,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
                 .program_mut(prog_name)
                 .context("tc program missing")?
                 .try_into()?;
-            prog.load()
+            load_retrying(|| prog.load())
                 .with_context(|| format!("verifier rejected {prog_name}"))?;
             for dev in &cfg.devices {
                 let ifindex = sys::netdev::ifindex(dev)?;
@@ -304,7 +304,7 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
                 .program_mut(XDP)
                 .context("xdp program missing")?
                 .try_into()?;
-            prog.load().context("verifier rejected lb_xdp")?;
+            load_retrying(|| prog.load()).context("verifier rejected lb_xdp")?;
             for dev in &cfg.devices {
                 let ifindex = sys::netdev::ifindex(dev)?;
                 let name = format!("xdp@{dev}");
@@ -372,6 +372,27 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
 /// Makes the pinned link at `pin` run the program `prog`: swapped into an
 /// existing link that is still `current` (same cgroup / device), else a new
 /// link attached first and the old one dropped after, so there is no gap.
+/// Loads a program, again if the kernel answers EAGAIN: the verifier gives
+/// up with EAGAIN when a signal arrives while it works (kernel/bpf/verifier.c,
+/// do_check: signal_pending), which a process with a SIGCHLD handler (tokio's
+/// child processes) meets now and then. libbpf retries such loads too
+/// (PROG_LOAD_ATTEMPTS, 5 attempts).
+pub fn load_retrying(
+    mut load: impl FnMut() -> Result<(), aya::programs::ProgramError>,
+) -> Result<(), aya::programs::ProgramError> {
+    let mut attempts = 1;
+    loop {
+        match load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempts < 5 =>
+            {
+                attempts += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 pub(crate) fn ensure_link(
     pin: &Path,
     prog: BorrowedFd<'_>,

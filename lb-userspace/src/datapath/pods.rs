@@ -105,7 +105,7 @@ pub fn load_and_pin(ebpf: &mut Ebpf, layout: &PinLayout) -> anyhow::Result<()> {
             .program_mut(name)
             .with_context(|| format!("{name} missing from the object"))?
             .try_into()?;
-        prog.load()
+        super::load_retrying(|| prog.load())
             .with_context(|| format!("verifier rejected {name}"))?;
         let pin = prog_pin(layout, name);
         let _ = std::fs::remove_file(&pin);
