@@ -51,6 +51,15 @@ fn tcp6_connect_to_ipv6_vip_reaches_ipv6_backends_with_client_address_kept() {
         );
     }
     assert_eq!(seen.len(), 2, "both IPv6 backends used: {seen:?}");
+    // getpeername6 read each translation from LB6_SOCK_REVNAT while the
+    // socket was open; sock_release took it out at close.
+    assert_eq!(sock_revnat_entries(&w, "LB6_SOCK_REVNAT"), 0);
+}
+
+fn sock_revnat_entries(w: &World, map: &str) -> usize {
+    lb::maps::bpf::count_entries(&w.pins.path, map)
+        .unwrap()
+        .unwrap()
 }
 
 #[test]
@@ -98,6 +107,8 @@ fn dual_stack_socket_dialing_v4_mapped_vip_is_translated_through_ipv4_maps() {
             "{a:?}"
         );
     }
+    // Indexed in the IPv4 map, and taken out of it at close.
+    assert_eq!(sock_revnat_entries(&w, "LB4_SOCK_REVNAT"), 0);
 }
 
 #[test]

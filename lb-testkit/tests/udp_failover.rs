@@ -88,6 +88,10 @@ fn connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_socket_fails
     // The destroyed socket's destination was cleared by udp_abort; its
     // entry in the shared reverse LRU still goes when it closes (through
     // its own storage), as the retry's did.
+    let before = lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
+        .unwrap()
+        .unwrap();
+    assert_eq!(before, 1, "the destroyed resolver's entry, until it closes");
     drop(resolver);
     drop(direct);
     let left = lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")

@@ -351,6 +351,48 @@ fn service_that_does_not_fit_is_refused_whole_while_the_others_apply_and_retried
     assert_consistent(r.state());
 }
 
+/// When a service overflows several maps, the refusal names the first in a
+/// fixed order, a family's maps together and IPv4 first: here LB4_BACKENDS
+/// (5 IPv4 backends, room for 4), not LB6_SERVICES (10 IPv6 entries, room
+/// for 8), with the flag that sizes it.
+#[test]
+fn a_service_too_big_for_several_maps_is_refused_naming_the_first_ipv4_one() {
+    let backends: Vec<String> = (1..=5)
+        .map(|i| format!("{{address: 10.244.0.{i}}}"))
+        .chain((1..=8).map(|i| format!("{{address: 'fd00:244::{i}'}}")))
+        .collect();
+    let model = lb::source::file::parse::parse(&format!(
+        "services:\n  - name: big\n    clusterIPs: [10.96.0.10, 'fd00:96::10']\n    ports: [{{port: 80}}]\n    backends: [{}]\n",
+        backends.join(", ")
+    ))
+    .unwrap();
+    let mut r = Reconciler::restore(FakeMaps::with_capacity(Capacity {
+        services: 8,
+        backends: 4,
+        revnat: 100,
+        maglev: 10,
+        source_ranges: 10,
+    }))
+    .unwrap();
+    let err = r.reconcile(&model).unwrap_err();
+    let ReconcileError::Refused(refused) = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        matches!(
+            &refused[0].1,
+            ServiceError::Capacity {
+                map: "LB4_BACKENDS",
+                needed: 5,
+                max: 4,
+                flag: "--map-size-backends",
+            }
+        ),
+        "{}",
+        refused[0].1
+    );
+}
+
 #[test]
 fn write_failure_midway_is_repaired_by_the_next_reconcile() {
     let mut model = cluster(10);

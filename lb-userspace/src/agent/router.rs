@@ -124,8 +124,16 @@ mod tests {
             .expect("reload asked")
             .unwrap();
 
-        // A source that ends leaves the loop running.
+        // A source that ends leaves the loop running: it still answers
+        // control messages.
         drop(events_tx);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!task.is_finished(), "the loop ended with its source");
+        control_tx.send(Control::Reload).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), reload_rx.recv())
+            .await
+            .expect("reload asked after the source ended")
+            .unwrap();
         control_tx.send(Control::Stop).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

@@ -147,7 +147,8 @@ mod tests {
             snat_ports: (40_000, 50_000),
             conntrack: Timeouts {
                 tcp: Duration::from_secs(21_600),
-                tcp_syn: Duration::from_secs(60),
+                // All different, so a swapped slot shows.
+                tcp_syn: Duration::from_secs(61),
                 tcp_fin: Duration::from_secs(10),
                 udp: Duration::from_secs(60),
             },
@@ -190,7 +191,11 @@ mod tests {
         );
         // The hull spans the old and the new range.
         assert_eq!(v(CFG_SNAT_PORTS_EVER), (30_000 << 16) | 50_000);
+        assert_eq!(v(CFG_LB_MODE), 1);
+        assert_eq!(v(CFG_MAGLEV_M), 16_381);
         assert_eq!(v(CFG_CT_TCP_S), 21_600);
+        assert_eq!(v(CFG_CT_TCP_SYN_S), 61);
+        assert_eq!(v(CFG_CT_CLOSING_S), 10);
         assert_eq!(v(CFG_CT_UDP_S), 60);
         let at = |i| c.order.iter().position(|&x| x == i).unwrap();
         assert!(at(CFG_SNAT_PORTS_EVER) < at(CFG_SNAT_PORT_MIN));

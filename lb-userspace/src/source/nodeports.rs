@@ -144,6 +144,16 @@ mod tests {
     }
 
     #[test]
+    fn local_addresses_win_over_the_listed_ones_and_primary_skips_v6_link_local_and_loopback() {
+        let n = NodePortAddresses::from_flags(&[], ips(&["192.168.1.10"]));
+        assert_eq!(n.pick(&[], &ips(&["10.9.9.9"])), ips(&["192.168.1.10"]));
+        let flags: Vec<NodePortAddr> = vec!["primary".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, Vec::new());
+        let primary = ips(&["127.0.0.1", "fe80::1", "::1", "fd00::10", "192.168.1.10"]);
+        assert_eq!(n.pick(&primary, &[]), ips(&["192.168.1.10", "fd00::10"]));
+    }
+
+    #[test]
     fn without_local_addresses_the_listed_ones_serve() {
         let n = NodePortAddresses::default();
         assert_eq!(
