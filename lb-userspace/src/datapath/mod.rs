@@ -233,31 +233,24 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         let pin = layout.link(hook.name);
         let current =
             |link: BorrowedFd<'_>| Ok(sysbpf::cgroup_link_info(link)?.cgroup_id == cgroup_id);
+        // The two cgroup program types share these steps but no trait.
+        macro_rules! load_and_link {
+            ($kind:ty) => {{
+                let prog: &mut $kind = program.try_into()?;
+                load_retrying(|| prog.load())
+                    .with_context(|| format!("verifier rejected {}", hook.program))?;
+                let fd = prog.fd()?.try_clone()?;
+                ensure_link(&pin, fd.as_fd(), current, || {
+                    let id = prog
+                        .attach(open_cgroup(&cfg.cgroup)?, CgroupAttachMode::Single)
+                        .with_context(|| format!("attaching {} to the cgroup", hook.program))?;
+                    Ok(FdLink::try_from(prog.take_link(id)?)?)
+                })?
+            }};
+        }
         let action = match hook.kind {
-            HookKind::SockAddr => {
-                let prog: &mut CgroupSockAddr = program.try_into()?;
-                load_retrying(|| prog.load())
-                    .with_context(|| format!("verifier rejected {}", hook.program))?;
-                let fd = prog.fd()?.try_clone()?;
-                ensure_link(&pin, fd.as_fd(), current, || {
-                    let id = prog
-                        .attach(open_cgroup(&cfg.cgroup)?, CgroupAttachMode::Single)
-                        .with_context(|| format!("attaching {} to the cgroup", hook.program))?;
-                    Ok(FdLink::try_from(prog.take_link(id)?)?)
-                })?
-            }
-            HookKind::Sock => {
-                let prog: &mut CgroupSock = program.try_into()?;
-                load_retrying(|| prog.load())
-                    .with_context(|| format!("verifier rejected {}", hook.program))?;
-                let fd = prog.fd()?.try_clone()?;
-                ensure_link(&pin, fd.as_fd(), current, || {
-                    let id = prog
-                        .attach(open_cgroup(&cfg.cgroup)?, CgroupAttachMode::Single)
-                        .with_context(|| format!("attaching {} to the cgroup", hook.program))?;
-                    Ok(FdLink::try_from(prog.take_link(id)?)?)
-                })?
-            }
+            HookKind::SockAddr => load_and_link!(CgroupSockAddr),
+            HookKind::Sock => load_and_link!(CgroupSock),
         };
         info!(hook = hook.name, action = ?action, cgroup = %cfg.cgroup.display(), "hook ready");
         hooks.push((hook.name.to_string(), action));
