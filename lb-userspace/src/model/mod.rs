@@ -249,6 +249,16 @@ impl Protocol {
             Protocol::Udp => "UDP",
         }
     }
+
+    /// A Kubernetes protocol name the load balancer handles (`as_str`'s
+    /// inverse); SCTP and anything else: None.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -529,19 +529,18 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
             &format!("{pat}.targetPort"),
             p.target_port.unwrap_or(p.port),
         )?;
-        let protocol = match p.protocol.as_str() {
-            "TCP" => crate::model::Protocol::Tcp,
-            "UDP" => crate::model::Protocol::Udp,
-            "SCTP" => {
+        let protocol = match crate::model::Protocol::from_name(&p.protocol) {
+            Some(protocol) => protocol,
+            None if p.protocol == "SCTP" => {
                 return Err(err(
                     format!("{pat}.protocol"),
                     "SCTP is not supported by the socket load balancer; use TCP or UDP",
                 ))
             }
-            other => {
+            None => {
                 return Err(err(
                     format!("{pat}.protocol"),
-                    format!("unknown protocol {other:?}; use TCP or UDP"),
+                    format!("unknown protocol {:?}; use TCP or UDP", p.protocol),
                 ))
             }
         };

@@ -242,13 +242,10 @@ pub fn translate<'a>(
     let mut frontends = Vec::new();
     let mut seen_ports = BTreeSet::new();
     for (i, port) in spec.ports.iter().flatten().enumerate() {
-        let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
-            "TCP" => Protocol::Tcp,
-            "UDP" => Protocol::Udp,
-            other => {
-                warn(&mut warnings, "unsupported-protocol", format!("{name}: port {} is {other}, which the socket load balancer does not handle; skipped", port.port));
-                continue;
-            }
+        let named = port.protocol.as_deref().unwrap_or("TCP");
+        let Some(protocol) = Protocol::from_name(named) else {
+            warn(&mut warnings, "unsupported-protocol", format!("{name}: port {} is {named}, which the socket load balancer does not handle; skipped", port.port));
+            continue;
         };
         let Ok(number) = u16::try_from(port.port) else {
             warn(
