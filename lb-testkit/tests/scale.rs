@@ -107,6 +107,7 @@ fn during_a_long_full_sync_the_agent_answers_probes_and_stops_within_a_second_of
         "the sync was still running when probed"
     );
     let took = agent.terminate(Duration::from_secs(10));
+    eprintln!("SIGTERM to exit during the full sync: {took:?}");
     assert!(
         took.is_some_and(|t| t < Duration::from_secs(1)),
         "SIGTERM during the sync took {took:?}"

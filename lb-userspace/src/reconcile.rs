@@ -176,6 +176,13 @@ impl<M: LbMaps> Reconciler<M> {
         self
     }
 
+    /// Whether the cancel flag is set (the agent is stopping).
+    pub fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// How often a long reconcile logs its progress.
     pub fn with_progress_every(mut self, every: Duration) -> Self {
         self.progress_every = every;
@@ -309,13 +316,13 @@ impl<M: LbMaps> Reconciler<M> {
         let total = dirty.len();
         let mut reported = Instant::now();
         for (done, name) in dirty.iter().enumerate() {
-            if self
-                .cancel
-                .as_ref()
-                .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-            {
-                // What is left waits for the next run (a full sync stays due).
-                self.pending.extend(dirty.iter().skip(done).cloned());
+            if self.cancelled() {
+                // What is left waits for the next run. A full sync stays
+                // due and lists every service again: nothing to keep (and
+                // cloning 100 000 names would only delay a stop).
+                if !full {
+                    self.pending.extend(dirty.iter().skip(done).cloned());
+                }
                 return Err(ReconcileError::Cancelled { done, total });
             }
             if reported.elapsed() >= self.progress_every {

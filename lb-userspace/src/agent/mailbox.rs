@@ -69,6 +69,9 @@ impl Pending {
 pub struct Mailbox {
     pending: Mutex<(Pending, bool)>,
     ready: Condvar,
+    /// The worker has stopped writing (its state may still be dropping).
+    stopped: Mutex<bool>,
+    stopped_cv: Condvar,
 }
 
 impl Mailbox {
@@ -83,6 +86,23 @@ impl Mailbox {
     pub fn close(&self) {
         self.pending.lock().unwrap().1 = true;
         self.ready.notify_all();
+    }
+
+    /// Said by the worker once it writes no more, before it frees its
+    /// state: freeing a 100 000-service model takes longer than a stop may.
+    pub fn worker_stopped(&self) {
+        *self.stopped.lock().unwrap() = true;
+        self.stopped_cv.notify_all();
+    }
+
+    /// Waits at most `timeout` for `worker_stopped`; whether it came.
+    pub fn wait_worker_stopped(&self, timeout: Duration) -> bool {
+        let g = self.stopped.lock().unwrap();
+        let (g, _) = self
+            .stopped_cv
+            .wait_timeout_while(g, timeout, |stopped| !*stopped)
+            .unwrap();
+        *g
     }
 
     /// Everything waiting, once there is something or `timeout` passed
@@ -120,6 +140,21 @@ mod tests {
             observed: Instant::now(),
             triggers: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_stop_is_seen_by_a_waiter_and_a_missing_one_times_out() {
+        let m = std::sync::Arc::new(Mailbox::default());
+        assert!(!m.wait_worker_stopped(Duration::from_millis(20)));
+        let worker = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                m.worker_stopped();
+            })
+        };
+        assert!(m.wait_worker_stopped(Duration::from_secs(10)));
+        worker.join().unwrap();
     }
 
     #[test]

@@ -66,6 +66,8 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         while let Some(p) = mailbox.take(self.retry_every) {
             self.step(p);
         }
+        // Before `self` (the model, the mirror of the maps) is dropped.
+        mailbox.worker_stopped();
     }
 
     /// One round: notes, then the full model, then the changes after it;
@@ -115,7 +117,8 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             self.metrics
                 .network_programmed(&std::mem::take(&mut self.unprogrammed));
         }
-        if large {
+        // Not when stopping: the process is about to give it all back.
+        if large && !self.reconciler.cancelled() {
             crate::sys::heap::release_free_memory();
         }
         let gone = self.reconciler.take_removed_udp();

@@ -8,7 +8,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{bail, Context as _};
@@ -770,11 +770,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     cancel.store(true, Ordering::Relaxed);
     mailbox.close();
     gc_stop.store(true, Ordering::Relaxed);
-    let deadline = Instant::now() + Duration::from_millis(800);
-    while !worker.is_finished() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if !worker.is_finished() {
+    // The worker says so before it frees its state (`worker_stopped`).
+    if !mailbox.wait_worker_stopped(Duration::from_millis(800)) && !worker.is_finished() {
         warn!("the reconcile worker is still writing; leaving it (the maps stay consistent per service)");
     }
     if let Some(gc) = gc {
@@ -782,9 +779,25 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             let _ = gc.join();
         }
     }
-    // Do not wait for the runtime's blocking tasks (a socket scan).
-    rt.shutdown_timeout(Duration::from_millis(100));
-    outcome
+    exit_without_teardown(outcome)
+}
+
+/// Ends the process without dropping what the agent holds: the worker's
+/// model and map mirror, the services file's cache and the runtime's tasks
+/// (a socket scan) take longer to free at 100 000 services than a stop may
+/// take (kubelet and systemd give a grace period, tests a second), and
+/// nothing in them needs saving: the data path is pinned and keeps
+/// forwarding, logs go to stderr unbuffered.
+fn exit_without_teardown(outcome: anyhow::Result<()>) -> ! {
+    let code = match outcome {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            1
+        }
+    };
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    std::process::exit(code)
 }
 
 /// Forwards the programs' aya-log records to tracing (through the `log` crate).
