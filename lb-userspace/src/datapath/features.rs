@@ -105,6 +105,12 @@ pub fn requirements(devices: bool) -> Vec<Requirement> {
                 probe: Probe::Helper(Xdp, H::BPF_FUNC_fib_lookup),
             },
             Requirement {
+                what: "bpf_ktime_get_coarse_ns in tc and XDP programs",
+                since: (5, 11),
+                why: "stamps conntrack entries once per packet at the tick's resolution, cheaper than the clocksource",
+                probe: Probe::Helper(SchedClassifier, H::BPF_FUNC_ktime_get_coarse_ns),
+            },
+            Requirement {
                 what: "bpf_redirect_neigh in tc programs",
                 since: (5, 10),
                 why: "sends forwarded packets out when the next hop's address is not resolved yet",
