@@ -434,6 +434,51 @@ impl Report {
                 verdict(v <= 5.0, format!("{:.0}% of the budget", v * 20.0)),
             ]);
         }
+        // Disruption within 1.5× the ideal up to 100 backends: the
+        // smallest M of the run that keeps it, for a service to ask for.
+        let within = |m: u32| {
+            let rows: Vec<_> = self
+                .maglev
+                .iter()
+                .filter(|r| r.m == m && r.backends <= 100)
+                .collect();
+            !rows.is_empty() && rows.iter().all(|r| r.disruption * r.backends as f64 <= 1.5)
+        };
+        let mut sizes: Vec<u32> = self.maglev.iter().map(|r| r.m).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if let Some(&largest) = sizes.last() {
+            let worst = |m: u32| {
+                self.maglev
+                    .iter()
+                    .filter(|r| r.m == m && r.backends <= 100)
+                    .map(|r| r.disruption * r.backends as f64)
+                    .fold(0.0, f64::max)
+            };
+            let default = lb_common::maps::DEFAULT_MAGLEV_M;
+            if sizes.contains(&default) {
+                rows.push([
+                    format!("Maglev disruption, N ≤ 100, default M = {default}"),
+                    format!("{:.2}× ideal", worst(default)),
+                    "≤ 1.5× ideal".into(),
+                    verdict(within(default), format!("{:.2}×", worst(default))),
+                ]);
+            }
+            let chosen = sizes
+                .iter()
+                .copied()
+                .find(|m| within(*m))
+                .unwrap_or(largest);
+            rows.push([
+                format!(
+                    "Maglev disruption, N ≤ 100, a service's own M = {chosen} ({} KiB)",
+                    u64::from(chosen) * 4 / 1024
+                ),
+                format!("{:.2}× ideal", worst(chosen)),
+                "≤ 1.5× ideal".into(),
+                verdict(within(chosen), format!("{:.2}×", worst(chosen))),
+            ]);
+        }
         if rows.is_empty() {
             return;
         }
@@ -651,9 +696,10 @@ impl Report {
         o.push_str(
             "## 4. Maglev\n\n\
              Table build (median of 5), balance (the most and the fewest slots a backend owns, ÷ M/N) and\n\
-             disruption (share of slots that change owner when one of N backends is removed; ideal 1/N).\n\
-             A table costs 4·M bytes of kernel memory per service that uses Maglev (M is\n\
-             `--maglev-table-size`, one for all of them).\n\n\
+             disruption (share of slots that change owner when one of N backends is removed, the mean of\n\
+             5 removals spread over the backends; ideal 1/N). A table costs 4·M bytes of kernel memory\n\
+             per service that uses Maglev. M is the service's own (`maglevTableSize`, the\n\
+             `lb.dev/maglev-table-size` annotation) or `--maglev-table-size` (default 16381).\n\n\
              | M | Table KiB | Backends | Build ms | Max ÷ ideal | Min ÷ ideal | Disruption | ÷ ideal | Ideal |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for m in &self.maglev {
