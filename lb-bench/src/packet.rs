@@ -264,6 +264,7 @@ fn lb6(from: Ipv6Addr, from_port: u16, to: Ipv6Addr, to_port: u16) -> Service {
             kind: FrontendKind::LoadBalancer,
             algorithm: Default::default(),
             affinity_timeout_s: None,
+            maglev_table_size: None,
             external_traffic_local: false,
             source_ranges: Vec::new(),
             backends: vec![Backend {

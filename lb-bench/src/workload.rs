@@ -122,6 +122,7 @@ pub fn service(s: &Svc, kind: FrontendKind) -> Service {
             kind,
             algorithm: Algorithm::Random,
             affinity_timeout_s: None,
+            maglev_table_size: None,
             external_traffic_local: false,
             source_ranges: Vec::new(),
             backends: s

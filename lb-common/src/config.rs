@@ -19,7 +19,9 @@ pub const CFG_HOST_NETNS_COOKIE_HI: u32 = 5;
 
 /// `nodeport::MODE_*`.
 pub const CFG_LB_MODE: u32 = 6;
-/// Size M of every Maglev table (a prime).
+/// Size M of the Maglev tables of masters whose `maglev_size` is 0 (written
+/// by agents before each master named its own; set once, at the first
+/// install, so that such tables keep the size they were built for).
 pub const CFG_MAGLEV_M: u32 = 7;
 /// SNAT source ports: [min, max].
 pub const CFG_SNAT_PORT_MIN: u32 = 8;

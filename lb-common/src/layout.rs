@@ -72,7 +72,7 @@ layouts! {
     service::SourceRange4 { service_id: u32, address: u32 },
     service::SourceRange6 { service_id: u32, address: [u8; 16] },
     service::Service4Key { address: u32, dport: u16, backend_slot: u16, proto: u8, scope: u8, pad: [u8; 2] },
-    service::ServiceValue { backend_id: u32, service_id: u32, count: u16, terminating_count: u16, flags: u16, algorithm: u8, pad: u8, affinity_timeout_s: u32 },
+    service::ServiceValue { backend_id: u32, service_id: u32, count: u16, terminating_count: u16, flags: u16, algorithm: u8, maglev_size: u8, affinity_timeout_s: u32 },
     service::Service6Key { address: [u8; 16], dport: u16, backend_slot: u16, proto: u8, scope: u8, pad: [u8; 2] },
     sock::SockPeer { backend: [u32; 4], frontend: [u32; 4], backend_port: u16, frontend_port: u16, service_id: u32, family: u8, pad: [u8; 3] },
     sock::SockPeers { entries: [crate::sock::SockPeer; crate::sock::SOCK_PEERS], next: u32 },
@@ -124,7 +124,9 @@ pub const RECORDED: [(&str, u64); 30] = [
     ("SourceRange4", 0xde6d5989befde97c),
     ("SourceRange6", 0x225050d0a4989b31),
     ("Service4Key", 0x2956a6738867d2e7),
-    ("ServiceValue", 0xb43b5f56a95281b4),
+    // Recorded again without a new version: its pad byte became
+    // `maglev_size`, whose 0 (what older agents wrote) keeps the old meaning.
+    ("ServiceValue", 0xe8af8e9b832990ed),
     ("Service6Key", 0x57fde5a5976112d2),
     ("SockPeer", 0xcd6a730083c2b4a4),
     ("SockPeers", 0xe07079ae361946c2),

@@ -85,6 +85,48 @@ pub const MAGLEV_PRIMES: [u32; 11] = [
     251, 509, 1_021, 2_039, 4_093, 8_191, 16_381, 32_749, 65_521, 65_537, 131_071,
 ];
 
+/// The code of table size `m` in a master's `ServiceValue::maglev_size`:
+/// 1 + its place in `MAGLEV_PRIMES` (one byte names every size).
+pub const fn maglev_size_code(m: u32) -> Option<u8> {
+    let mut i = 0;
+    while i < MAGLEV_PRIMES.len() {
+        if MAGLEV_PRIMES[i] == m {
+            return Some(i as u8 + 1);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The table size a `maglev_size` code names; None for 0 (the master
+/// predates per-service sizes: `CFG_MAGLEV_M` holds it) and for codes
+/// past the list.
+#[inline(always)]
+pub fn maglev_size_of(code: u8) -> Option<u32> {
+    // `get`, not an index: no panic path for the verifier to refuse (code
+    // 0 wraps to an index past the end).
+    MAGLEV_PRIMES
+        .get(usize::from(code).wrapping_sub(1))
+        .copied()
+}
+
 /// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
 /// Bump it on any change to a key or value type in this crate.
 pub const LAYOUT_VERSION: u32 = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_maglev_size_has_a_code_that_names_it_back_and_zero_names_none() {
+        for (i, m) in MAGLEV_PRIMES.iter().enumerate() {
+            let code = maglev_size_code(*m).unwrap();
+            assert_eq!(code as usize, i + 1);
+            assert_eq!(maglev_size_of(code), Some(*m));
+        }
+        assert_eq!(maglev_size_code(16_380), None, "not a listed prime");
+        assert_eq!(maglev_size_of(0), None, "0: the agent-wide size");
+        assert_eq!(maglev_size_of(MAGLEV_PRIMES.len() as u8 + 1), None);
+    }
+}

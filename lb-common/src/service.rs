@@ -122,7 +122,10 @@ pub struct ServiceValue {
     pub flags: u16,
     /// `ALG_*`.
     pub algorithm: u8,
-    pub pad: u8,
+    /// Master entry of a Maglev service: the size M of its table, as
+    /// `maps::maglev_size_code` (1 + its place in `MAGLEV_PRIMES`). 0 (what
+    /// agents before per-service sizes wrote here): `CFG_MAGLEV_M`.
+    pub maglev_size: u8,
     /// sessionAffinity timeout in seconds (when `SVC_FLAG_AFFINITY`).
     pub affinity_timeout_s: u32,
 }

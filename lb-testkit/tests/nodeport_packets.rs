@@ -3,7 +3,10 @@
 //! checksums verified independently (etherparse computes them from scratch).
 use std::net::Ipv4Addr;
 
-use lb::source::file::parse::parse_with;
+use lb::{
+    maps::{LbMaps as _, MapOp, ServiceValue},
+    source::file::parse::parse_with,
+};
 use lb_common::{config::CFG_LB_MODE, nodeport::*};
 use lb_testkit::{
     dataplane::*,
@@ -546,6 +549,102 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     let _ = FIN;
 }
 
+/// Per-service table sizes on the real programs: every new flow takes the
+/// slot `flow_hash % M` of its service's table, M being the size its master
+/// names, while the size grows and shrinks (the agent orders the writes so
+/// that no flow finds a size past the table's end: no maglev-missing drop),
+/// and a master written by an older agent (size 0) still uses the
+/// agent-wide CFG_MAGLEV_M.
+#[test]
+fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_grows_and_shrinks()
+{
+    let mut dp = dataplane("np_maglev_m");
+    let vip = ip("203.0.113.20");
+    let ctx = node_context();
+    let mut sport = 43_000u16;
+    // 200 new flows; each must reach table[flow_hash % m] of the current table.
+    let check = |dp: &Dataplane, sport: &mut u16, m: usize| {
+        let svc = dp
+            .reconciler
+            .state()
+            .frontends()
+            .find(|(k, _)| k.address == std::net::IpAddr::V4(vip))
+            .unwrap()
+            .1
+            .service_id;
+        let table = dp.reconciler.state().maglev[&svc].clone();
+        assert_eq!(table.len(), m);
+        let mut told_apart = 0;
+        for _ in 0..200 {
+            *sport += 1;
+            let (rc, out) = dp.tc_ingress(&packets::tcp(
+                CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, *sport, 80, SYN, b"",
+            ));
+            assert_eq!(rc, TC_ACT_REDIRECT, "M = {m}, port {sport}");
+            let hash = flow_hash(
+                u32::from_ne_bytes(CLIENT_IP.octets()),
+                u32::from_ne_bytes(vip.octets()),
+                sport.to_be(),
+                80u16.to_be(),
+                6,
+            );
+            let expected =
+                dp.reconciler.state().backends[&table[(hash % m as u32) as usize]].address;
+            assert_eq!(
+                std::net::IpAddr::V4(inspect(&out).daddr),
+                expected,
+                "M = {m}, port {sport}"
+            );
+            // What a program using the agent-wide size would pick instead: a
+            // slot past a smaller table's end (a drop), or another slot of a
+            // bigger one, which names another backend for some flows.
+            let default = lb_common::maps::DEFAULT_MAGLEV_M;
+            let wrong = table
+                .get((hash % default) as usize)
+                .map(|id| dp.reconciler.state().backends[id].address);
+            if wrong != Some(expected) {
+                told_apart += 1;
+            }
+        }
+        assert!(
+            told_apart > 0,
+            "M = {m}: the flows tell M from the default size"
+        );
+    };
+    for m in [251usize, 131_071, 509] {
+        let file = SERVICES.replace(
+            "    algorithm: maglev\n",
+            &format!("    algorithm: maglev\n    maglevTableSize: {m}\n"),
+        );
+        assert_ne!(file, SERVICES);
+        dp.apply(&parse_with(&file, &ctx).unwrap());
+        check(&dp, &mut sport, m);
+    }
+    assert_eq!(dp.drops("maglev-missing"), 0);
+
+    // A master of an older agent: size 0, the agent-wide size applies.
+    let master = dp
+        .reconciler
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == std::net::IpAddr::V4(vip))
+        .map(|(k, v)| (*k, *v))
+        .unwrap();
+    dp.reconciler
+        .maps_mut()
+        .apply(&MapOp::UpsertService(
+            master.0,
+            ServiceValue {
+                maglev_size: 0,
+                ..master.1
+            },
+        ))
+        .unwrap();
+    dp.config(lb_common::config::CFG_MAGLEV_M, 509);
+    check(&dp, &mut sport, 509);
+    assert_eq!(dp.drops("maglev-missing"), 0);
+}
+
 /// Recomputes the IPv4 header checksum after a test edited the header.
 fn fix_ip_checksum(frame: &mut [u8]) {
     frame[24] = 0;
@@ -566,7 +665,7 @@ fn fix_ip_checksum(frame: &mut [u8]) {
 /// cannot be produced: LB4_CT is an LRU and evicts instead of refusing.)
 #[test]
 fn snat_exhaustion_no_route_missing_maglev_table_and_missing_backend_are_dropped_and_counted() {
-    use lb::maps::{LbMaps as _, MapOp, ServiceValue, SvcKey};
+    use lb::maps::SvcKey;
     let mut dp = dataplane("np_drop_reasons");
     let extra = r#"
 services:
@@ -590,8 +689,19 @@ services:
     assert_eq!(dp.tc_ingress(&syn_to(30009, 41002)).0, TC_ACT_SHOT);
     assert_eq!(dp.drops("fib-lookup-failed"), 1);
 
-    // A Maglev service while the table size is unset (an agent bug or race).
-    dp.config(lb_common::config::CFG_MAGLEV_M, 0);
+    // A Maglev service whose table is missing (an agent bug or race).
+    let web = dp
+        .reconciler
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == std::net::IpAddr::V4(ip("203.0.113.20")))
+        .unwrap()
+        .1
+        .service_id;
+    dp.reconciler
+        .maps_mut()
+        .apply(&MapOp::DeleteMaglev(web))
+        .unwrap();
     let to_web = packets::tcp(
         CLIENT_MAC,
         EXT0_MAC,

@@ -36,7 +36,7 @@ struct Deltas {
 /// frontends the services being reconciled own now).
 pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
     let mut early = Vec::new(); // affinity entries to withdraw before anything else
-    let mut maglev_deletes = Vec::new(); // tables of frontends that stopped using Maglev
+    let mut after_masters = Vec::new(); // Maglev tables that shrink or go
     let mut range_deletes = Vec::new(); // source ranges withdrawn, after the master
     let mut first = Vec::new(); // backends, revnat, affinity entries, markers to add
     let mut frontends = Vec::new(); // per-frontend slot/master/slot-delete sequences
@@ -92,12 +92,19 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
                 range_deletes.push(MapOp::DeleteSourceRange(id, *r));
             }
         }
-        // A new Maglev table goes in before the master that may name Maglev;
-        // a table no longer wanted goes after it.
+        // The programs read the table size from the master, then index the
+        // table: the size must never pass the table's end. A new table, or
+        // one at least as big, goes in before the master (the old size
+        // indexes inside it); a smaller one after it (the new size indexes
+        // inside the old table); a table no longer wanted after the master
+        // that stops naming Maglev.
         match (&fe.maglev, current.maglev.get(&id)) {
             (Some(t), Some(old)) if t == old => {}
+            (Some(t), Some(old)) if t.len() < old.len() => {
+                after_masters.push(MapOp::SetMaglev(id, t.clone()));
+            }
             (Some(t), _) => first.push(MapOp::SetMaglev(id, t.clone())),
-            (None, Some(_)) => maglev_deletes.push(MapOp::DeleteMaglev(id)),
+            (None, Some(_)) => after_masters.push(MapOp::DeleteMaglev(id)),
             (None, None) => {}
         }
         let old_master = current.services.get(&fe.key);
@@ -160,7 +167,7 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
     ops.extend(add_markers);
     ops.extend(first);
     ops.extend(frontends);
-    ops.extend(maglev_deletes);
+    ops.extend(after_masters);
     ops.extend(range_deletes);
     ops.extend(removals);
     ops.extend(del_markers);

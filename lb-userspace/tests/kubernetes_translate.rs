@@ -259,6 +259,68 @@ fn lb_algorithm_applies_to_services_without_the_annotation_and_the_annotation_wi
 }
 
 #[test]
+fn a_maglev_service_takes_its_table_size_from_the_annotation_and_a_bad_one_is_warned_and_ignored() {
+    let (services, slices) = load("policies-and-skips.yaml");
+    let mut svc = services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("local-only"))
+        .unwrap()
+        .clone();
+    let own = || {
+        slices
+            .iter()
+            .filter(|s| slice_service(s) == Some(ServiceName::new("default", "local-only")))
+    };
+    let annotate = |svc: &mut k8s_openapi::api::core::v1::Service, pairs: &[(&str, &str)]| {
+        svc.metadata.annotations = Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+    };
+    annotate(
+        &mut svc,
+        &[
+            ("lb.dev/algorithm", "maglev"),
+            ("lb.dev/maglev-table-size", "131071"),
+        ],
+    );
+    let t = translate(&svc, own(), &node());
+    assert!(
+        !t.warnings.iter().any(|w| w.reason == "invalid-annotation"),
+        "{:?}",
+        t.warnings
+    );
+    let s = t.service.unwrap();
+    assert!(s
+        .frontends
+        .iter()
+        .all(|f| f.maglev_table_size == Some(131_071)));
+    for (alg, size) in [("maglev", "100000"), ("maglev", "big"), ("random", "65537")] {
+        annotate(
+            &mut svc,
+            &[
+                ("lb.dev/algorithm", alg),
+                ("lb.dev/maglev-table-size", size),
+            ],
+        );
+        let t = translate(&svc, own(), &node());
+        assert!(
+            t.warnings.iter().any(|w| w.reason == "invalid-annotation"
+                && w.message.contains("lb.dev/maglev-table-size")),
+            "{alg} {size}: {:?}",
+            t.warnings
+        );
+        let s = t.service.unwrap();
+        assert!(
+            s.frontends.iter().all(|f| f.maglev_table_size.is_none()),
+            "{alg} {size}"
+        );
+    }
+}
+
+#[test]
 fn selectorless_service_with_hand_made_slice_works_like_any_other() {
     let t = translate_all("policies-and-skips.yaml");
     assert_eq!(

@@ -34,6 +34,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
             kind: FrontendKind::ClusterIP,
             algorithm: Default::default(),
             affinity_timeout_s: None,
+            maglev_table_size: None,
             external_traffic_local: false,
             source_ranges: Vec::new(),
             backends: backends
@@ -124,6 +125,15 @@ fn assert_consistent(state: &MapState) {
     );
     let ids: HashSet<u32> = state.frontends().map(|(_, v)| v.service_id).collect();
     assert_eq!(ids.len(), state.frontends().count(), "service ids unique");
+    for (k, v) in state.frontends() {
+        if let Some(table) = state.maglev.get(&v.service_id) {
+            assert_eq!(
+                lb_common::maps::maglev_size_of(v.maglev_size),
+                Some(table.len() as u32),
+                "{k:?}: the master names its table's size"
+            );
+        }
+    }
     for (id, table) in &state.maglev {
         assert!(ids.contains(id), "Maglev table of a gone service {id}");
         assert!(
@@ -444,11 +454,14 @@ fn arb_model() -> impl Strategy<Value = Model> {
         0u32..4,
         prop::sample::select(vec![80u16, 443]),
         prop::collection::btree_map(0u8..6, 0u8..3, 0..5),
+        // A Maglev service's own table size, or the agent's: tables grow
+        // and shrink between models.
+        prop::sample::select(vec![None, Some(251u32), Some(509), Some(1_021)]),
     );
     prop::collection::btree_map(0u32..6, svc, 0..6).prop_map(|services| {
         let mut m = Model::default();
         let mut used = HashSet::new();
-        for (i, (vip, port, backends)) in services {
+        for (i, (vip, port, backends, table_size)) in services {
             if !used.insert((vip, port)) {
                 continue; // one owner per frontend, as the parsers guarantee
             }
@@ -456,6 +469,7 @@ fn arb_model() -> impl Strategy<Value = Model> {
             // Some services use Maglev: its tables follow the same pipeline.
             if vip % 2 == 1 {
                 s.frontends[0].algorithm = lb::model::Algorithm::Maglev;
+                s.frontends[0].maglev_table_size = table_size;
             }
             s.frontends[0].backends = backends
                 .into_iter()
@@ -501,6 +515,11 @@ proptest! {
             prop_assert_eq!(&r.maps().state, r.state());
             let log = r.maps_mut().take_log();
             assert_filter_covers_at_every_step(&before, &log);
+            prop_assert!(
+                r.maps().maglev_overruns.is_empty(),
+                "a master's table size passed its table's end: {:?}",
+                r.maps().maglev_overruns
+            );
         }
         let last = models.last().unwrap();
         let fresh = reconciled(last);
@@ -647,6 +666,42 @@ fn maglev_table_is_written_before_the_master_and_follows_the_backends() {
     assert!(r.state().maglev.is_empty());
     // Unchanged model: nothing written, not even the table.
     assert_eq!(r.reconcile(&model).unwrap().ops, 0);
+}
+
+/// A service's table size changes both ways without a moment where its
+/// master names a size past its table's end (the programs would drop new
+/// flows, `maglev-missing`): a bigger table goes in before the master, a
+/// smaller one after it. The fake records any such moment.
+#[test]
+fn a_maglev_table_grows_before_its_master_and_shrinks_after_it() {
+    let mut svc = service(14, 80, &[1, 2, 3]);
+    svc.frontends[0].algorithm = lb::model::Algorithm::Maglev;
+    let mut model = Model::default();
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    for size in [
+        Some(251),
+        Some(65_537),
+        None,
+        Some(509),
+        Some(131_071),
+        Some(251),
+    ] {
+        svc.frontends[0].maglev_table_size = size;
+        model.services.insert(name(14), svc.clone());
+        r.reconcile(&model).unwrap();
+        let want = size.unwrap_or(lb_common::maps::DEFAULT_MAGLEV_M);
+        let (_, master) = r.state().frontends().next().unwrap();
+        assert_eq!(r.state().maglev[&master.service_id].len(), want as usize);
+        assert_eq!(
+            lb_common::maps::maglev_size_of(master.maglev_size),
+            Some(want)
+        );
+    }
+    assert!(
+        r.maps().maglev_overruns.is_empty(),
+        "{:?}",
+        r.maps().maglev_overruns
+    );
 }
 
 /// A Maglev service whose last backend goes has no table (the kernel
@@ -947,6 +1002,7 @@ fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
         kind,
         algorithm: Default::default(),
         affinity_timeout_s: Some(600),
+        maglev_table_size: None,
         external_traffic_local: false,
         source_ranges: Vec::new(),
         backends: (1..=3)

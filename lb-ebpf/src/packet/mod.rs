@@ -852,10 +852,17 @@ fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     finish_redirect::<C, I>(ctx, route)
 }
 
-/// Maglev: the flow's hash picks a slot of the service's table.
+/// Maglev: the flow's hash picks a slot of the service's table, whose size
+/// the master names (or, written by an older agent, the agent-wide
+/// `CFG_MAGLEV_M`). The agent writes a table before the master when the
+/// size grows and after it when it shrinks, so the size read here is never
+/// past the end of the table found next.
 #[inline(always)]
 fn maglev<I: Ip>(f: &Flow<I>, svc: &ServiceValue) -> Result<(u32, I::Backend), DropReason> {
-    let m = runtime::config(CFG_MAGLEV_M);
+    let m = match svc.maglev_size {
+        0 => runtime::config(CFG_MAGLEV_M),
+        code => lb_common::maps::maglev_size_of(code).unwrap_or(0),
+    };
     // A NonZero divisor: no panic path for the verifier to reject.
     let Some(m) = core::num::NonZeroU32::new(m) else {
         return Err(DropReason::MaglevMissing);

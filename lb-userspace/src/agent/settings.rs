@@ -117,7 +117,15 @@ impl StartSettings {
         )?;
         config.set(CFG_HOST_NS_ONLY, u32::from(self.host_namespace_only))?;
         config.set(CFG_LB_MODE, self.lb_mode)?;
-        config.set(CFG_MAGLEV_M, self.maglev_m)?;
+        // Set once, at the first install: it is the size of the tables of
+        // masters that do not name their own (written by agents before
+        // per-service sizes), so it must stay what those tables were built
+        // for. Every master this agent writes names its table's size, so a
+        // changed --maglev-table-size reaches the programs service by
+        // service, each table with its master (diff.rs orders the writes).
+        if config.get(CFG_MAGLEV_M)? == 0 {
+            config.set(CFG_MAGLEV_M, self.maglev_m)?;
+        }
         // The hull first: a reply to a port of the old range must never
         // leave early (CFG_SNAT_PORTS_EVER), not even between these writes.
         let (low, high) = self.snat_ports;
@@ -201,6 +209,17 @@ mod tests {
         assert!(at(CFG_SNAT_PORTS_EVER) < at(CFG_SNAT_PORT_MIN));
         assert!(at(CFG_SNAT_PORTS_EVER) < at(CFG_SNAT_PORT_MAX));
         assert!(at(CFG_HOST_NETNS_COOKIE_HI) < at(CFG_HOST_NS_ONLY));
+    }
+
+    #[test]
+    fn the_agent_wide_maglev_size_is_written_once_and_a_restart_with_another_keeps_it() {
+        let mut c = BTreeMap::new();
+        settings().write(&mut c).unwrap();
+        assert_eq!(c[&CFG_MAGLEV_M], 16_381);
+        let mut s = settings();
+        s.maglev_m = 65_537;
+        s.write(&mut c).unwrap();
+        assert_eq!(c[&CFG_MAGLEV_M], 16_381, "the pinned tables' size stays");
     }
 
     #[test]

@@ -169,7 +169,13 @@ struct RunArgs {
     /// XDP acceleration on the devices.
     #[arg(long, value_enum, default_value_t = datapath::Acceleration::Disabled, env = "LB_ACCELERATION")]
     acceleration: datapath::Acceleration,
-    /// Size M of Maglev tables, a prime (251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 65537, 131071).
+    /// Size M of the Maglev tables of services that do not ask for their
+    /// own (`maglevTableSize` in the services file, the
+    /// lb.dev/maglev-table-size annotation), a prime (251, 509, 1021, 2039,
+    /// 4093, 8191, 16381, 32749, 65521, 65537, 131071). A table costs 4·M
+    /// bytes; a bigger M moves fewer flows when a backend goes
+    /// (docs/benchmarks.md, section 4). A change applies service by service
+    /// at the next sync.
     #[arg(long, default_value_t = lb_common::maps::DEFAULT_MAGLEV_M, env = "LB_MAGLEV_TABLE_SIZE")]
     maglev_table_size: u32,
     /// Source ports for SNAT to remote backends. A client's own port is kept

@@ -10,6 +10,10 @@ pub struct MaglevSummary {
     pub frontend: String,
     /// Table size M.
     pub size: usize,
+    /// The size the master names (the programs index the table with it);
+    /// None for a master of an older agent, which uses --maglev-table-size
+    /// as first installed.
+    pub master_size: Option<u32>,
     pub backends: Vec<MaglevShare>,
 }
 
@@ -23,7 +27,7 @@ pub struct MaglevShare {
 
 pub fn summary(state: &MapState, service_id: u32) -> Option<MaglevSummary> {
     let table = state.maglev.get(&service_id)?;
-    let (key, _) = state
+    let (key, master) = state
         .frontends()
         .find(|(_, v)| v.service_id == service_id)?;
     let mut counts: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
@@ -60,6 +64,7 @@ pub fn summary(state: &MapState, service_id: u32) -> Option<MaglevSummary> {
         service_id,
         frontend,
         size: table.len(),
+        master_size: lb_common::maps::maglev_size_of(master.maglev_size),
         backends,
     })
 }
@@ -69,6 +74,12 @@ pub fn render_table(s: &MaglevSummary) -> String {
         "Service {} {}: Maglev table of {} slots\n",
         s.service_id, s.frontend, s.size
     );
+    if let Some(m) = s.master_size.filter(|m| *m as usize != s.size) {
+        // Only between two writes of the agent, or after a failed one.
+        out.push_str(&format!(
+            "warning: the service entry names a table of {m} slots: new flows may be dropped (maglev-missing) until the agent writes both again\n"
+        ));
+    }
     let mut t = vec![[
         "ID".to_string(),
         "Backend".into(),
@@ -106,6 +117,7 @@ mod tests {
             });
         r.reconcile(&model).unwrap();
         let s = summary(r.state(), 1).unwrap();
+        assert_eq!(s.master_size, Some(251));
         let golden = "\
 Service 1 10.96.0.1:80/TCP: Maglev table of 251 slots
 ID   Backend           Slots   Share

@@ -58,7 +58,8 @@ pub struct DesiredFrontend {
 /// Settings the desired state depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuildConfig {
-    /// Size M of Maglev tables.
+    /// Size M of the Maglev tables of services that do not ask for one
+    /// (`Frontend::maglev_table_size`).
     pub maglev_m: u32,
     /// This node's own addresses: an external IP among them is translated
     /// for sockets and pods too; any other is marked
@@ -101,6 +102,9 @@ pub struct Desired {
 pub enum DesiredError {
     #[error(transparent)]
     Ids(#[from] ids::IdsExhausted),
+    /// The sources and the agent's flag check sizes first: a bug if seen.
+    #[error("Maglev table size {0} is not one of {primes:?}", primes = lb_common::maps::MAGLEV_PRIMES)]
+    MaglevSize(u32),
 }
 
 pub fn kind_flag(kind: FrontendKind) -> u16 {
@@ -274,6 +278,8 @@ fn build_frontend(
     }
     slots.extend(&maintenance);
 
+    // The service's own table size, else the agent's (--maglev-table-size).
+    let maglev_m = fe.maglev_table_size.unwrap_or(cfg.maglev_m);
     let mut flags = kind_flag(fe.kind);
     if fe.affinity_timeout_s.is_some() {
         flags |= SVC_FLAG_AFFINITY;
@@ -297,7 +303,11 @@ fn build_frontend(
             Algorithm::Random => ALG_RANDOM,
             Algorithm::Maglev => ALG_MAGLEV,
         },
-        pad: 0,
+        maglev_size: if fe.algorithm == Algorithm::Maglev {
+            lb_common::maps::maglev_size_code(maglev_m).ok_or(DesiredError::MaglevSize(maglev_m))?
+        } else {
+            0
+        },
         affinity_timeout_s: fe.affinity_timeout_s.unwrap_or(0),
     };
     // No selectable backend, no table: the kernel refuses an empty array
@@ -308,7 +318,7 @@ fn build_frontend(
         &active_named
     };
     let maglev = (fe.algorithm == Algorithm::Maglev && !maglev_set.is_empty())
-        .then(|| Arc::new(maglev::build(maglev_set, cfg.maglev_m)));
+        .then(|| Arc::new(maglev::build(maglev_set, maglev_m)));
     let affinity = match fe.affinity_timeout_s {
         None => Vec::new(),
         Some(_) if !active.is_empty() => active,

@@ -242,6 +242,7 @@ mod tests {
                 kind: FrontendKind::ClusterIP,
                 algorithm: Default::default(),
                 affinity_timeout_s: None,
+                maglev_table_size: None,
                 external_traffic_local: false,
                 source_ranges: Vec::new(),
                 backends,

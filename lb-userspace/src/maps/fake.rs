@@ -9,6 +9,10 @@ pub struct FakeMaps {
     pub capacity: Capacity,
     /// Fail the n-th next operation (0 = the next one) with EIO.
     pub fail_after: Option<usize>,
+    /// Moments between two writes when a Maglev master named a table size
+    /// past the end of its table: the programs would drop new flows then
+    /// (`maglev-missing`). Tests of the write order expect none.
+    pub maglev_overruns: Vec<String>,
 }
 
 impl FakeMaps {
@@ -16,6 +20,43 @@ impl FakeMaps {
         Self {
             capacity,
             ..Default::default()
+        }
+    }
+
+    /// What the programs would do with the state after `op`: index a
+    /// master's table with the size the master names (`CFG_MAGLEV_M`, the
+    /// default size, for a master of an older agent).
+    fn check_maglev_sizes(&mut self, op: &MapOp) {
+        use lb_common::{maps::maglev_size_of, service::ALG_MAGLEV};
+        let size = |v: &lb_common::service::ServiceValue| {
+            maglev_size_of(v.maglev_size).unwrap_or(lb_common::maps::DEFAULT_MAGLEV_M) as usize
+        };
+        let masters: Vec<_> = match op {
+            MapOp::UpsertService(key, v) if key.slot == 0 => vec![(*key, *v)],
+            MapOp::SetMaglev(id, _) => self
+                .state
+                .services
+                .iter()
+                .filter(|(k, v)| k.slot == 0 && v.service_id == *id)
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+            _ => return,
+        };
+        for (key, v) in masters {
+            // A master without a backend to choose answers "no backend"
+            // before it reads a table.
+            if v.algorithm != ALG_MAGLEV || v.count == 0 && v.terminating_count == 0 {
+                continue;
+            }
+            if let Some(table) = self.state.maglev.get(&v.service_id) {
+                if size(&v) > table.len() {
+                    self.maglev_overruns.push(format!(
+                        "after {op:?}: {key:?} names M = {} but its table has {}",
+                        size(&v),
+                        table.len()
+                    ));
+                }
+            }
         }
     }
 
@@ -61,6 +102,7 @@ impl LbMaps for FakeMaps {
             });
         }
         self.state.apply(op);
+        self.check_maglev_sizes(op);
         self.log.push(op.clone());
         Ok(())
     }

@@ -23,6 +23,8 @@ pub struct Shape<'a> {
     /// This node's addresses that serve NodePorts.
     pub nodeport_addresses: &'a [IpAddr],
     pub algorithm: Algorithm,
+    /// The Maglev table size the service asks for (checked by the source).
+    pub maglev_table_size: Option<u32>,
     /// sessionAffinity: ClientIP and its timeout.
     pub affinity_timeout_s: Option<u32>,
     /// internalTrafficPolicy: Local. The ClusterIPs use only this node's
@@ -106,6 +108,7 @@ pub fn port_frontends(
             protocol: port.protocol,
             kind,
             algorithm: shape.algorithm,
+            maglev_table_size: shape.maglev_table_size,
             affinity_timeout_s: shape.affinity_timeout_s,
             external_traffic_local: external_local,
             source_ranges: source_ranges_for(kind, address, shape.source_ranges),
@@ -139,6 +142,7 @@ mod tests {
             addresses,
             nodeport_addresses: nodes,
             algorithm: Algorithm::Random,
+            maglev_table_size: None,
             affinity_timeout_s: None,
             internal_local,
             external_local,

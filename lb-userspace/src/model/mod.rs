@@ -193,6 +193,9 @@ pub struct Frontend {
     pub protocol: Protocol,
     pub kind: FrontendKind,
     pub algorithm: Algorithm,
+    /// The size M this service's Maglev table asks for (one of
+    /// `MAGLEV_PRIMES`); None: the agent's --maglev-table-size.
+    pub maglev_table_size: Option<u32>,
     /// sessionAffinity: ClientIP timeout, when set.
     pub affinity_timeout_s: Option<u32>,
     /// externalTrafficPolicy: Local on an external frontend: traffic from

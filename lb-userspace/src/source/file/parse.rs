@@ -18,8 +18,9 @@
 //! ```
 //!
 //! NodePort and LoadBalancer services (`type`, `ports[].nodePort`,
-//! `loadBalancerIPs`, `externalTrafficPolicy`), `algorithm: maglev` and
-//! backend `weight`s are supported too; NodePorts need the node's addresses,
+//! `loadBalancerIPs`, `externalTrafficPolicy`), `algorithm: maglev` (with
+//! its own `maglevTableSize`, else the agent's) and backend `weight`s are
+//! supported too; NodePorts need the node's addresses,
 //! which the agent takes from its `--devices`.
 //!
 //! Errors name the field (`services[1].ports[0].port`) and say how to fix it.
@@ -72,6 +73,10 @@ pub struct ServiceSpec {
     /// Unset: the agent's --lb-algorithm.
     #[serde(default)]
     pub algorithm: Option<Algorithm>,
+    /// With `algorithm: maglev`: the size M of this service's table (one of
+    /// `MAGLEV_PRIMES`); unset: the agent's --maglev-table-size.
+    #[serde(default)]
+    pub maglev_table_size: Option<i64>,
     /// `None` or `ClientIP`, as in a Kubernetes Service.
     #[serde(default)]
     pub session_affinity: Option<String>,
@@ -425,6 +430,28 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
         source_ranges.push(range);
     }
 
+    let algorithm = spec.algorithm.unwrap_or(ctx.default_algorithm);
+    let maglev_table_size = match spec.maglev_table_size {
+        None => None,
+        Some(_) if algorithm != Algorithm::Maglev => {
+            return Err(err(
+                format!("{at}.maglevTableSize"),
+                "is set but the service does not use Maglev; set algorithm: maglev or remove it",
+            ))
+        }
+        Some(m) => match u32::try_from(m) {
+            Ok(m) if crate::desired::maglev::valid_size(m) => Some(m),
+            _ => {
+                return Err(err(
+                    format!("{at}.maglevTableSize"),
+                    format!(
+                        "{m} is not a supported table size; use one of {:?} (a prime, about 100 × the backends or more)",
+                        lb_common::maps::MAGLEV_PRIMES
+                    ),
+                ))
+            }
+        },
+    };
     let affinity_timeout_s = match spec.session_affinity.as_deref() {
         None | Some("None") => {
             if spec.session_affinity_timeout_seconds.is_some() {
@@ -513,7 +540,8 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
     let shape = Shape {
         addresses: &addresses,
         nodeport_addresses: &ctx.nodeport_addresses,
-        algorithm: spec.algorithm.unwrap_or(ctx.default_algorithm),
+        algorithm,
+        maglev_table_size,
         affinity_timeout_s,
         internal_local,
         external_local,
@@ -850,6 +878,32 @@ services:
         assert_eq!(fe.backends[0].weight, 3);
         let e = bad("services: [{name: a, clusterIPs: [10.96.0.1], ports: [{port: 80}], backends: [{address: 10.0.0.1, weight: 0}]}]");
         assert_eq!(e.field, "services[0].backends[0].weight");
+    }
+
+    #[test]
+    fn a_maglev_service_may_ask_for_its_table_size_from_the_listed_primes() {
+        let svc = |extra: &str| {
+            format!("services: [{{name: a, clusterIPs: [10.96.0.1], ports: [{{port: 80}}, {{port: 81}}], {extra} backends: [{{address: 10.0.0.1}}]}}]")
+        };
+        let m = parse(&svc("algorithm: maglev, maglevTableSize: 131071,")).unwrap();
+        let fes = &m.services[&ServiceName::new("default", "a")].frontends;
+        assert!(
+            fes.iter().all(|fe| fe.maglev_table_size == Some(131_071)),
+            "every port"
+        );
+        let m = parse(&svc("algorithm: maglev,")).unwrap();
+        let fe = &m.services[&ServiceName::new("default", "a")].frontends[0];
+        assert_eq!(fe.maglev_table_size, None, "unset: the agent's size");
+        for wrong in ["100000", "16380", "-1", "0", "99999999999"] {
+            let e = bad(&svc(&format!(
+                "algorithm: maglev, maglevTableSize: {wrong},"
+            )));
+            assert_eq!(e.field, "services[0].maglevTableSize", "{wrong}");
+            assert!(e.message.contains("65537"), "lists the sizes: {e}");
+        }
+        let e = bad(&svc("algorithm: random, maglevTableSize: 65537,"));
+        assert_eq!(e.field, "services[0].maglevTableSize");
+        assert!(e.message.contains("algorithm: maglev"), "{e}");
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub const WATCH_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 /// Per-service backend selection: `random` (default) or `maglev`.
 pub const ANNOTATION_ALGORITHM: &str = "lb.dev/algorithm";
+/// A Maglev service's table size M, one of `MAGLEV_PRIMES` (unset: the
+/// agent's --maglev-table-size). Larger tables move fewer flows when a
+/// backend goes (docs/benchmarks.md, section 4), at 4·M bytes each.
+pub const ANNOTATION_MAGLEV_TABLE_SIZE: &str = "lb.dev/maglev-table-size";
 
 /// Kubernetes' default sessionAffinity timeout: 3 hours.
 const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
@@ -229,11 +233,33 @@ pub fn translate<'a>(
         }
     };
 
+    let maglev_table_size = match svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_MAGLEV_TABLE_SIZE))
+        .map(|v| v.trim())
+    {
+        None => None,
+        Some(_) if algorithm != Algorithm::Maglev => {
+            warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_MAGLEV_TABLE_SIZE} is set but the service does not use Maglev (set {ANNOTATION_ALGORITHM}: maglev); ignored"));
+            None
+        }
+        Some(v) => match v.parse::<u32>() {
+            Ok(m) if crate::desired::maglev::valid_size(m) => Some(m),
+            _ => {
+                warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_MAGLEV_TABLE_SIZE}: {v:?} is not one of {:?}; using the agent's --maglev-table-size", lb_common::maps::MAGLEV_PRIMES));
+                None
+            }
+        },
+    };
+
     let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
     let shape = Shape {
         addresses: &addresses,
         nodeport_addresses: &node.nodeport_addresses,
         algorithm,
+        maglev_table_size,
         affinity_timeout_s,
         internal_local,
         external_local,
