@@ -198,7 +198,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             line,
-            "ServiceValue 20 4 backend_id@0:4 service_id@4:4 count@8:2 terminating_count@10:2 flags@12:2 algorithm@14:1 pad@15:1 affinity_timeout_s@16:4"
+            "ServiceValue 20 4 backend_id@0:4 service_id@4:4 count@8:2 terminating_count@10:2 flags@12:2 algorithm@14:1 maglev_size@15:1 affinity_timeout_s@16:4"
         );
     }
 }
