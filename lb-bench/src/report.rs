@@ -216,9 +216,11 @@ impl Report {
             "## 8. Standalone mode: a services-file edit to the maps\n\n\
              One service of an N-service file gets a new endpoint; the file is written beside and\n\
              renamed over (as editors and config management do); the time is from the rename to the\n\
-             pinned map showing the new endpoint, with the real agent (inotify, its wait for the file to\n\
-             settle (size and time unchanged 10 ms apart), read, parse, reconcile, bpf(2)). In process beside it: the edited file read with the agent's\n\
-             file cache (only the changed service parsed) and parsed whole, as every edit was before.\n\n\
+             pinned map showing the new endpoint, with the real agent (inotify, read, parse, reconcile,\n\
+             bpf(2); a file renamed into place is read at once, one written in place only once its size\n\
+             and time stay the same for 10 ms). In process beside it: the edited file read with the\n\
+             agent's file cache (only the changed service parsed) and parsed whole, as every edit was\n\
+             before.\n\n\
              | Services | Edits | rename → map p50 | p99 | read with the cache | parsed whole |\n\
              |---:|---:|---:|---:|---:|---:|\n",
         );

@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use notify::{EventKind, RecursiveMode, Watcher as _};
+use notify::{
+    event::{ModifyKind, RenameMode},
+    EventKind, RecursiveMode, Watcher as _,
+};
 use tokio::sync::mpsc;
 
 pub mod cache;
@@ -78,9 +81,33 @@ pub fn load_cached(
         })
 }
 
-/// Sends `()` whenever the file may have changed. Keep the returned watcher alive.
-pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+/// What the watch saw since the reader last looked.
+#[derive(Clone, Default)]
+pub struct Changes {
+    /// Set by any change other than a file renamed into place: the file may
+    /// still be being written (`settle` waits for it).
+    written_in_place: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Changes {
+    /// Whether the file was written in place since the last call (and
+    /// forgets it).
+    pub fn take_written_in_place(&self) -> bool {
+        self.written_in_place
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+}
+
+/// Sends `()` whenever the file may have changed, and notes in `Changes`
+/// whether it was written in place (a rename into place, what editors and
+/// config management do, is complete the moment it is seen: rename(2) is
+/// atomic). Keep the returned watcher alive.
+pub fn watch(
+    path: &Path,
+) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>, Changes)> {
     let (tx, rx) = mpsc::channel(16);
+    let changes = Changes::default();
+    let seen = changes.clone();
     let file_name = path
         .file_name()
         .context("services file path has no file name")?
@@ -99,6 +126,20 @@ pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::R
             .iter()
             .any(|p| p.file_name() == Some(file_name.as_os_str()));
         if relevant {
+            // The file renamed over ours: the last path of a rename event
+            // (inotify's IN_MOVED_TO, alone or paired with its IN_MOVED_FROM).
+            let renamed_in = matches!(
+                event.kind,
+                EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
+            ) && event
+                .paths
+                .last()
+                .is_some_and(|p| p.file_name() == Some(file_name.as_os_str()));
+            if !renamed_in {
+                // Before the wake-up, so the reader that wakes sees it.
+                seen.written_in_place
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
             // A full channel already holds a pending reload: dropping this one loses nothing.
             let _ = tx.try_send(());
         }
@@ -106,15 +147,15 @@ pub fn watch(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::R
     watcher
         .watch(&dir, RecursiveMode::NonRecursive)
         .with_context(|| format!("watching {}", dir.display()))?;
-    Ok((watcher, rx))
+    Ok((watcher, rx, changes))
 }
 
 /// Waits until the file has stopped changing: its size and modification
-/// time the same 10 ms apart (at most a second). A rename, what most tools
-/// do, settles at once; an editor that writes in place does it in several
-/// steps, and a half-written file can parse (cut at a service) and would
-/// delete the services not yet written.
-async fn settle(path: &Path) {
+/// time the same 10 ms apart (at most a second). Only after a write in
+/// place: an editor that writes in place does it in several steps, and a
+/// half-written file can parse (cut at a service) and would delete the
+/// services not yet written. A file renamed into place is read at once.
+async fn settle(path: &Path, quiet: std::time::Duration) {
     let stamp = |p: &Path| {
         std::fs::metadata(p)
             .ok()
@@ -122,7 +163,7 @@ async fn settle(path: &Path) {
     };
     let mut last = stamp(path);
     for _ in 0..100 {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tokio::time::sleep(quiet).await;
         let now = stamp(path);
         if now == last {
             return;
@@ -138,10 +179,25 @@ pub async fn run(
     path: PathBuf,
     ctx: services_file::FileContext,
     tx: mpsc::Sender<super::SourceEvent>,
+    reload: mpsc::Receiver<()>,
+) {
+    run_settling(path, ctx, tx, reload, SETTLE_QUIET).await;
+}
+
+/// How long a file written in place must stay unchanged to be read.
+const SETTLE_QUIET: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// `run`, with the quiet time `settle` waits for (tests lengthen it, so a
+/// slow test machine cannot pass it between two writes).
+async fn run_settling(
+    path: PathBuf,
+    ctx: services_file::FileContext,
+    tx: mpsc::Sender<super::SourceEvent>,
     mut reload: mpsc::Receiver<()>,
+    quiet: std::time::Duration,
 ) {
     use super::SourceEvent;
-    let (_watcher, mut changes) = match watch(&path) {
+    let (_watcher, mut changes, seen) = match watch(&path) {
         Ok(w) => w,
         Err(e) => {
             let _ = tx
@@ -175,13 +231,115 @@ pub async fn run(
         if tx.send(event).await.is_err() {
             return;
         }
-        tokio::select! {
-            Some(()) = changes.recv() => {}
-            Some(()) = reload.recv() => {}
+        let hup = tokio::select! {
+            Some(()) = changes.recv() => false,
+            Some(()) = reload.recv() => true,
             else => return,
-        }
+        };
         observed = std::time::Instant::now();
-        settle(&path).await;
+        // SIGHUP, or a write in place: wait for the file to settle. (A
+        // write that lands after this check queues another wake-up and
+        // another read.)
         while changes.try_recv().is_ok() {}
+        if seen.take_written_in_place() || hup {
+            settle(&path, quiet).await;
+            while changes.try_recv().is_ok() {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::source::SourceEvent;
+
+    /// A directory of its own under the system's temporary directory.
+    fn scratch_dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lb-file-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn services(n: usize) -> String {
+        let mut s = String::from("services:\n");
+        for i in 0..n {
+            s.push_str(&format!(
+                "  - name: s{i}\n    clusterIPs: [10.96.{}.{}]\n    ports: [{{port: 80}}]\n    backends: [{{address: 10.244.0.1}}]\n",
+                i / 250,
+                i % 250 + 1
+            ));
+        }
+        s
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<()>) {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the watch saw the change")
+            .expect("the watch is alive");
+    }
+
+    #[tokio::test]
+    async fn a_file_renamed_into_place_is_read_at_once_and_a_write_in_place_waits_to_settle() {
+        let dir = scratch_dir("watch");
+        let path = dir.join("services.yaml");
+        std::fs::write(&path, services(1)).unwrap();
+        let (_watcher, mut rx, changes) = watch(&path).unwrap();
+        let tmp = dir.join("services.yaml.tmp");
+        std::fs::write(&tmp, services(2)).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        next(&mut rx).await;
+        // Whatever else the rename produced (inotify's IN_MOVED_TO and the
+        // paired event) has arrived by now.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while rx.try_recv().is_ok() {}
+        assert!(!changes.take_written_in_place(), "a rename is complete");
+        std::fs::write(&path, services(3)).unwrap();
+        next(&mut rx).await;
+        assert!(changes.take_written_in_place(), "a write in place is not");
+        assert!(!changes.take_written_in_place(), "taken once");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An editor that writes in place in two steps: the first half alone is
+    /// a valid file of fewer services, which must never be applied (it would
+    /// delete the rest). The steps are 50 ms apart, the quiet time 500 ms (a
+    /// slow machine cannot pass it between them).
+    #[tokio::test]
+    async fn a_file_written_in_place_in_two_steps_is_read_once_complete() {
+        use std::io::Write as _;
+        let dir = scratch_dir("settle");
+        let path = dir.join("services.yaml");
+        std::fs::write(&path, services(4)).unwrap();
+        let (tx, mut events) = mpsc::channel(16);
+        let (_reload_tx, reload) = mpsc::channel(1);
+        let source = tokio::spawn(run_settling(
+            path.clone(),
+            Default::default(),
+            tx,
+            reload,
+            Duration::from_millis(500),
+        ));
+        let count = |e: SourceEvent| match e {
+            SourceEvent::Full { model, .. } => model.services.len(),
+            other => panic!("{other:?}"),
+        };
+        let first = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
+        assert_eq!(count(first.unwrap().unwrap()), 4);
+        let whole = services(40);
+        let half = services(20);
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(half.as_bytes()).unwrap();
+        f.sync_data().unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        f.write_all(&whole.as_bytes()[half.len()..]).unwrap();
+        drop(f);
+        let read = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
+        assert_eq!(count(read.unwrap().unwrap()), 40, "read after it settled");
+        source.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
