@@ -81,6 +81,8 @@ pub const DEFAULT_MAGLEV_MAX: u32 = 16_384;
 /// (the paper's M ≥ 100·N keeps the imbalance within a few percent).
 pub const DEFAULT_MAGLEV_M: u32 = 16_381;
 /// Maglev table sizes the agent accepts (primes, as the construction needs).
+/// Append only: a master entry names its table's size by its place here
+/// (`maglev_size_code`), in maps that outlive the agent.
 pub const MAGLEV_PRIMES: [u32; 11] = [
     251, 509, 1_021, 2_039, 4_093, 8_191, 16_381, 32_749, 65_521, 65_537, 131_071,
 ];

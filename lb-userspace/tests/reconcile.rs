@@ -457,17 +457,19 @@ fn arb_model() -> impl Strategy<Value = Model> {
         // A Maglev service's own table size, or the agent's: tables grow
         // and shrink between models.
         prop::sample::select(vec![None, Some(251u32), Some(509), Some(1_021)]),
+        // Maglev or random, changing between models on the same frontend.
+        any::<bool>(),
     );
     prop::collection::btree_map(0u32..6, svc, 0..6).prop_map(|services| {
         let mut m = Model::default();
         let mut used = HashSet::new();
-        for (i, (vip, port, backends, table_size)) in services {
+        for (i, (vip, port, backends, table_size, maglev)) in services {
             if !used.insert((vip, port)) {
                 continue; // one owner per frontend, as the parsers guarantee
             }
             let mut s = service(vip, port, &[]);
             // Some services use Maglev: its tables follow the same pipeline.
-            if vip % 2 == 1 {
+            if maglev {
                 s.frontends[0].algorithm = lb::model::Algorithm::Maglev;
                 s.frontends[0].maglev_table_size = table_size;
             }

@@ -74,7 +74,7 @@ pub fn render_table(s: &MaglevSummary) -> String {
         "Service {} {}: Maglev table of {} slots\n",
         s.service_id, s.frontend, s.size
     );
-    if let Some(m) = s.master_size.filter(|m| *m as usize != s.size) {
+    if let Some(m) = s.master_size.filter(|m| *m as usize > s.size) {
         // Only between two writes of the agent, or after a failed one.
         out.push_str(&format!(
             "warning: the service entry names a table of {m} slots: new flows may be dropped (maglev-missing) until the agent writes both again\n"

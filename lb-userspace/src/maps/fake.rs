@@ -13,6 +13,9 @@ pub struct FakeMaps {
     /// past the end of its table: the programs would drop new flows then
     /// (`maglev-missing`). Tests of the write order expect none.
     pub maglev_overruns: Vec<String>,
+    /// What LB_CONFIG's CFG_MAGLEV_M holds here: the size of the tables of
+    /// masters that name none (0: `DEFAULT_MAGLEV_M`).
+    pub legacy_maglev_m: u32,
 }
 
 impl FakeMaps {
@@ -28,12 +31,18 @@ impl FakeMaps {
     /// default size, for a master of an older agent).
     fn check_maglev_sizes(&mut self, op: &MapOp) {
         use lb_common::{maps::maglev_size_of, service::ALG_MAGLEV};
-        let size = |v: &lb_common::service::ServiceValue| {
-            maglev_size_of(v.maglev_size).unwrap_or(lb_common::maps::DEFAULT_MAGLEV_M) as usize
+        let legacy = match self.legacy_maglev_m {
+            0 => lb_common::maps::DEFAULT_MAGLEV_M,
+            m => m,
+        };
+        // None: a code past the list (the programs drop: maglev-missing).
+        let size = |v: &lb_common::service::ServiceValue| match v.maglev_size {
+            0 => Some(legacy as usize),
+            code => maglev_size_of(code).map(|m| m as usize),
         };
         let masters: Vec<_> = match op {
             MapOp::UpsertService(key, v) if key.slot == 0 => vec![(*key, *v)],
-            MapOp::SetMaglev(id, _) => self
+            MapOp::SetMaglev(id, _) | MapOp::DeleteMaglev(id) => self
                 .state
                 .services
                 .iter()
@@ -48,14 +57,17 @@ impl FakeMaps {
             if v.algorithm != ALG_MAGLEV || v.count == 0 && v.terminating_count == 0 {
                 continue;
             }
-            if let Some(table) = self.state.maglev.get(&v.service_id) {
-                if size(&v) > table.len() {
-                    self.maglev_overruns.push(format!(
-                        "after {op:?}: {key:?} names M = {} but its table has {}",
-                        size(&v),
-                        table.len()
-                    ));
-                }
+            let table = self.state.maglev.get(&v.service_id).map(|t| t.len());
+            let fits = matches!((size(&v), table), (Some(m), Some(len)) if m <= len);
+            if !fits {
+                let op = match op {
+                    MapOp::SetMaglev(id, t) => format!("SetMaglev({id}, {} slots)", t.len()),
+                    other => format!("{other:?}"),
+                };
+                self.maglev_overruns.push(format!(
+                    "after {op}: {key:?} names M = {:?} but its table has {table:?} slots",
+                    size(&v),
+                ));
             }
         }
     }
