@@ -250,32 +250,97 @@ pub struct RefusedService {
     pub error: String,
 }
 
+/// The socket scans `terminate_stale_udp` has running: a stopping agent
+/// waits a moment for them (the list of removed backends lives only in
+/// memory, so a scan cut short is not done again after a restart).
+#[derive(Default)]
+pub struct UdpScans {
+    running: std::sync::Mutex<usize>,
+    idle: std::sync::Condvar,
+}
+
+impl UdpScans {
+    fn start(&self) {
+        *self.running.lock().unwrap() += 1;
+    }
+
+    fn end(&self) {
+        let mut n = self.running.lock().unwrap();
+        *n -= 1;
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits at most `timeout` for the running scans; whether none is left.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let n = self.running.lock().unwrap();
+        let (n, _) = self
+            .idle
+            .wait_timeout_while(n, timeout, |n| *n > 0)
+            .unwrap();
+        *n == 0
+    }
+}
+
 /// Connected UDP sockets that socket LB pinned to a backend that was just
 /// removed fail over: they are destroyed in the background (scanning every
 /// namespace takes a moment; the maps are already up to date).
-pub fn terminate_stale_udp(pin_dir: PathBuf, metrics: Metrics) -> OnRemovedUdp {
+pub fn terminate_stale_udp(
+    pin_dir: PathBuf,
+    metrics: Metrics,
+    scans: Arc<UdpScans>,
+) -> OnRemovedUdp {
     Box::new(move |gone| {
-        let (pin_dir, metrics) = (pin_dir.clone(), metrics.clone());
-        std::thread::spawn(
-            move || match crate::sockets::terminate_udp(&pin_dir, &gone) {
-                Ok(r) => {
-                    metrics.sockets_destroyed.inc_by(r.destroyed as u64);
-                    metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
-                    for e in &r.errors {
-                        warn!("connected UDP sockets to removed backends: {e}");
-                    }
-                    info!(
-                        backends = gone.len(),
-                        namespaces = r.namespaces,
-                        destroyed = r.destroyed,
-                        "destroyed connected UDP sockets to removed backends"
-                    );
-                }
-                Err(e) => {
-                    metrics.socket_scan_errors.inc();
-                    warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
-                }
-            },
-        );
+        let (pin_dir, metrics, scans) = (pin_dir.clone(), metrics.clone(), scans.clone());
+        scans.start();
+        std::thread::spawn(move || {
+            scan_and_terminate(&pin_dir, &metrics, &gone);
+            scans.end();
+        });
     })
+}
+
+fn scan_and_terminate(pin_dir: &std::path::Path, metrics: &Metrics, gone: &[(IpAddr, u16)]) {
+    match crate::sockets::terminate_udp(pin_dir, gone) {
+        Ok(r) => {
+            metrics.sockets_destroyed.inc_by(r.destroyed as u64);
+            metrics.socket_scan_errors.inc_by(r.errors.len() as u64);
+            for e in &r.errors {
+                warn!("connected UDP sockets to removed backends: {e}");
+            }
+            info!(
+                backends = gone.len(),
+                namespaces = r.namespaces,
+                destroyed = r.destroyed,
+                "destroyed connected UDP sockets to removed backends"
+            );
+        }
+        Err(e) => {
+            metrics.socket_scan_errors.inc();
+            warn!("connected UDP sockets to removed backends were not destroyed: {e:#}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod udp_scan_tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_waits_for_a_running_scan_and_not_longer() {
+        let scans = Arc::new(UdpScans::default());
+        assert!(scans.wait_idle(Duration::ZERO), "nothing running");
+        scans.start();
+        assert!(!scans.wait_idle(Duration::from_millis(20)), "still running");
+        let done = {
+            let scans = scans.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                scans.end();
+            })
+        };
+        assert!(scans.wait_idle(Duration::from_secs(10)));
+        done.join().unwrap();
+    }
 }

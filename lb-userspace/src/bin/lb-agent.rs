@@ -677,12 +677,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     // The reconciler runs on a thread of its own, fed through a mailbox that
     // never makes a source wait (lb::agent).
     let mailbox = Arc::new(Mailbox::default());
+    let udp_scans = Arc::new(lb::agent::worker::UdpScans::default());
     let worker = Worker {
         reconciler,
         metrics: metrics.clone(),
         on_removed_udp: lb::agent::worker::terminate_stale_udp(
             args.pin_dir.clone(),
             metrics.clone(),
+            udp_scans.clone(),
         ),
         status_file: Some(lb::agent::status_file(&cfg.pin_dir)),
         retry_every: lb::agent::worker::RETRY_EVERY,
@@ -779,6 +781,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     // The worker says so before it frees its state (`worker_stopped`).
     if !mailbox.wait_worker_stopped(Duration::from_millis(800)) && !worker.is_finished() {
         warn!("the reconcile worker is still writing; leaving it (the maps stay consistent per service)");
+    }
+    // Sockets still pinned to removed backends: the list is not kept
+    // anywhere, so a scan cut short stays undone after a restart.
+    if !udp_scans.wait_idle(Duration::from_millis(500)) {
+        warn!("stopping during a scan for connected UDP sockets to removed backends: some may stay connected to them");
     }
     if let Some(gc) = gc {
         if gc.is_finished() {
