@@ -367,6 +367,8 @@ impl Agent {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        // One last look: it may have exited during the last sleep.
+        exited = exited || matches!(c.try_wait(), Ok(Some(_)));
         let took = started.elapsed();
         if !exited {
             let _ = c.kill();

@@ -551,10 +551,14 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
 
 /// Per-service table sizes on the real programs: every new flow takes the
 /// slot `flow_hash % M` of its service's table, M being the size its master
-/// names, while the size grows and shrinks (the agent orders the writes so
-/// that no flow finds a size past the table's end: no maglev-missing drop),
-/// and a master written by an older agent (size 0) still uses the
-/// agent-wide CFG_MAGLEV_M.
+/// names (251, then 131071, then 509: a program using the agent-wide 16381
+/// would drop most flows to the small tables, slots past their end, and send
+/// flows to other backends in the big one), and a master written by an
+/// older agent (size 0) indexes with CFG_MAGLEV_M (set to 251 over a table of
+/// 509, so "the table's length" and "CFG_MAGLEV_M" pick differently). The
+/// write order of a size change is the reconcile tests' (FakeMaps records
+/// any moment a master's size passes its table): here packets come after
+/// each change.
 #[test]
 fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_grows_and_shrinks()
 {
@@ -562,8 +566,10 @@ fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_
     let vip = ip("203.0.113.20");
     let ctx = node_context();
     let mut sport = 43_000u16;
-    // 200 new flows; each must reach table[flow_hash % m] of the current table.
-    let check = |dp: &Dataplane, sport: &mut u16, m: usize| {
+    // 200 new flows; each must reach table[flow_hash % m] of the current
+    // table. Returns how many of them another size `other` would have sent
+    // elsewhere (or past the table's end).
+    let check = |dp: &Dataplane, sport: &mut u16, len: usize, m: u32, other: u32| {
         let svc = dp
             .reconciler
             .state()
@@ -573,7 +579,7 @@ fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_
             .1
             .service_id;
         let table = dp.reconciler.state().maglev[&svc].clone();
-        assert_eq!(table.len(), m);
+        assert_eq!(table.len(), len);
         let mut told_apart = 0;
         for _ in 0..200 {
             *sport += 1;
@@ -588,41 +594,39 @@ fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_
                 80u16.to_be(),
                 6,
             );
-            let expected =
-                dp.reconciler.state().backends[&table[(hash % m as u32) as usize]].address;
+            let address = |slot: u32| {
+                table
+                    .get(slot as usize)
+                    .map(|id| dp.reconciler.state().backends[id].address)
+            };
+            let expected = address(hash % m).unwrap();
             assert_eq!(
                 std::net::IpAddr::V4(inspect(&out).daddr),
                 expected,
                 "M = {m}, port {sport}"
             );
-            // What a program using the agent-wide size would pick instead: a
-            // slot past a smaller table's end (a drop), or another slot of a
-            // bigger one, which names another backend for some flows.
-            let default = lb_common::maps::DEFAULT_MAGLEV_M;
-            let wrong = table
-                .get((hash % default) as usize)
-                .map(|id| dp.reconciler.state().backends[id].address);
-            if wrong != Some(expected) {
+            if address(hash % other) != Some(expected) {
                 told_apart += 1;
             }
         }
-        assert!(
-            told_apart > 0,
-            "M = {m}: the flows tell M from the default size"
-        );
+        told_apart
     };
-    for m in [251usize, 131_071, 509] {
+    let default = lb_common::maps::DEFAULT_MAGLEV_M; // the fixture's CFG_MAGLEV_M
+    for m in [251u32, 131_071, 509] {
         let file = SERVICES.replace(
             "    algorithm: maglev\n",
             &format!("    algorithm: maglev\n    maglevTableSize: {m}\n"),
         );
         assert_ne!(file, SERVICES);
         dp.apply(&parse_with(&file, &ctx).unwrap());
-        check(&dp, &mut sport, m);
+        let apart = check(&dp, &mut sport, m as usize, m, default);
+        assert!(
+            apart > 0,
+            "M = {m}: the flows tell M from the agent-wide size"
+        );
     }
-    assert_eq!(dp.drops("maglev-missing"), 0);
 
-    // A master of an older agent: size 0, the agent-wide size applies.
+    // A master of an older agent: size 0, CFG_MAGLEV_M applies.
     let master = dp
         .reconciler
         .state()
@@ -640,9 +644,12 @@ fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_
             },
         ))
         .unwrap();
-    dp.config(lb_common::config::CFG_MAGLEV_M, 509);
-    check(&dp, &mut sport, 509);
-    assert_eq!(dp.drops("maglev-missing"), 0);
+    dp.config(lb_common::config::CFG_MAGLEV_M, 251);
+    let apart = check(&dp, &mut sport, 509, 251, 509);
+    assert!(
+        apart > 0,
+        "the flows tell CFG_MAGLEV_M from the table's length"
+    );
 }
 
 /// Recomputes the IPv4 header checksum after a test edited the header.

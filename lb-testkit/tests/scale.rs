@@ -112,4 +112,10 @@ fn during_a_long_full_sync_the_agent_answers_probes_and_stops_within_a_second_of
         took.is_some_and(|t| t < Duration::from_secs(1)),
         "SIGTERM during the sync took {took:?}"
     );
+    // The stop came during the sync, not after it.
+    assert!(
+        agent.log_text().contains("reconcile cancelled after"),
+        "{}",
+        agent.log_text()
+    );
 }

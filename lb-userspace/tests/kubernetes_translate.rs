@@ -293,11 +293,18 @@ fn a_maglev_service_takes_its_table_size_from_the_annotation_and_a_bad_one_is_wa
         t.warnings
     );
     let s = t.service.unwrap();
+    assert!(!s.frontends.is_empty());
     assert!(s
         .frontends
         .iter()
         .all(|f| f.maglev_table_size == Some(131_071)));
-    for (alg, size) in [("maglev", "100000"), ("maglev", "big"), ("random", "65537")] {
+    // 65539 is prime but not a listed size.
+    for (alg, size) in [
+        ("maglev", "100000"),
+        ("maglev", "65539"),
+        ("maglev", "big"),
+        ("random", "65537"),
+    ] {
         annotate(
             &mut svc,
             &[
@@ -313,6 +320,7 @@ fn a_maglev_service_takes_its_table_size_from_the_annotation_and_a_bad_one_is_wa
             t.warnings
         );
         let s = t.service.unwrap();
+        assert!(!s.frontends.is_empty());
         assert!(
             s.frontends.iter().all(|f| f.maglev_table_size.is_none()),
             "{alg} {size}"

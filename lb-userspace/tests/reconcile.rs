@@ -706,6 +706,60 @@ fn a_maglev_table_grows_before_its_master_and_shrinks_after_it() {
     );
 }
 
+/// Upgrading from an agent whose masters name no size (0: the programs use
+/// CFG_MAGLEV_M, here 251): the first reconcile moves the table to the new
+/// size with the master, never letting the master's size pass its table.
+#[test]
+fn a_master_of_an_older_agent_moves_to_a_named_size_without_an_overrun() {
+    let mut svc = service(15, 80, &[1, 2, 3]);
+    svc.frontends[0].algorithm = lb::model::Algorithm::Maglev;
+    svc.frontends[0].maglev_table_size = Some(251);
+    let mut model = Model::default();
+    model.services.insert(name(15), svc.clone());
+    let mut old = Reconciler::restore(FakeMaps {
+        legacy_maglev_m: 251,
+        ..Default::default()
+    })
+    .unwrap();
+    old.reconcile(&model).unwrap();
+    // What the older agent left: the same table, a master without a size.
+    let mut maps = std::mem::take(old.maps_mut());
+    let (key, master) = maps
+        .state
+        .frontends()
+        .map(|(k, v)| (*k, *v))
+        .next()
+        .unwrap();
+    lb::maps::LbMaps::apply(
+        &mut maps,
+        &MapOp::UpsertService(
+            key,
+            lb_common::service::ServiceValue {
+                maglev_size: 0,
+                ..master
+            },
+        ),
+    )
+    .unwrap();
+    assert!(maps.maglev_overruns.is_empty());
+    for size in [None, Some(509)] {
+        let mut r = Reconciler::restore(std::mem::take(&mut maps)).unwrap();
+        svc.frontends[0].maglev_table_size = size;
+        model.services.insert(name(15), svc.clone());
+        r.reconcile(&model).unwrap();
+        let want = size.unwrap_or(lb_common::maps::DEFAULT_MAGLEV_M);
+        let (_, m) = r.state().frontends().next().unwrap();
+        assert_eq!(lb_common::maps::maglev_size_of(m.maglev_size), Some(want));
+        assert_eq!(r.state().maglev[&m.service_id].len(), want as usize);
+        maps = std::mem::take(r.maps_mut());
+    }
+    assert!(
+        maps.maglev_overruns.is_empty(),
+        "{:?}",
+        maps.maglev_overruns
+    );
+}
+
 /// A Maglev service whose last backend goes has no table (the kernel
 /// refuses an empty array, and so does the fake): the reconcile goes
 /// through, the old table is removed, and the rest of the model applies.

@@ -153,7 +153,9 @@ mod tests {
                 m.worker_stopped();
             })
         };
+        let t = Instant::now();
         assert!(m.wait_worker_stopped(Duration::from_secs(10)));
+        assert!(t.elapsed() < Duration::from_secs(5), "woken, not timed out");
         worker.join().unwrap();
     }
 

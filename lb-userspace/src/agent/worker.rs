@@ -332,7 +332,12 @@ mod udp_scan_tests {
         let scans = Arc::new(UdpScans::default());
         assert!(scans.wait_idle(Duration::ZERO), "nothing running");
         scans.start();
-        assert!(!scans.wait_idle(Duration::from_millis(20)), "still running");
+        scans.start();
+        scans.end();
+        assert!(
+            !scans.wait_idle(Duration::from_millis(20)),
+            "one still running"
+        );
         let done = {
             let scans = scans.clone();
             std::thread::spawn(move || {
@@ -340,7 +345,9 @@ mod udp_scan_tests {
                 scans.end();
             })
         };
+        let t = Instant::now();
         assert!(scans.wait_idle(Duration::from_secs(10)));
+        assert!(t.elapsed() < Duration::from_secs(5), "woken, not timed out");
         done.join().unwrap();
     }
 }
