@@ -37,6 +37,17 @@ fn from_backend_on_node_b(dport: u16, flags: u8) -> Vec<u8> {
     )
 }
 
+/// The service id the agent gave the frontend at `vip`.
+fn service_id_at(dp: &Dataplane, vip: Ipv4Addr) -> u32 {
+    dp.reconciler
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == std::net::IpAddr::V4(vip))
+        .expect("a frontend at the address")
+        .1
+        .service_id
+}
+
 fn syn_to(dport: u16, sport: u16) -> Vec<u8> {
     packets::tcp(
         CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, sport, dport, SYN, b"",
@@ -506,14 +517,7 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     assert_eq!(seen.len(), 3, "{seen:?}");
     // Each flow's backend is what the flow hash selects in the table the agent built.
     let first = send(&dp, 42000, SYN);
-    let svc_id = dp
-        .reconciler
-        .state()
-        .frontends()
-        .find(|(k, _)| k.address == std::net::IpAddr::V4(vip))
-        .unwrap()
-        .1
-        .service_id;
+    let svc_id = service_id_at(&dp, vip);
     let table = dp.reconciler.state().maglev[&svc_id].clone();
     let slot = flow_hash(
         u32::from_ne_bytes(CLIENT_IP.octets()),
@@ -570,14 +574,7 @@ fn a_maglev_service_with_its_own_table_size_picks_flow_hash_mod_that_size_as_it_
     // table. Returns how many of them another size `other` would have sent
     // elsewhere (or past the table's end).
     let check = |dp: &Dataplane, sport: &mut u16, len: usize, m: u32, other: u32| {
-        let svc = dp
-            .reconciler
-            .state()
-            .frontends()
-            .find(|(k, _)| k.address == std::net::IpAddr::V4(vip))
-            .unwrap()
-            .1
-            .service_id;
+        let svc = service_id_at(dp, vip);
         let table = dp.reconciler.state().maglev[&svc].clone();
         assert_eq!(table.len(), len);
         let mut told_apart = 0;
@@ -697,14 +694,7 @@ services:
     assert_eq!(dp.drops("fib-lookup-failed"), 1);
 
     // A Maglev service whose table is missing (an agent bug or race).
-    let web = dp
-        .reconciler
-        .state()
-        .frontends()
-        .find(|(k, _)| k.address == std::net::IpAddr::V4(ip("203.0.113.20")))
-        .unwrap()
-        .1
-        .service_id;
+    let web = service_id_at(&dp, ip("203.0.113.20"));
     dp.reconciler
         .maps_mut()
         .apply(&MapOp::DeleteMaglev(web))

@@ -221,19 +221,24 @@ fn internal_policy_local_keeps_only_this_nodes_endpoints_and_affinity_is_read() 
     assert!(w[0].message.contains("SCTP"));
 }
 
+/// policies-and-skips.yaml's "local-only" Service and its slices.
+fn local_only() -> (K8sService, Vec<EndpointSlice>) {
+    let (services, slices) = load("policies-and-skips.yaml");
+    let svc = services
+        .into_iter()
+        .find(|s| s.metadata.name.as_deref() == Some("local-only"))
+        .unwrap();
+    let own = slices
+        .into_iter()
+        .filter(|s| slice_service(s) == Some(ServiceName::new("default", "local-only")))
+        .collect();
+    (svc, own)
+}
+
 #[test]
 fn lb_algorithm_applies_to_services_without_the_annotation_and_the_annotation_wins() {
-    let (services, slices) = load("policies-and-skips.yaml");
-    let mut plain = services
-        .iter()
-        .find(|s| s.metadata.name.as_deref() == Some("local-only"))
-        .unwrap()
-        .clone();
-    let own = || {
-        slices
-            .iter()
-            .filter(|s| slice_service(s) == Some(ServiceName::new("default", "local-only")))
-    };
+    let (mut plain, slices) = local_only();
+    let own = || slices.iter();
     let maglev_node = NodeContext {
         default_algorithm: Algorithm::Maglev,
         ..node()
@@ -260,18 +265,9 @@ fn lb_algorithm_applies_to_services_without_the_annotation_and_the_annotation_wi
 
 #[test]
 fn a_maglev_service_takes_its_table_size_from_the_annotation_and_a_bad_one_is_warned_and_ignored() {
-    let (services, slices) = load("policies-and-skips.yaml");
-    let mut svc = services
-        .iter()
-        .find(|s| s.metadata.name.as_deref() == Some("local-only"))
-        .unwrap()
-        .clone();
-    let own = || {
-        slices
-            .iter()
-            .filter(|s| slice_service(s) == Some(ServiceName::new("default", "local-only")))
-    };
-    let annotate = |svc: &mut k8s_openapi::api::core::v1::Service, pairs: &[(&str, &str)]| {
+    let (mut svc, slices) = local_only();
+    let own = || slices.iter();
+    let annotate = |svc: &mut K8sService, pairs: &[(&str, &str)]| {
         svc.metadata.annotations = Some(
             pairs
                 .iter()

@@ -285,6 +285,32 @@ mod tests {
             .expect("the watch is alive");
     }
 
+    /// The file source on `path` with quiet time `quiet`, and its events.
+    fn spawn_source(
+        path: &Path,
+        quiet: Duration,
+    ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<SourceEvent>) {
+        let (tx, events) = mpsc::channel(16);
+        // Its sender dropped: no SIGHUP ever comes.
+        let (_, reload) = mpsc::channel(1);
+        let source = tokio::spawn(run_settling(
+            path.to_path_buf(),
+            Default::default(),
+            tx,
+            reload,
+            quiet,
+        ));
+        (source, events)
+    }
+
+    /// The number of services of a full model (anything else fails).
+    fn services_in(e: SourceEvent) -> usize {
+        match e {
+            SourceEvent::Full { model, .. } => model.services.len(),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Whether the watch flags a write in place within 10 s (its thread
     /// delivers events in its own time).
     async fn flagged(changes: &Changes) -> bool {
@@ -333,15 +359,7 @@ mod tests {
         let dir = scratch_dir("rename");
         let path = dir.join("services.yaml");
         std::fs::write(&path, services(1)).unwrap();
-        let (tx, mut events) = mpsc::channel(16);
-        let (_reload_tx, reload) = mpsc::channel(1);
-        let source = tokio::spawn(run_settling(
-            path.clone(),
-            Default::default(),
-            tx,
-            reload,
-            Duration::from_secs(60),
-        ));
+        let (source, mut events) = spawn_source(&path, Duration::from_secs(60));
         let first = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
         assert!(matches!(first.unwrap().unwrap(), SourceEvent::Full { .. }));
         let tmp = dir.join("services.yaml.tmp");
@@ -351,10 +369,7 @@ mod tests {
             .await
             .expect("read at once, not after the quiet time")
             .unwrap();
-        match read {
-            SourceEvent::Full { model, .. } => assert_eq!(model.services.len(), 7),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(services_in(read), 7);
         source.abort();
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -370,21 +385,9 @@ mod tests {
         let dir = scratch_dir("settle");
         let path = dir.join("services.yaml");
         std::fs::write(&path, services(4)).unwrap();
-        let (tx, mut events) = mpsc::channel(16);
-        let (_reload_tx, reload) = mpsc::channel(1);
-        let source = tokio::spawn(run_settling(
-            path.clone(),
-            Default::default(),
-            tx,
-            reload,
-            Duration::from_millis(500),
-        ));
-        let count = |e: SourceEvent| match e {
-            SourceEvent::Full { model, .. } => model.services.len(),
-            other => panic!("{other:?}"),
-        };
+        let (source, mut events) = spawn_source(&path, Duration::from_millis(500));
         let first = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
-        assert_eq!(count(first.unwrap().unwrap()), 4);
+        assert_eq!(services_in(first.unwrap().unwrap()), 4);
         let whole = services(40);
         let half = services(20);
         let mut f = std::fs::File::create(&path).unwrap();
@@ -394,7 +397,11 @@ mod tests {
         f.write_all(&whole.as_bytes()[half.len()..]).unwrap();
         drop(f);
         let read = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
-        assert_eq!(count(read.unwrap().unwrap()), 40, "read after it settled");
+        assert_eq!(
+            services_in(read.unwrap().unwrap()),
+            40,
+            "read after it settled"
+        );
         source.abort();
         let _ = std::fs::remove_dir_all(&dir);
     }
