@@ -1017,3 +1017,75 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
         "the deleted ClusterIP must not answer"
     );
 }
+
+/// A Maglev table size asked for by annotation, through the real apiserver:
+/// the agent builds the table at that size and the service entry names it;
+/// an update of the annotation shrinks it, and a client is served
+/// throughout.
+#[test]
+fn a_maglev_table_size_annotation_from_the_apiserver_sizes_the_services_table() {
+    let w = World::new("k8sreal_maglevm", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let (ns, node) = (
+        unique("maglevm").to_lowercase().replace('_', "-"),
+        unique("node-maglevm"),
+    );
+    let annotated = |size: u32| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: {ns}\n  annotations:\n    lb.dev/algorithm: maglev\n    lb.dev/maglev-table-size: \"{size}\"\nspec:\n  selector: {{app: web}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n"
+        )
+    };
+    let ip = {
+        let cp = shared_cp();
+        setup(&cp, &ns, &node, "192.168.77.9");
+        cp.apply(&annotated(131_071));
+        ready_pod(
+            &cp,
+            &ns,
+            "web-1",
+            &node,
+            "web",
+            &[&Topology::backend_ip(0).to_string()],
+        );
+        cp.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            "svc",
+            "web",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+    };
+    let agent = {
+        let cp = shared_cp();
+        start_agent(&cp, &w, &node, &[])
+    };
+    let target = format!("{ip}:80");
+    assert!(
+        wait_until(Duration::from_secs(30), || frontends(&agent)
+            .iter()
+            .any(|(f, _, n)| *f == target && *n == 1)),
+        "{}",
+        agent.log_text()
+    );
+    let table = |agent: &Agent| agent.lbctl_json(&["maglev", "get", &format!("{target}/TCP")]);
+    let t = table(&agent);
+    assert_eq!(t["size"], 131_071, "{t}");
+    assert_eq!(t["master_size"], 131_071, "{t}");
+    assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
+
+    shared_cp().apply(&annotated(509));
+    assert!(
+        wait_until(Duration::from_secs(30), || table(&agent)["size"] == 509),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(table(&agent)["master_size"], 509);
+    assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
+    assert!(
+        !agent.log_text().contains("invalid-annotation"),
+        "{}",
+        agent.log_text()
+    );
+}
