@@ -189,8 +189,6 @@ impl<M: LbMaps> Reconciler<M> {
         self
     }
 
-    /// Settings the desired state depends on (Maglev table size). Changing
-    /// them takes effect at the next full sync.
     /// This node's addresses changed (or are first known): the services
     /// with an external IP are applied again, since whether sockets may
     /// translate it depends on them (CVE-2020-8554). `None` when nothing
@@ -217,6 +215,9 @@ impl<M: LbMaps> Reconciler<M> {
         Some(self.run(affected))
     }
 
+    /// Settings the desired state depends on (the default Maglev table
+    /// size, this node's addresses). Changing them takes effect for each
+    /// service as it is next applied (at the latest, the next full sync).
     pub fn with_config(mut self, cfg: BuildConfig) -> Self {
         self.cfg = cfg;
         self

@@ -90,9 +90,10 @@ fn populate(prefs: &[Preference], m: u32) -> Vec<u32> {
     table
 }
 
-/// Whether `m` is a table size the agent accepts.
+/// Whether `m` is a table size the agent accepts: one a master entry can
+/// name (`maglev_size_code`).
 pub fn valid_size(m: u32) -> bool {
-    lb_common::maps::MAGLEV_PRIMES.contains(&m)
+    lb_common::maps::maglev_size_code(m).is_some()
 }
 
 #[cfg(test)]
