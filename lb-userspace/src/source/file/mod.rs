@@ -118,19 +118,25 @@ pub fn watch(
     };
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
+        // notify reports a rename within the directory three times: From
+        // (old name), To (new name) and Both (the pair). To and From carry
+        // every name; Both would wake the reader a second time for one
+        // rename, and the file would be read twice.
         let relevant = matches!(
             event.kind,
             EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+        ) && !matches!(
+            event.kind,
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both))
         ) && event
             .paths
             .iter()
             .any(|p| p.file_name() == Some(file_name.as_os_str()));
         if relevant {
-            // The file renamed over ours: the last path of a rename event
-            // (inotify's IN_MOVED_TO, alone or paired with its IN_MOVED_FROM).
+            // The file renamed over ours (inotify's IN_MOVED_TO, notify's To).
             let renamed_in = matches!(
                 event.kind,
-                EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
+                EventKind::Modify(ModifyKind::Name(RenameMode::To))
             ) && event
                 .paths
                 .last()
@@ -347,6 +353,7 @@ mod tests {
         // of it may count as a write.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!changes.take_written_in_place(), "a rename is complete");
+        assert!(rx.try_recv().is_err(), "one rename, one wake-up");
         std::fs::write(&path, services(3)).unwrap();
         assert!(flagged(&changes).await, "a write in place is not");
         let _ = std::fs::remove_dir_all(&dir);
