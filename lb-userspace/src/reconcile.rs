@@ -11,12 +11,20 @@
 //! full sync: every service is applied, then whatever no service owns is
 //! swept. Because slots and ids are restored, a restarted agent with an
 //! unchanged model writes nothing.
+//!
+//! A reconcile of many services (a full sync) is pipelined: the kernel's
+//! part (bpf(2) inserts, about three quarters of a full sync) runs on a
+//! writer thread while this one computes the next services (`pipeline`).
+//! The writes reach the maps in exactly the order they are computed, so
+//! every state a reader sees is one the serial order would show.
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
 use smallvec::SmallVec;
+
+mod pipeline;
 
 use crate::{
     collections::{HashMap, HashSet},
@@ -124,7 +132,14 @@ pub struct ReconcileStats {
 }
 
 pub struct Reconciler<M: LbMaps> {
-    maps: M,
+    /// None only while a pipelined run lends the maps to its writer thread.
+    maps: Option<M>,
+    /// The maps' capacity, read at the start of each run.
+    capacity: crate::maps::Capacity,
+    /// Where a pipelined run sends its writes (None: written here, at once).
+    pipe: Option<pipeline::Sender>,
+    /// Runs of at least this many services are pipelined.
+    pipeline_from: usize,
     state: MapState,
     ids: Ids,
     /// The model to converge to.
@@ -153,7 +168,10 @@ impl<M: LbMaps> Reconciler<M> {
         let mut ids = Ids::default();
         ids.restore(&state);
         Ok(Self {
-            maps,
+            capacity: maps.capacity(),
+            maps: Some(maps),
+            pipe: None,
+            pipeline_from: pipeline::FROM_SERVICES,
             state,
             ids,
             target: Model::default(),
@@ -223,12 +241,19 @@ impl<M: LbMaps> Reconciler<M> {
         self
     }
 
+    /// Pipelines runs of at least `services` services (0: every run; tests
+    /// use it to put small models through the writer thread).
+    pub fn with_pipeline_from(mut self, services: usize) -> Self {
+        self.pipeline_from = services;
+        self
+    }
+
     pub fn maps(&self) -> &M {
-        &self.maps
+        self.maps.as_ref().expect(MAPS_LENT)
     }
 
     pub fn maps_mut(&mut self) -> &mut M {
-        &mut self.maps
+        self.maps.as_mut().expect(MAPS_LENT)
     }
 
     /// Id-table entries looked at so far (a cost measure for tests).
@@ -312,6 +337,44 @@ impl<M: LbMaps> Reconciler<M> {
             // Frontends of services that are gone are swept below.
         }
         dirty.extend(std::mem::take(&mut self.pending));
+        self.capacity = self.maps().capacity();
+        let (mut ops, refused) = if dirty.len() >= self.pipeline_from.max(1) {
+            self.apply_services_pipelined(&dirty, full)?
+        } else {
+            self.apply_services(&dirty, full)?
+        };
+        if full {
+            let unowned: HashSet<SvcKey> = self
+                .state
+                .frontends()
+                .map(|(k, _)| *k)
+                .filter(|k| !self.owners.contains_key(k))
+                .collect();
+            let sweep_ops = sweep(&self.state, &unowned);
+            ops += sweep_ops.len();
+            self.write("full-sync sweep", &sweep_ops)?;
+            self.repair_filter()?;
+            self.ids.retain_applied(&self.state);
+            self.needs_full_sync = false;
+        }
+        if !refused.is_empty() {
+            return Err(ReconcileError::Refused(refused));
+        }
+        Ok(ReconcileStats {
+            full_sync: full,
+            services_changed: dirty.len(),
+            ops,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Applies each service of `dirty` in turn: the writes made, and the
+    /// services refused.
+    fn apply_services(
+        &mut self,
+        dirty: &BTreeSet<ServiceName>,
+        full: bool,
+    ) -> Result<(usize, Vec<(ServiceName, ServiceError)>), ReconcileError> {
         let mut ops = 0;
         let mut refused = Vec::new();
         let total = dirty.len();
@@ -339,29 +402,67 @@ impl<M: LbMaps> Reconciler<M> {
                 Err(Step::Write(e)) => return Err(e),
             }
         }
-        if full {
-            let unowned: HashSet<SvcKey> = self
-                .state
-                .frontends()
-                .map(|(k, _)| *k)
-                .filter(|k| !self.owners.contains_key(k))
-                .collect();
-            let sweep_ops = sweep(&self.state, &unowned);
-            ops += sweep_ops.len();
-            self.write("full-sync sweep", &sweep_ops)?;
-            self.repair_filter()?;
-            self.ids.retain_applied(&self.state);
-            self.needs_full_sync = false;
+        Ok((ops, refused))
+    }
+
+    /// `apply_services` with the writes handed to a writer thread that
+    /// owns the maps meanwhile (see `pipeline`). When it returns, every
+    /// write sent has been made or refused, and the writer is gone.
+    fn apply_services_pipelined(
+        &mut self,
+        dirty: &BTreeSet<ServiceName>,
+        full: bool,
+    ) -> Result<(usize, Vec<(ServiceName, ServiceError)>), ReconcileError> {
+        let maps = self.maps.take().expect(MAPS_LENT);
+        let (tx, writer) = pipeline::channel();
+        let (result, (maps, failure)) = std::thread::scope(|scope| {
+            let writer = std::thread::Builder::new()
+                .name("lb-map-writer".into())
+                .spawn_scoped(scope, move || writer.run(maps))
+                .expect("spawning the map writer thread");
+            self.pipe = Some(tx);
+            let result = self.apply_services(dirty, full);
+            // Closing the channel lets the writer finish what is queued.
+            self.pipe = None;
+            let done = writer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (result, done)
+        });
+        self.maps = Some(maps);
+        match failure {
+            // The mirror ran ahead of the maps (it was updated as the
+            // writes were queued): read back what they hold instead.
+            Some(f) => Err(self.after_failed_pipeline(f)),
+            None => result,
         }
-        if !refused.is_empty() {
-            return Err(ReconcileError::Refused(refused));
+    }
+
+    /// After a queued write failed: the mirror is made what the maps hold
+    /// (the writes after the failed one were never made), the ids follow
+    /// it, and a full sync is due.
+    fn after_failed_pipeline(&mut self, f: pipeline::Failure) -> ReconcileError {
+        self.needs_full_sync = true;
+        match self.maps().dump() {
+            Ok(state) => self.state = state,
+            // The next full sync writes every service again; an entry the
+            // maps hold and the mirror does not would stay unswept.
+            Err(e) => tracing::error!(
+                error = format!("{e:#}"),
+                "reading the maps back after a failed write failed; the mirror may miss entries until the agent restarts"
+            ),
         }
-        Ok(ReconcileStats {
-            full_sync: full,
-            services_changed: dirty.len(),
-            ops,
-            duration: started.elapsed(),
-        })
+        // Ids freed by deletes that never landed are taken back; ids of
+        // entries that never landed are forgotten. The next-id counters
+        // stay where they were, so no id is handed out again early.
+        self.ids.retain_applied(&self.state);
+        self.ids.restore(&self.state);
+        ReconcileError::Apply {
+            service: f.what,
+            applied: f.applied,
+            total: f.total,
+            source: f.error,
+        }
     }
 
     /// Makes the maps match the target for one service. Returns the writes made.
@@ -492,12 +593,35 @@ impl<M: LbMaps> Reconciler<M> {
         if ops.is_empty() {
             return Ok(());
         }
-        let (applied, failure) = match self.maps.apply_all(ops) {
+        if let Some(pipe) = &self.pipe {
+            // Queued, not yet made: the mirror runs ahead of the maps until
+            // the writer catches up (or is read back if a write fails).
+            let sent = pipe.send(what, ops);
+            self.follow(ops);
+            return sent;
+        }
+        let (applied, failure) = match self.maps_mut().apply_all(ops) {
             Ok(()) => (ops.len(), None),
             Err((applied, e)) => (applied, Some(e)),
         };
         // The mirror follows exactly what reached the maps.
-        for op in &ops[..applied] {
+        self.follow(&ops[..applied]);
+        if let Some(source) = failure {
+            self.needs_full_sync = true;
+            self.ids.retain_applied(&self.state);
+            return Err(ReconcileError::Apply {
+                service: what.to_string(),
+                applied,
+                total: ops.len(),
+                source,
+            });
+        }
+        Ok(())
+    }
+
+    /// The mirror, the ids and the list of removed UDP backends after `ops`.
+    fn follow(&mut self, ops: &[MapOp]) {
+        for op in ops {
             if let MapOp::DeleteBackend(id, _) = op {
                 if let Some(b) = self
                     .state
@@ -515,24 +639,13 @@ impl<M: LbMaps> Reconciler<M> {
                 _ => {}
             }
         }
-        if let Some(source) = failure {
-            self.needs_full_sync = true;
-            self.ids.retain_applied(&self.state);
-            return Err(ReconcileError::Apply {
-                service: what.to_string(),
-                applied,
-                total: ops.len(),
-                source,
-            });
-        }
-        Ok(())
     }
 
     /// Refuses a change that cannot fit, before writing anything. Inserts come
     /// before deletes in a diff, so the peak is the current size plus inserts.
     /// Each family has its own maps of the same capacity.
     fn check_capacity(&self, ops: &[MapOp]) -> Result<(), ServiceError> {
-        let cap = self.maps.capacity();
+        let cap = self.capacity;
         let mut added: BTreeMap<Bounded, usize> = BTreeMap::new();
         for op in ops {
             if let Some(m) = Bounded::added_by(op, &self.state) {
@@ -554,6 +667,8 @@ impl<M: LbMaps> Reconciler<M> {
         Ok(())
     }
 }
+
+const MAPS_LENT: &str = "the maps are lent to a writer thread only within a run";
 
 enum Step {
     Refused(ServiceError),

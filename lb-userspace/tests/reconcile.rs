@@ -510,12 +510,18 @@ proptest! {
     #[test]
     fn any_sequence_of_models_converges_to_the_last_one(models in prop::collection::vec(arb_model(), 1..8)) {
         let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+        // The same sequence with every run pipelined (a writer thread makes
+        // the writes): it must make the very same writes in the same order.
+        let mut piped = Reconciler::restore(FakeMaps::default()).unwrap().with_pipeline_from(0);
         for m in &models {
             let before = r.state().clone();
             r.reconcile(m).unwrap();
+            piped.reconcile(m).unwrap();
             assert_consistent(r.state());
             prop_assert_eq!(&r.maps().state, r.state());
             let log = r.maps_mut().take_log();
+            prop_assert_eq!(&piped.maps_mut().take_log(), &log, "the pipelined run wrote otherwise");
+            prop_assert_eq!(piped.state(), r.state());
             assert_filter_covers_at_every_step(&before, &log);
             prop_assert!(
                 r.maps().maglev_overruns.is_empty(),
@@ -528,6 +534,45 @@ proptest! {
         // Ids and slot order may differ by history; compare what each frontend serves.
         prop_assert_eq!(summary(r.state()), summary(fresh.state()));
         prop_assert_eq!(r.reconcile(last).unwrap().ops, 0, "steady state writes nothing");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// A write that fails in a pipelined run stops it where the serial run
+    /// would stop: the same writes made before it, none after it (the
+    /// writer drops what was queued), the same error, a mirror read back
+    /// equal to the maps, and the next reconcile converges.
+    #[test]
+    fn a_failed_write_in_a_pipelined_run_stops_it_where_the_serial_run_stops(
+        first in arb_model(),
+        second in arb_model(),
+        fail_at in 0usize..200,
+    ) {
+        let mut serial = Reconciler::restore(FakeMaps::default()).unwrap();
+        let mut piped = Reconciler::restore(FakeMaps::default()).unwrap().with_pipeline_from(0);
+        serial.reconcile(&first).unwrap();
+        piped.reconcile(&first).unwrap();
+        serial.maps_mut().take_log();
+        piped.maps_mut().take_log();
+        serial.maps_mut().fail_after = Some(fail_at);
+        piped.maps_mut().fail_after = Some(fail_at);
+        let (a, b) = (serial.reconcile(&second), piped.reconcile(&second));
+        prop_assert_eq!(a.is_err(), b.is_err());
+        if let (Err(a), Err(b)) = (&a, &b) {
+            prop_assert!(matches!(b, ReconcileError::Apply { .. }), "{}", b);
+            prop_assert_eq!(a.to_string(), b.to_string());
+        }
+        let made = serial.maps_mut().take_log();
+        prop_assert_eq!(&piped.maps_mut().take_log(), &made, "writes made before the failure");
+        prop_assert_eq!(&piped.maps().state, piped.state(), "mirror read back from the maps");
+        piped.maps_mut().fail_after = None;
+        piped.reconcile(&second).unwrap();
+        assert_consistent(piped.state());
+        prop_assert_eq!(&piped.maps().state, piped.state());
+        prop_assert_eq!(summary(piped.state()), summary(reconciled(&second).state()));
+        prop_assert_eq!(piped.reconcile(&second).unwrap().ops, 0, "steady state writes nothing");
     }
 }
 

@@ -192,8 +192,9 @@ pub struct MapWriteError {
     pub source: std::io::Error,
 }
 
-/// The writer side of the data path.
-pub trait LbMaps {
+/// The writer side of the data path. `Send`: a pipelined reconcile lends
+/// the maps to its writer thread (`crate::reconcile`).
+pub trait LbMaps: Send {
     /// Applies one operation to the maps.
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError>;
     /// Applies `ops` in order. On failure: how many were applied before the
