@@ -25,6 +25,7 @@ use std::{
 use smallvec::SmallVec;
 
 mod pipeline;
+pub use pipeline::FROM_SERVICES;
 
 use crate::{
     collections::{HashMap, HashSet},
@@ -423,7 +424,9 @@ impl<M: LbMaps> Reconciler<M> {
             self.pipe = Some(tx);
             let result = self.apply_services(dirty, full);
             // Closing the channel lets the writer finish what is queued.
-            self.pipe = None;
+            if let Some(pipe) = self.pipe.take() {
+                pipe.finish();
+            }
             let done = writer
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -593,7 +596,7 @@ impl<M: LbMaps> Reconciler<M> {
         if ops.is_empty() {
             return Ok(());
         }
-        if let Some(pipe) = &self.pipe {
+        if let Some(pipe) = &mut self.pipe {
             // Queued, not yet made: the mirror runs ahead of the maps until
             // the writer catches up (or is read back if a write fails).
             let sent = pipe.send(what, ops);

@@ -537,6 +537,40 @@ proptest! {
     }
 }
 
+/// A full sync long enough to travel in several chunks to the writer
+/// (thousands of writes): a failure early, between chunks and late stops
+/// the pipelined run at the same write as the serial run, with the same
+/// error, and the mirror is what the maps hold.
+#[test]
+fn a_failed_write_in_any_chunk_of_a_long_pipelined_sync_stops_it_where_the_serial_run_stops() {
+    let model = cluster(600);
+    let total = {
+        let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+        r.reconcile(&model).unwrap().ops
+    };
+    assert!(total > 3000, "several chunks of writes: {total}");
+    for fail_at in [0, 1023, 1024, 1500, 2047, total / 2, total - 5] {
+        let mut serial = Reconciler::restore(FakeMaps::default()).unwrap();
+        let mut piped = Reconciler::restore(FakeMaps::default()).unwrap();
+        serial = serial.with_pipeline_from(usize::MAX);
+        serial.maps_mut().fail_after = Some(fail_at);
+        piped.maps_mut().fail_after = Some(fail_at);
+        let a = serial.reconcile(&model).unwrap_err().to_string();
+        let b = piped.reconcile(&model).unwrap_err().to_string();
+        assert_eq!(a, b, "failing at write {fail_at}");
+        assert_eq!(
+            piped.maps_mut().take_log(),
+            serial.maps_mut().take_log(),
+            "the same writes made before write {fail_at}"
+        );
+        assert_eq!(&piped.maps().state, piped.state(), "mirror read back");
+        piped.maps_mut().fail_after = None;
+        assert!(piped.reconcile(&model).unwrap().full_sync);
+        assert_consistent(piped.state());
+        assert_eq!(summary(piped.state()), summary(reconciled(&model).state()));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(100))]
 
