@@ -14,7 +14,7 @@ use lb::{
     datapath::{self, MapSizes},
     maps::{bpf::BpfMaps, Capacity, LbMaps, MapOp, MapState, MapWriteError},
     model::{FrontendKind, ServiceName},
-    reconcile::Reconciler,
+    reconcile::{Reconciler, FROM_SERVICES},
 };
 use lb_testkit::{agent::PinDir, netns::Netns, unique};
 
@@ -30,7 +30,13 @@ pub const ENDPOINTS: usize = 10;
 #[derive(Clone, Debug)]
 pub struct ControlResult {
     pub services: usize,
+    /// As the agent does it: pipelined (a writer thread makes the writes
+    /// while the next services are computed), maps not preallocated.
     pub lb_full: Duration,
+    /// The same, everything on one thread (the writes in between).
+    pub lb_full_serial: Duration,
+    /// Pipelined into preallocated maps (`--preallocate-maps`).
+    pub lb_full_preallocated: Duration,
     pub lb_full_writes: usize,
     /// The same full sync writing nowhere: the share of the time that is
     /// our own computation rather than bpf(2) calls.
@@ -106,6 +112,13 @@ fn one_scale(p: &Profile, n: usize) -> ControlResult {
     }
     drop(r);
     drop(pins);
+    let lb_full_serial = full_sync_alone(&tag, "serial", &sizes, &model, usize::MAX);
+    let preallocated = MapSizes {
+        preallocate: true,
+        ..sizes
+    };
+    let lb_full_preallocated =
+        full_sync_alone(&tag, "prealloc", &preallocated, &model, FROM_SERVICES);
     let mut null = Reconciler::restore(NullMaps).unwrap();
     let lb_full_in_memory = null
         .reconcile(&model)
@@ -176,6 +189,8 @@ fn one_scale(p: &Profile, n: usize) -> ControlResult {
     ControlResult {
         services: n,
         lb_full,
+        lb_full_serial,
+        lb_full_preallocated,
         lb_full_writes,
         lb_full_in_memory,
         lb_change: median(lb_times),
@@ -185,6 +200,23 @@ fn one_scale(p: &Profile, n: usize) -> ControlResult {
         nftables_full,
         nftables_change: (!nft_times.is_empty()).then(|| median(nft_times)),
     }
+}
+
+/// One full sync of `model` into maps of their own, made with `sizes`,
+/// pipelined from `pipeline_from` services on.
+fn full_sync_alone(
+    tag: &str,
+    what: &str,
+    sizes: &MapSizes,
+    model: &lb::model::Model,
+    pipeline_from: usize,
+) -> Duration {
+    let pins = PinDir::create(&format!("{tag}-{what}"));
+    let (_ebpf, _) = datapath::load(&pins.path, sizes).expect("loading the object");
+    let mut r = Reconciler::restore(BpfMaps::open(&pins.path).unwrap())
+        .unwrap()
+        .with_pipeline_from(pipeline_from);
+    r.reconcile(model).expect("full sync").duration
 }
 
 #[cfg(test)]

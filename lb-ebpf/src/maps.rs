@@ -25,8 +25,12 @@ use lb_common::{
 };
 
 /// Agent-written maps are not preallocated: memory follows use, so capacities
-/// can be generous, and a deleted element is freed after an RCU grace period
-/// instead of being reused under a reader's feet.
+/// can be generous. (`--preallocate-maps` has the agent make the services,
+/// backends and reverse-NAT maps preallocated before this object is loaded.)
+/// Either way a deleted or replaced element may be handed out again at once:
+/// since Linux 6.1 non-preallocated hash maps allocate from bpf_mem_alloc,
+/// which reuses a freed element without waiting for an RCU grace period
+/// (commit 0fd7c5d43339), so programs copy a value right after its lookup.
 const BPF_F_NO_PREALLOC: u32 = 1;
 
 #[map]

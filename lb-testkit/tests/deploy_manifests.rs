@@ -220,6 +220,7 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "podDevices={lxc*,cali*}",
             "bpf.mapSizes.conntrack=1048576",
             "bpf.mapSizes.services=131072",
+            "bpf.preallocateMaps=true",
             "bpf.pinDir=/sys/fs/bpf/lb-prod",
             "cgroup.attachTo=/sys/fs/cgroup/unified/kubepods",
             "healthz.address=off",
@@ -414,6 +415,7 @@ fn helm_values_reach_the_agent_as_settings_it_knows() {
         ("LB_POD_DEVICES", "lxc*,cali*"),
         ("LB_MAP_SIZE_CT", "1048576"),
         ("LB_MAP_SIZE_SERVICES", "131072"),
+        ("LB_PREALLOCATE_MAPS", "true"),
         ("LB_PIN_DIR", "/sys/fs/bpf/lb-prod"),
         ("LB_CGROUP", "/sys/fs/cgroup/unified/kubepods"),
         ("LB_HEALTHZ_ADDRESS", "off"),
@@ -423,6 +425,12 @@ fn helm_values_reach_the_agent_as_settings_it_knows() {
     assert!(
         data.get("LB_MAP_SIZE_BACKENDS").is_none(),
         "unset sizes stay the agent's"
+    );
+    assert!(
+        of_kind(&rendered(VALUE_SETS[0].1), "ConfigMap")["data"]
+            .get("LB_PREALLOCATE_MAPS")
+            .is_none(),
+        "maps are not preallocated unless asked"
     );
     let pod = &of_kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
     let agent = &pod["containers"][0];

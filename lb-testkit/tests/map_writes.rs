@@ -129,3 +129,126 @@ fn every_map_of_the_catalog_is_pinned_as_the_catalog_describes_it() {
         "{err}"
     );
 }
+
+/// The kernel's own account of a map's memory (/proc/<pid>/fdinfo "memlock").
+fn memlock(pin: &std::path::Path) -> u64 {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let map = aya::maps::MapData::from_pin(pin).expect("opening the pin");
+    let fd = map.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .expect("fdinfo has memlock")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `--preallocate-maps`: the services, backends and reverse-NAT maps are
+/// made preallocated (their whole capacity reserved, as the kernel
+/// accounts it), a pipelined full sync into them reads back equal to the
+/// mirror, a packet is translated through them, and a restart without
+/// the flag is refused by name while one with it takes them over.
+#[test]
+fn preallocated_maps_reserve_their_capacity_serve_packets_and_a_restart_must_keep_the_choice() {
+    use lb_testkit::{
+        dataplane::*,
+        packets::{self, inspect, SYN},
+    };
+    let sizes = MapSizes {
+        preallocate: true,
+        ..MapSizes::default()
+    };
+    let mut dp = Dataplane::with_sizes(&unique("prealloc"), &sizes);
+    let extra: String = (0..200)
+        .map(|i| {
+            format!(
+                "  - name: bulk-{i}\n    clusterIPs: [10.97.{}.{}]\n    ports: [{{port: 80}}]\n    backends: [{{address: 10.245.{}.{}}}, {{address: 10.246.{}.{}}}]\n",
+                i / 250, i % 250 + 1, i / 250, i % 250 + 1, i / 250, i % 250 + 1
+            )
+        })
+        .collect();
+    dp.apply_with_extra(&format!("services:\n{extra}"));
+    assert_eq!(
+        dp.reconciler.maps().dump().unwrap(),
+        *dp.reconciler.state(),
+        "the pipelined sync's writes all landed"
+    );
+
+    let made = |name: &str| {
+        aya::maps::MapData::from_pin(dp.pins.path.join(name))
+            .unwrap()
+            .info()
+            .unwrap()
+    };
+    for m in datapath::catalog::CATALOG
+        .iter()
+        .filter(|m| m.preallocatable)
+    {
+        assert_eq!(
+            made(m.name).map_flags() & 1,
+            0,
+            "{} is BPF_F_NO_PREALLOC",
+            m.name
+        );
+    }
+    assert_eq!(
+        made(lb_common::maps::LB_AFFINITY_MATCH).map_flags() & 1,
+        1,
+        "maps the flag is not about are made as the object says"
+    );
+
+    // What the choice costs: the kernel's memlock of the preallocated map
+    // against the same map made as usual (empty), in a pin dir of its own.
+    let usual = PinDir::create(&unique("prealloc-usual"));
+    let (_usual_ebpf, _) = datapath::load(&usual.path, &MapSizes::default()).unwrap();
+    let (pre, not) = (
+        memlock(&dp.pins.path.join("LB4_SERVICES")),
+        memlock(&usual.path.join("LB4_SERVICES")),
+    );
+    let all = |dir: &std::path::Path| -> u64 {
+        datapath::catalog::CATALOG
+            .iter()
+            .filter(|m| m.preallocatable)
+            .map(|m| memlock(&dir.join(m.name)))
+            .sum()
+    };
+    eprintln!(
+        "LB4_SERVICES at {} entries: {pre} bytes preallocated, {not} not; the six maps: {} against {}",
+        sizes.services,
+        all(&dp.pins.path),
+        all(&usual.path)
+    );
+    assert!(
+        pre >= u64::from(sizes.services) * 64 && pre > 2 * not,
+        "a preallocated map reserves its capacity: {pre} against {not}"
+    );
+
+    let (rc, out) = dp.tc_ingress(&packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40000, 30001, SYN, b"",
+    ));
+    assert_eq!(rc, TC_ACT_OK);
+    let v = inspect(&out);
+    assert_eq!(
+        (v.daddr, v.dport),
+        ("10.244.1.10".parse().unwrap(), 8080),
+        "translated through the preallocated maps"
+    );
+
+    let without = MapSizes {
+        preallocate: false,
+        ..sizes
+    };
+    let err = datapath::load(&dp.pins.path, &without)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("LB4_SERVICES")
+            && err.contains("--preallocate-maps")
+            && err.contains("uninstall"),
+        "{err}"
+    );
+    let (_again, reused) = datapath::load(&dp.pins.path, &sizes).expect("the same choice again");
+    assert!(reused, "the preallocated maps are taken over");
+}

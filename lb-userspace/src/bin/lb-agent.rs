@@ -213,6 +213,13 @@ struct RunArgs {
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
     #[arg(long, default_value_t = MapSizes::default().affinity, env = "LB_MAP_SIZE_AFFINITY")]
     map_size_affinity: u32,
+    /// Make the services, backends and reverse-NAT maps preallocated, like
+    /// Cilium's --preallocate-bpf-maps: their whole capacity is reserved at
+    /// once (about 32 MiB at the default sizes) and a full sync's inserts
+    /// cost the kernel about half as much. Chosen when the maps are first
+    /// made; a restart must keep it (an uninstall starts over).
+    #[arg(long, env = "LB_PREALLOCATE_MAPS")]
+    preallocate_maps: bool,
     /// Address of /metrics and /healthz. Loopback unless you choose otherwise.
     #[arg(long, default_value = "127.0.0.1:9967", env = "LB_METRICS_ADDRESS")]
     metrics_address: SocketAddr,
@@ -598,6 +605,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             ct: args.map_size_ct,
             maglev: args.map_size_maglev,
             source_ranges: args.map_size_source_ranges,
+            preallocate: args.preallocate_maps,
         },
         devices: devices.clone(),
         acceleration: args.acceleration,

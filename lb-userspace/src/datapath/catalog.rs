@@ -44,6 +44,9 @@ pub struct MapSpec {
     /// A BTF map definition: it carries no pinning attribute, so the loader
     /// is given its pin path.
     pub btf: bool,
+    /// A hash map the agent fills on every full sync (BPF_F_NO_PREALLOC in
+    /// the object): made preallocated instead with `--preallocate-maps`.
+    pub preallocatable: bool,
 }
 
 const fn kv<K, V>() -> Option<(usize, usize)> {
@@ -56,22 +59,31 @@ const fn spec(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capac
         sizes,
         capacity,
         btf: false,
+        preallocatable: false,
+    }
+}
+
+/// `spec` of a hash map `--preallocate-maps` applies to.
+const fn synced(name: &'static str, sizes: Option<(usize, usize)>, capacity: Capacity) -> MapSpec {
+    MapSpec {
+        preallocatable: true,
+        ..spec(name, sizes, capacity)
     }
 }
 
 /// Every pinned map of the object.
 pub const CATALOG: [MapSpec; 27] = [
-    spec(
+    synced(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
         Capacity::Sized(|s| s.services),
     ),
-    spec(
+    synced(
         names::LB4_BACKENDS,
         kv::<u32, Backend4>(),
         Capacity::Sized(|s| s.backends),
     ),
-    spec(
+    synced(
         names::LB4_REVNAT,
         kv::<u32, RevNat4>(),
         Capacity::Sized(|s| s.revnat),
@@ -81,17 +93,17 @@ pub const CATALOG: [MapSpec; 27] = [
         kv::<SockRevNat4Key, SockRevNat4Value>(),
         Capacity::Sized(|s| s.sock_revnat),
     ),
-    spec(
+    synced(
         names::LB6_SERVICES,
         kv::<Service6Key, ServiceValue>(),
         Capacity::Sized(|s| s.services),
     ),
-    spec(
+    synced(
         names::LB6_BACKENDS,
         kv::<u32, Backend6>(),
         Capacity::Sized(|s| s.backends),
     ),
-    spec(
+    synced(
         names::LB6_REVNAT,
         kv::<u32, RevNat6>(),
         Capacity::Sized(|s| s.revnat),
@@ -107,12 +119,14 @@ pub const CATALOG: [MapSpec; 27] = [
         sizes: kv::<i32, SockPeers>(),
         capacity: Capacity::Unchecked,
         btf: true,
+        preallocatable: false,
     },
     MapSpec {
         name: names::LB_SOCK_UDP,
         sizes: kv::<i32, UdpChoices>(),
         capacity: Capacity::Unchecked,
         btf: true,
+        preallocatable: false,
     },
     spec(
         names::LB_AFFINITY,
@@ -160,6 +174,7 @@ pub const CATALOG: [MapSpec; 27] = [
         sizes: kv::<u32, u32>(),
         capacity: Capacity::Sized(|s| s.maglev),
         btf: true,
+        preallocatable: false,
     },
     spec(
         names::LB4_SRC_RANGES,

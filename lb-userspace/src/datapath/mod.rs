@@ -174,6 +174,9 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     let layout = PinLayout::new(pin_dir);
     sys::fs::ensure_pin_dir(pin_dir)?;
     let maps_reused = layout.check_pinned_maps(sizes)?;
+    if sizes.preallocate {
+        layout.create_preallocated(sizes)?;
+    }
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pin_dir);
     // BTF map definitions carry no pinning attribute: pin by path.

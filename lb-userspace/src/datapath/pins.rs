@@ -1,7 +1,7 @@
 //! Where things are pinned, and checks that pinned maps fit this build.
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use aya::maps::MapData;
 use lb_common::maps as names;
 
@@ -31,6 +31,10 @@ pub struct MapSizes {
     pub maglev: u32,
     /// LB4_SRC_RANGES: loadBalancerSourceRanges entries of all frontends.
     pub source_ranges: u32,
+    /// Make the services, backends and reverse-NAT maps preallocated
+    /// (`--preallocate-maps`): their full capacity is reserved at creation,
+    /// and a full sync's inserts cost the kernel about half as much.
+    pub preallocate: bool,
 }
 
 impl Default for MapSizes {
@@ -44,6 +48,7 @@ impl Default for MapSizes {
             ct: names::DEFAULT_CT_MAX,
             maglev: names::DEFAULT_MAGLEV_MAX,
             source_ranges: names::DEFAULT_SOURCE_RANGES_MAX,
+            preallocate: false,
         }
     }
 }
@@ -108,6 +113,22 @@ impl PinLayout {
                     self.dir.display()
                 );
             }
+            if m.preallocatable {
+                let preallocated = info.map_flags() & BPF_F_NO_PREALLOC == 0;
+                if preallocated != sizes.preallocate {
+                    let (was, asked) = if preallocated {
+                        ("preallocated", "without --preallocate-maps")
+                    } else {
+                        ("not preallocated", "with --preallocate-maps")
+                    };
+                    bail!(
+                        "pinned map {} is {was} but the agent runs {asked}: a pinned map keeps how it was made; \
+                         start the agent as before, or run `lb-agent uninstall --pin-dir {}` and start again",
+                        path.display(),
+                        self.dir.display()
+                    );
+                }
+            }
             if let Some(max) = max {
                 if info.max_entries() != max {
                     bail!(
@@ -122,4 +143,33 @@ impl PinLayout {
         }
         Ok(any)
     }
+
+    /// With `--preallocate-maps`: makes and pins the maps it applies to
+    /// (those not pinned yet) before the object is loaded, so the loader
+    /// takes them instead of making them as the object says
+    /// (BPF_F_NO_PREALLOC). Preallocated, a map reserves its whole capacity
+    /// at once (`lbctl status` and docs/datapath.md give the memory).
+    pub fn create_preallocated(&self, sizes: &MapSizes) -> anyhow::Result<()> {
+        for m in super::catalog::CATALOG.iter().filter(|m| m.preallocatable) {
+            let path = self.map(m.name);
+            let (Some((key, value)), Some(max)) = (m.sizes, m.max_entries(sizes)) else {
+                bail!("{}: the catalog gives no sizes to make it with", m.name);
+            };
+            if path.exists() {
+                continue;
+            }
+            let def =
+                aya_obj::Map::new_from_params(BPF_MAP_TYPE_HASH, key as u32, value as u32, max, 0);
+            let map = MapData::create(def, m.name, None)
+                .with_context(|| format!("making {} preallocated ({max} entries)", m.name))?;
+            map.pin(&path)
+                .with_context(|| format!("pinning {}", path.display()))?;
+        }
+        Ok(())
+    }
 }
+
+/// `bpf_map_type::BPF_MAP_TYPE_HASH` and the flag the object gives the
+/// agent-written hash maps (include/uapi/linux/bpf.h).
+const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_F_NO_PREALLOC: u32 = 1;
