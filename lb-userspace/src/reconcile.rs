@@ -62,6 +62,10 @@ pub enum ReconcileError {
     /// written stays, the next start syncs the rest.
     #[error("reconcile cancelled after {done} of {total} services")]
     Cancelled { done: usize, total: usize },
+    /// After a failed pipelined write the maps could not be read back, so
+    /// nothing is written until they can (the next run tries again).
+    #[error("reading the maps back after a failed write failed: {0}; will retry")]
+    ReadBack(String),
     #[error("applying {service} failed after {applied} of {total} writes: {source}; will retry with a full sync")]
     Apply {
         service: String,
@@ -141,6 +145,11 @@ pub struct Reconciler<M: LbMaps> {
     pipe: Option<pipeline::Sender>,
     /// Runs of at least this many services are pipelined.
     pipeline_from: usize,
+    /// Writes per hand-over to the writer thread.
+    pipeline_chunk: usize,
+    /// A pipelined run stopped at a failed write and the maps could not be
+    /// read back yet: the mirror may hold writes that never landed.
+    mirror_ahead: bool,
     state: MapState,
     ids: Ids,
     /// The model to converge to.
@@ -173,6 +182,8 @@ impl<M: LbMaps> Reconciler<M> {
             maps: Some(maps),
             pipe: None,
             pipeline_from: pipeline::FROM_SERVICES,
+            pipeline_chunk: pipeline::CHUNK,
+            mirror_ahead: false,
             state,
             ids,
             target: Model::default(),
@@ -246,6 +257,13 @@ impl<M: LbMaps> Reconciler<M> {
     /// use it to put small models through the writer thread).
     pub fn with_pipeline_from(mut self, services: usize) -> Self {
         self.pipeline_from = services;
+        self
+    }
+
+    /// Hands writes to the writer thread in chunks of at least `writes`
+    /// (tests put chunk edges where they want them).
+    pub fn with_pipeline_chunk(mut self, writes: usize) -> Self {
+        self.pipeline_chunk = writes.max(1);
         self
     }
 
@@ -339,6 +357,11 @@ impl<M: LbMaps> Reconciler<M> {
         }
         dirty.extend(std::mem::take(&mut self.pending));
         self.capacity = self.maps().capacity();
+        // A diff against a mirror that is ahead of the maps would skip
+        // writes that never landed: read them back first, or write nothing.
+        if self.mirror_ahead {
+            self.read_back().map_err(ReconcileError::ReadBack)?;
+        }
         let (mut ops, refused) = if dirty.len() >= self.pipeline_from.max(1) {
             self.apply_services_pipelined(&dirty, full)?
         } else {
@@ -414,26 +437,38 @@ impl<M: LbMaps> Reconciler<M> {
         dirty: &BTreeSet<ServiceName>,
         full: bool,
     ) -> Result<(usize, Vec<(ServiceName, ServiceError)>), ReconcileError> {
-        let maps = self.maps.take().expect(MAPS_LENT);
-        let (tx, writer) = pipeline::channel();
-        let (result, (maps, failure)) = std::thread::scope(|scope| {
-            let writer = std::thread::Builder::new()
+        let mut maps = self.maps.take().expect(MAPS_LENT);
+        let (tx, writer) = pipeline::channel(self.pipeline_chunk);
+        // The writer borrows the maps, so they are still here whatever
+        // happens to the thread.
+        let outcome = std::thread::scope(|scope| {
+            let spawned = std::thread::Builder::new()
                 .name("lb-map-writer".into())
-                .spawn_scoped(scope, move || writer.run(maps))
-                .expect("spawning the map writer thread");
+                .spawn_scoped(scope, || writer.run(&mut maps));
+            let Ok(writer) = spawned else {
+                return None;
+            };
             self.pipe = Some(tx);
-            let result = self.apply_services(dirty, full);
+            // Caught so the channel is closed even then: a writer left
+            // waiting for more would keep the scope from ever ending.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.apply_services(dirty, full)
+            }));
             // Closing the channel lets the writer finish what is queued.
             if let Some(pipe) = self.pipe.take() {
                 pipe.finish();
             }
-            let done = writer
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (result, done)
+            let failure = writer.join();
+            Some((result, failure))
         });
         self.maps = Some(maps);
-        match failure {
+        let Some((result, failure)) = outcome else {
+            // No thread to be had (a pids limit): the same work, serially.
+            tracing::warn!("could not start the map writer thread; writing from this one");
+            return self.apply_services(dirty, full);
+        };
+        let result = result.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        match failure.unwrap_or_else(|panic| std::panic::resume_unwind(panic)) {
             // The mirror ran ahead of the maps (it was updated as the
             // writes were queued): read back what they hold instead.
             Some(f) => Err(self.after_failed_pipeline(f)),
@@ -446,26 +481,44 @@ impl<M: LbMaps> Reconciler<M> {
     /// it, and a full sync is due.
     fn after_failed_pipeline(&mut self, f: pipeline::Failure) -> ReconcileError {
         self.needs_full_sync = true;
-        match self.maps().dump() {
-            Ok(state) => self.state = state,
-            // The next full sync writes every service again; an entry the
-            // maps hold and the mirror does not would stay unswept.
-            Err(e) => tracing::error!(
-                error = format!("{e:#}"),
-                "reading the maps back after a failed write failed; the mirror may miss entries until the agent restarts"
-            ),
+        self.mirror_ahead = true;
+        if let Err(e) = self.read_back() {
+            // Tried again before the next run writes anything.
+            tracing::error!(
+                error = e,
+                "reading the maps back after a failed write failed"
+            );
         }
-        // Ids freed by deletes that never landed are taken back; ids of
-        // entries that never landed are forgotten. The next-id counters
-        // stay where they were, so no id is handed out again early.
-        self.ids.retain_applied(&self.state);
-        self.ids.restore(&self.state);
         ReconcileError::Apply {
             service: f.what,
             applied: f.applied,
             total: f.total,
             source: f.error,
         }
+    }
+
+    /// Makes the mirror what the maps hold, after a pipelined run whose
+    /// writes stopped at a failure (`mirror_ahead`).
+    fn read_back(&mut self) -> Result<(), String> {
+        let state = self.maps().dump().map_err(|e| format!("{e:#}"))?;
+        self.state = state;
+        self.mirror_ahead = false;
+        // Ids freed by deletes that never landed are taken back; ids of
+        // entries that never landed are forgotten. The next-id counters
+        // stay where they were, so no id is handed out again early.
+        self.ids.retain_applied(&self.state);
+        self.ids.restore(&self.state);
+        // UDP backends whose delete never landed are still there: their
+        // sockets are left alone.
+        let udp_left: HashSet<(std::net::IpAddr, u16)> = self
+            .state
+            .backends
+            .values()
+            .filter(|b| b.proto == lb_common::proto::UDP)
+            .map(|b| (b.address, b.port))
+            .collect();
+        self.removed_udp.retain(|b| !udp_left.contains(b));
+        Ok(())
     }
 
     /// Makes the maps match the target for one service. Returns the writes made.

@@ -538,7 +538,8 @@ proptest! {
 }
 
 /// A full sync long enough to travel in several chunks to the writer
-/// (thousands of writes): a failure early, between chunks and late stops
+/// (thousands of writes, in chunks of the default size and of 7, whose
+/// edges fall everywhere): a failure early, in the middle and late stops
 /// the pipelined run at the same write as the serial run, with the same
 /// error, and the mirror is what the maps hold.
 #[test]
@@ -549,9 +550,16 @@ fn a_failed_write_in_any_chunk_of_a_long_pipelined_sync_stops_it_where_the_seria
         r.reconcile(&model).unwrap().ops
     };
     assert!(total > 3000, "several chunks of writes: {total}");
-    for fail_at in [0, 1023, 1024, 1500, 2047, total / 2, total - 5] {
+    let chunks = [None, Some(7)];
+    for (chunk, fail_at) in chunks
+        .iter()
+        .flat_map(|c| [0, 6, 7, 8, 1023, 1024, 1500, 2047, total / 2, total - 5].map(|f| (*c, f)))
+    {
         let mut serial = Reconciler::restore(FakeMaps::default()).unwrap();
         let mut piped = Reconciler::restore(FakeMaps::default()).unwrap();
+        if let Some(c) = chunk {
+            piped = piped.with_pipeline_chunk(c);
+        }
         serial = serial.with_pipeline_from(usize::MAX);
         serial.maps_mut().fail_after = Some(fail_at);
         piped.maps_mut().fail_after = Some(fail_at);

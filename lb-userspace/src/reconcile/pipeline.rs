@@ -16,7 +16,7 @@ use crate::maps::{LbMaps, MapOp, MapWriteError};
 /// Writes per hand-over. Each hand-over wakes a thread (a futex call and a
 /// context switch); a full sync of 10 000 services is 230 000 writes in
 /// about 30 000 `write_ops` calls, so they travel in chunks.
-const CHUNK: usize = 1024;
+pub const CHUNK: usize = 1024;
 
 /// Chunks the reconciler may be ahead of the writer by: enough to keep
 /// the writer busy, few enough that a cancelled run (the agent stopping)
@@ -66,6 +66,8 @@ pub struct Failure {
 pub struct Sender {
     tx: mpsc::SyncSender<Chunk>,
     chunk: Chunk,
+    /// Hand over once this many writes are queued (`CHUNK`).
+    size: usize,
 }
 
 impl Sender {
@@ -77,7 +79,7 @@ impl Sender {
         self.chunk
             .parts
             .push((what.to_string(), self.chunk.ops.len()));
-        if self.chunk.ops.len() < CHUNK {
+        if self.chunk.ops.len() < self.size {
             return Ok(());
         }
         self.flush().map_err(|()| super::ReconcileError::Apply {
@@ -112,12 +114,14 @@ impl Sender {
 
 pub struct Writer(mpsc::Receiver<Chunk>);
 
-pub fn channel() -> (Sender, Writer) {
+/// A writer and its sender, handing over chunks of at least `size` writes.
+pub fn channel(size: usize) -> (Sender, Writer) {
     let (tx, rx) = mpsc::sync_channel(DEPTH);
     (
         Sender {
             tx,
             chunk: Chunk::default(),
+            size,
         },
         Writer(rx),
     )
@@ -125,15 +129,15 @@ pub fn channel() -> (Sender, Writer) {
 
 impl Writer {
     /// Makes every queued write in order until the sender is gone or a
-    /// write fails; gives the maps back, with the failure if there was one.
-    pub fn run<M: LbMaps>(self, mut maps: M) -> (M, Option<Failure>) {
+    /// write fails; the failure if there was one.
+    pub fn run<M: LbMaps>(self, maps: &mut M) -> Option<Failure> {
         for chunk in &self.0 {
             if let Err((applied, error)) = maps.apply_all(&chunk.ops) {
                 // Returning drops the receiver: later sends fail and the
                 // reconciler stops; nothing queued after this is made.
-                return (maps, Some(chunk.failure(applied, error)));
+                return Some(chunk.failure(applied, error));
             }
         }
-        (maps, None)
+        None
     }
 }
