@@ -150,6 +150,23 @@ impl PinLayout {
     /// (BPF_F_NO_PREALLOC). Preallocated, a map reserves its whole capacity
     /// at once (`lbctl status` and docs/datapath.md give the memory).
     pub fn create_preallocated(&self, sizes: &MapSizes) -> anyhow::Result<()> {
+        let mut made = Vec::new();
+        let result = self.create_preallocated_into(sizes, &mut made);
+        if result.is_err() {
+            // None or all: a start without the flag must not find some of
+            // them preallocated (it would be refused until an uninstall).
+            for path in made {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        result
+    }
+
+    fn create_preallocated_into(
+        &self,
+        sizes: &MapSizes,
+        made: &mut Vec<PathBuf>,
+    ) -> anyhow::Result<()> {
         for m in super::catalog::CATALOG.iter().filter(|m| m.preallocatable) {
             let path = self.map(m.name);
             let (Some((key, value)), Some(max)) = (m.sizes, m.max_entries(sizes)) else {
@@ -164,6 +181,7 @@ impl PinLayout {
                 .with_context(|| format!("making {} preallocated ({max} entries)", m.name))?;
             map.pin(&path)
                 .with_context(|| format!("pinning {}", path.display()))?;
+            made.push(path);
         }
         Ok(())
     }
