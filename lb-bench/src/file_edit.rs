@@ -3,15 +3,19 @@
 //! as editors and config management do) until the agent's map shows the
 //! new endpoint. The agent is the real one with its inotify watch; the
 //! bench polls the pinned maps. Beside it, in process: the same edit read
-//! with the agent's file cache (`FileCache`, only the changed service is
-//! parsed) and parsed whole (what every edit cost before).
+//! as the agent reads it (`FileCache::read`: only the changed service is
+//! parsed and checked against the others' claims, and the answer is that
+//! one change) and parsed whole (what every edit cost before the cache).
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     time::{Duration, Instant},
 };
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use lb::source::file::{cache::FileCache, parse as file};
+use lb::source::file::{
+    cache::{FileCache, Read},
+    parse as file,
+};
 use lb_common::{
     backend::Backend4,
     service::{Service4Key, ServiceValue, SCOPE_ALL},
@@ -34,7 +38,7 @@ pub struct FileEditResult {
     pub samples: usize,
     /// File renamed into place → map entry changed: p50, p99.
     pub to_map: [Duration; 2],
-    /// The edited file read with the cache warm (median).
+    /// The edited file read as the agent reads it, cache warm (median).
     pub parse_cached: Duration,
     /// The edited file parsed whole (median).
     pub parse_whole: Duration,
@@ -130,15 +134,26 @@ fn one_scale(n: usize, samples: usize) -> FileEditResult {
     let mut whole = Vec::new();
     for _ in 0..5 {
         let mut cache = FileCache::default();
-        cache.parse(&before, &ctx).expect("the file parses");
+        let Ok(Read::Whole(mut model)) = cache.read(&before, &ctx) else {
+            panic!("the first read is whole");
+        };
         let t = Instant::now();
-        let a = cache.parse(&after, &ctx).expect("the edit parses");
+        let read = cache.read(&after, &ctx).expect("the edit parses");
         cached.push(t.elapsed());
         assert_eq!(cache.last_parsed, 1, "only the edited service is parsed");
         let t = Instant::now();
         let b = file::parse_with(&after, &ctx).expect("the edit parses");
         whole.push(t.elapsed());
-        assert_eq!(a, b, "the cache reads the file as a whole parse does");
+        let Read::Changes(changes) = read else {
+            panic!("an edit is read as a change");
+        };
+        assert_eq!(changes.len(), 1, "one service changed");
+        for (name, service) in changes {
+            model
+                .services
+                .insert(name, service.expect("edited, not gone"));
+        }
+        assert_eq!(model, b, "the change gives what a whole parse gives");
     }
     to_map.sort();
     FileEditResult {

@@ -248,9 +248,9 @@ impl Report {
              renamed over (as editors and config management do); the time is from the rename to the\n\
              pinned map showing the new endpoint, with the real agent (inotify, read, parse, reconcile,\n\
              bpf(2); a file renamed into place is read at once, one written in place only once its size\n\
-             and time stay the same for 10 ms). In process beside it: the edited file read with the\n\
-             agent's file cache (only the changed service parsed) and parsed whole, as every edit was\n\
-             before.\n\n\
+             and time stay the same for 10 ms). In process beside it: the edited file read as the agent\n\
+             reads it (only the changed service parsed and checked against what the others claim; the\n\
+             answer is that one change, not a whole model) and parsed whole, as every edit was before.\n\n\
              | Services | Edits | rename → map p50 | p99 | read with the cache | parsed whole |\n\
              |---:|---:|---:|---:|---:|---:|\n",
         );

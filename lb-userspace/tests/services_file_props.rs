@@ -232,6 +232,145 @@ proptest! {
             prop_assert_eq!(cached, whole, "file:\n{}", text);
         }
     }
+
+    /// `read`, the agent's way: the changes it gives, applied to the model
+    /// of the last good read (as the reconciler applies them), give the
+    /// whole parse's model for every file of a sequence; a refused file
+    /// gives the whole parse's error and changes nothing. The services are
+    /// valid and drawn from a few names, addresses, ports and backends, so
+    /// edits move frontends and backends between services and often clash
+    /// (a name twice, a frontend twice, a backend local in one service and
+    /// not in another), then come back.
+    #[test]
+    fn reading_changes_gives_every_file_of_a_sequence_as_a_whole_parse_does(
+        pool in prop::collection::vec(crowded_service(), 1..10),
+        files in prop::collection::vec(prop::collection::vec(0usize..10, 0..7), 1..10),
+    ) {
+        use lb::source::file::cache::Read;
+        let ctx = lb::source::file::parse::FileContext::default();
+        let mut cache = lb::source::file::cache::FileCache::default();
+        let mut held: Option<lb::model::Model> = None;
+        for picks in &files {
+            let text = render_crowded(picks.iter().map(|i| &pool[i % pool.len()]));
+            let whole = lb::source::file::parse::parse_with(&text, &ctx);
+            match (cache.read(&text, &ctx), whole) {
+                (Ok(Read::Whole(model)), Ok(want)) => {
+                    prop_assert_eq!(&model, &want, "file:\n{}", text);
+                    held = Some(model);
+                }
+                (Ok(Read::Changes(changes)), Ok(want)) => {
+                    let Some(model) = held.as_mut() else {
+                        return Err(TestCaseError::fail("changes before any whole read"));
+                    };
+                    for (name, service) in changes {
+                        match service {
+                            Some(s) => { model.services.insert(name, s); }
+                            None => { model.services.remove(&name); }
+                        }
+                    }
+                    prop_assert_eq!(&*model, &want, "file:\n{}", text);
+                }
+                (Err(e), Err(want)) => prop_assert_eq!(e, want, "file:\n{}", text),
+                (got, want) => prop_assert!(false, "read {:?}, whole parse {:?}, file:\n{}", got, want, text),
+            }
+        }
+    }
+}
+
+/// A valid service from few choices: services of one file often share a
+/// name, a frontend or a backend address (with its own `local`).
+#[derive(Debug, Clone)]
+struct Crowded {
+    name: u8,
+    vip: u8,
+    port: u16,
+    udp: bool,
+    backends: Vec<(u8, bool)>,
+}
+
+fn crowded_service() -> impl Strategy<Value = Crowded> {
+    (
+        0u8..5,
+        1u8..4,
+        prop_oneof![Just(80u16), Just(443)],
+        any::<bool>(),
+        prop::collection::btree_map(1u8..5, any::<bool>(), 0..3),
+    )
+        .prop_map(|(name, vip, port, udp, backends)| Crowded {
+            name,
+            vip,
+            port,
+            udp,
+            backends: backends.into_iter().collect(),
+        })
+}
+
+fn render_crowded<'a>(svcs: impl Iterator<Item = &'a Crowded>) -> String {
+    let mut y = String::from("services:\n");
+    for s in svcs {
+        let b: Vec<String> = s
+            .backends
+            .iter()
+            .map(|(a, local)| format!("{{address: 10.244.0.{a}, local: {local}}}"))
+            .collect();
+        y.push_str(&format!(
+            "  - name: s{}\n    clusterIPs: [10.96.0.{}]\n    ports: [{{port: {}, protocol: {}}}]\n    backends: [{}]\n",
+            s.name,
+            s.vip,
+            s.port,
+            if s.udp { "UDP" } else { "TCP" },
+            b.join(", ")
+        ));
+    }
+    y
+}
+
+/// An edit of one service of many is read as a change of that service
+/// alone, and a file that clashes is refused as a whole parse refuses it,
+/// after which the next good file is read whole.
+#[test]
+fn an_edit_is_read_as_the_change_of_one_service_and_a_clash_as_the_whole_error() {
+    use lb::source::file::cache::Read;
+    let svcs: Vec<Svc> = (0..50)
+        .map(|i| Svc {
+            name: format!("s{i}"),
+            vip: format!("10.96.0.{}", i + 1),
+            port: 80,
+            target: 8080,
+            proto: "TCP",
+            backends: vec![format!("10.244.0.{}", i + 1)],
+        })
+        .collect();
+    let ctx = lb::source::file::parse::FileContext::default();
+    let mut cache = lb::source::file::cache::FileCache::default();
+    assert!(matches!(
+        cache.read(&render(&svcs), &ctx),
+        Ok(Read::Whole(_))
+    ));
+    let mut edited = svcs.clone();
+    edited[17].backends = vec!["10.244.9.9".to_string()];
+    let Ok(Read::Changes(changes)) = cache.read(&render(&edited), &ctx) else {
+        panic!("an edit is read as changes");
+    };
+    assert_eq!(cache.last_parsed, 1, "only services[17] parsed");
+    let want = lb::source::file::parse::parse_with(&render(&edited), &ctx).unwrap();
+    let name = lb::model::ServiceName::new("default", "s17");
+    assert_eq!(
+        changes,
+        vec![(name.clone(), want.services.get(&name).cloned())]
+    );
+
+    // services[3] takes services[4]'s address and port: refused as a whole
+    // parse refuses it, naming the same field.
+    let mut clash = edited.clone();
+    clash[3].vip = clash[4].vip.clone();
+    let got = cache.read(&render(&clash), &ctx).unwrap_err();
+    let whole = lb::source::file::parse::parse_with(&render(&clash), &ctx).unwrap_err();
+    assert_eq!(got, whole);
+    assert!(matches!(
+        cache.read(&render(&edited), &ctx),
+        Ok(Read::Whole(_))
+    ));
 }
 
 /// Layouts the cache does not cut are parsed whole, with the same result:

@@ -81,6 +81,23 @@ pub fn load_cached(
         })
 }
 
+/// `load_cached` for the agent's watch: what changed since the last good
+/// read, when the cache can tell (see `cache::Read`).
+pub fn read_cached(
+    path: &Path,
+    ctx: &services_file::FileContext,
+    cache: &mut FileCache,
+) -> Result<cache::Read, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    cache.read(&text, ctx).map_err(|source| LoadError::Invalid {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// What the watch saw since the reader last looked.
 #[derive(Clone, Default)]
 pub struct Changes {
@@ -222,9 +239,15 @@ async fn run_settling(
     let mut observed = std::time::Instant::now();
     let mut cache = FileCache::default();
     loop {
-        let event = match load_cached(&path, &ctx, &mut cache) {
-            Ok(model) => SourceEvent::Full {
+        let event = match read_cached(&path, &ctx, &mut cache) {
+            Ok(cache::Read::Whole(model)) => SourceEvent::Full {
                 model,
+                observed,
+                triggers: Vec::new(),
+            },
+            // An edit: only the services it touched go to the reconciler.
+            Ok(cache::Read::Changes(changes)) => SourceEvent::Changes {
+                changes,
                 observed,
                 triggers: Vec::new(),
             },
@@ -309,12 +332,23 @@ mod tests {
         (source, events)
     }
 
-    /// The number of services of a full model (anything else fails).
-    fn services_in(e: SourceEvent) -> usize {
+    /// The model the events so far give (a whole model replaces it,
+    /// changes change it), and the number of its services; anything else
+    /// fails.
+    fn services_in(held: &mut Model, e: SourceEvent) -> usize {
         match e {
-            SourceEvent::Full { model, .. } => model.services.len(),
+            SourceEvent::Full { model, .. } => *held = model,
+            SourceEvent::Changes { changes, .. } => {
+                for (name, service) in changes {
+                    match service {
+                        Some(s) => held.services.insert(name, s),
+                        None => held.services.remove(&name),
+                    };
+                }
+            }
             other => panic!("{other:?}"),
         }
+        held.services.len()
     }
 
     /// Whether the watch flags a write in place within 10 s (its thread
@@ -368,7 +402,8 @@ mod tests {
         std::fs::write(&path, services(1)).unwrap();
         let (source, mut events) = spawn_source(&path, Duration::from_secs(60));
         let first = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
-        assert!(matches!(first.unwrap().unwrap(), SourceEvent::Full { .. }));
+        let mut held = Model::default();
+        assert_eq!(services_in(&mut held, first.unwrap().unwrap()), 1);
         let tmp = dir.join("services.yaml.tmp");
         std::fs::write(&tmp, services(7)).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
@@ -376,7 +411,7 @@ mod tests {
             .await
             .expect("read at once, not after the quiet time")
             .unwrap();
-        assert_eq!(services_in(read), 7);
+        assert_eq!(services_in(&mut held, read), 7);
         source.abort();
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -394,7 +429,8 @@ mod tests {
         std::fs::write(&path, services(4)).unwrap();
         let (source, mut events) = spawn_source(&path, Duration::from_millis(500));
         let first = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
-        assert_eq!(services_in(first.unwrap().unwrap()), 4);
+        let mut held = Model::default();
+        assert_eq!(services_in(&mut held, first.unwrap().unwrap()), 4);
         let whole = services(40);
         let half = services(20);
         let mut f = std::fs::File::create(&path).unwrap();
@@ -405,7 +441,7 @@ mod tests {
         drop(f);
         let read = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
         assert_eq!(
-            services_in(read.unwrap().unwrap()),
+            services_in(&mut held, read.unwrap().unwrap()),
             40,
             "read after it settled"
         );

@@ -271,8 +271,7 @@ impl<'a> Converter<'a> {
         let service = match converted {
             Some(s) => s.clone(),
             None => {
-                let mut service = to_service(&at, spec, self.ctx)?;
-                service.shrink_to_fit();
+                let service = convert(&at, spec, self.ctx)?;
                 *converted = Some(service.clone());
                 service
             }
@@ -369,6 +368,18 @@ impl<'de> serde::de::Visitor<'de> for StreamedServices<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// One service of a file as the model holds it, checked on its own (the
+/// checks between services are the caller's); the error names it `at`.
+pub(crate) fn convert(
+    at: &str,
+    spec: &ServiceSpec,
+    ctx: &FileContext,
+) -> Result<Service, FileError> {
+    let mut service = to_service(at, spec, ctx)?;
+    service.shrink_to_fit();
+    Ok(service)
 }
 
 fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service, FileError> {
