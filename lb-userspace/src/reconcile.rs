@@ -150,6 +150,9 @@ pub struct Reconciler<M: LbMaps> {
     /// A pipelined run stopped at a failed write and the maps could not be
     /// read back yet: the mirror may hold writes that never landed.
     mirror_ahead: bool,
+    /// A reconcile has been asked for (the target is a source's, not the
+    /// empty model of a fresh start).
+    had_input: bool,
     state: MapState,
     ids: Ids,
     /// The model to converge to.
@@ -184,6 +187,7 @@ impl<M: LbMaps> Reconciler<M> {
             pipeline_from: pipeline::FROM_SERVICES,
             pipeline_chunk: pipeline::CHUNK,
             mirror_ahead: false,
+            had_input: false,
             state,
             ids,
             target: Model::default(),
@@ -310,6 +314,7 @@ impl<M: LbMaps> Reconciler<M> {
     /// (at 100 000 services a copy is tens of megabytes).
     pub fn reconcile_model(&mut self, mut model: Model) -> Result<ReconcileStats, ReconcileError> {
         model.shrink_to_fit();
+        self.had_input = true;
         let dirty = self.target.changed_services(&model);
         self.target = model;
         self.run(dirty)
@@ -320,6 +325,7 @@ impl<M: LbMaps> Reconciler<M> {
         &mut self,
         changes: impl IntoIterator<Item = (ServiceName, Option<Service>)>,
     ) -> Result<ReconcileStats, ReconcileError> {
+        self.had_input = true;
         let mut dirty = BTreeSet::new();
         for (name, svc) in changes {
             let changed = match svc {
@@ -346,7 +352,23 @@ impl<M: LbMaps> Reconciler<M> {
         self.run(BTreeSet::new())
     }
 
+    /// Whether `retry` has something to do: refused services, or a full
+    /// sync due after a failed write (not the first one: before any input
+    /// the target is empty, and a sync would sweep the pinned state).
+    pub fn needs_retry(&self) -> bool {
+        !self.pending.is_empty() || self.had_input && (self.needs_full_sync || self.mirror_ahead)
+    }
+
     fn run(&mut self, mut dirty: BTreeSet<ServiceName>) -> Result<ReconcileStats, ReconcileError> {
+        // A diff against a mirror that is ahead of the maps would skip
+        // writes that never landed: read them back first, or write nothing
+        // (what is dirty stays pending, and a full sync stays due).
+        if self.mirror_ahead {
+            if let Err(e) = self.read_back() {
+                self.pending.extend(dirty);
+                return Err(ReconcileError::ReadBack(e));
+            }
+        }
         let started = Instant::now();
         let full = self.needs_full_sync;
         if full {
@@ -357,11 +379,6 @@ impl<M: LbMaps> Reconciler<M> {
         }
         dirty.extend(std::mem::take(&mut self.pending));
         self.capacity = self.maps().capacity();
-        // A diff against a mirror that is ahead of the maps would skip
-        // writes that never landed: read them back first, or write nothing.
-        if self.mirror_ahead {
-            self.read_back().map_err(ReconcileError::ReadBack)?;
-        }
         let (mut ops, refused) = if dirty.len() >= self.pipeline_from.max(1) {
             self.apply_services_pipelined(&dirty, full)?
         } else {
@@ -467,7 +484,12 @@ impl<M: LbMaps> Reconciler<M> {
             tracing::warn!("could not start the map writer thread; writing from this one");
             return self.apply_services(dirty, full);
         };
-        let result = result.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let result = result.unwrap_or_else(|panic| {
+            // Whoever catches it finds the mirror suspect.
+            self.needs_full_sync = true;
+            self.mirror_ahead = true;
+            std::panic::resume_unwind(panic)
+        });
         match failure.unwrap_or_else(|panic| std::panic::resume_unwind(panic)) {
             // The mirror ran ahead of the maps (it was updated as the
             // writes were queued): read back what they hold instead.

@@ -192,3 +192,34 @@ fn the_nodes_addresses_decide_whether_sockets_may_translate_an_external_ip() {
     h.worker.step(Pending::default());
     assert!(foreign(&h));
 }
+
+/// A write that fails leaves a full sync due; the worker makes it when idle
+/// (no new event needed), and a fresh worker with nothing from a source yet
+/// writes nothing when idle (its empty target would sweep the pinned state).
+#[test]
+fn a_failed_write_is_repaired_by_the_idle_retry_and_nothing_is_written_before_any_input() {
+    let mut h = harness("retry", Capacity::default());
+    h.worker.step(Pending::default());
+    assert!(
+        h.worker.reconciler.maps_mut().take_log().is_empty(),
+        "idle before any input: nothing written"
+    );
+    h.worker.reconciler.maps_mut().fail_after = Some(3);
+    h.worker.step(full(TWO));
+    assert_ne!(
+        h.worker
+            .reconciler
+            .maps()
+            .dump()
+            .unwrap()
+            .frontends()
+            .count(),
+        2,
+        "the sync stopped at the failed write"
+    );
+    h.worker.step(Pending::default());
+    let state = h.worker.reconciler.maps().dump().unwrap();
+    assert_eq!(state.frontends().count(), 2, "repaired without a new event");
+    assert_eq!(state.backends.len(), 4);
+    assert_eq!(&state, h.worker.reconciler.state());
+}

@@ -54,8 +54,11 @@ impl Pending {
                 observed,
                 triggers,
             } => {
+                // Nothing changed: no start for the next change's delay.
+                if !changes.is_empty() {
+                    self.observed.get_or_insert(observed);
+                }
                 self.changes.extend(changes);
-                self.observed.get_or_insert(observed);
                 self.triggers.extend(triggers);
             }
             note @ (SourceEvent::Error { .. } | SourceEvent::Warning { .. }) => {

@@ -105,10 +105,10 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             let r = self.reconciler.reconcile_changes(p.changes);
             ok &= self.finish(r, observed);
         }
-        if idle && !self.reconciler.pending().is_empty() {
+        if idle && self.reconciler.needs_retry() {
             info!(
                 services = self.reconciler.pending().len(),
-                "retrying refused services"
+                "retrying refused services or a failed write"
             );
             let r = self.reconciler.retry();
             ok &= self.finish(r, None);
