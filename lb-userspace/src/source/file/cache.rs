@@ -214,8 +214,9 @@ impl FileCache {
     }
 
     /// `parse`, then the claims of the file's services kept for the next
-    /// `read` (when the file was cut into pieces).
-    fn read_whole(&mut self, text: &str, ctx: &FileContext) -> Result<Read, FileError> {
+    /// `read` (when the file was cut into pieces). Always `Read::Whole`:
+    /// for a reload asked for (SIGHUP), which resyncs everything.
+    pub fn read_whole(&mut self, text: &str, ctx: &FileContext) -> Result<Read, FileError> {
         self.claims = None;
         let model = self.parse(text, ctx)?;
         // `parse` keeps exactly the pieces of a file it cut; none of one
@@ -299,7 +300,9 @@ fn parse_piece(piece: &str) -> Option<ServiceSpec> {
     let mut doc = String::with_capacity(piece.len() + 10);
     doc.push_str("services:\n");
     doc.push_str(piece);
-    // The whole parse's limits, so a piece is refused exactly when it would be there.
+    // The whole parse's limits on each piece. (They also apply to the
+    // whole file, which a file of well over a million services exceeds;
+    // read in pieces it is not refused for that.)
     let mut f: ServicesFile =
         serde_saphyr::from_str_with_options(&doc, file::parse_options()).ok()?;
     if f.services.len() != 1 {

@@ -83,16 +83,23 @@ pub fn load_cached(
 
 /// `load_cached` for the agent's watch: what changed since the last good
 /// read, when the cache can tell (see `cache::Read`).
+/// `whole`: the whole model, whatever changed (a reload asked for).
 pub fn read_cached(
     path: &Path,
     ctx: &services_file::FileContext,
     cache: &mut FileCache,
+    whole: bool,
 ) -> Result<cache::Read, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    cache.read(&text, ctx).map_err(|source| LoadError::Invalid {
+    let read = if whole {
+        cache.read_whole(&text, ctx)
+    } else {
+        cache.read(&text, ctx)
+    };
+    read.map_err(|source| LoadError::Invalid {
         path: path.to_path_buf(),
         source,
     })
@@ -238,14 +245,18 @@ async fn run_settling(
     };
     let mut observed = std::time::Instant::now();
     let mut cache = FileCache::default();
+    // A reload asked for (SIGHUP) sends the whole model: the reconciler
+    // compares it with its own and retries whatever is due.
+    let mut hup = false;
     loop {
-        let event = match read_cached(&path, &ctx, &mut cache) {
+        let event = match read_cached(&path, &ctx, &mut cache, hup) {
             Ok(cache::Read::Whole(model)) => SourceEvent::Full {
                 model,
                 observed,
                 triggers: Vec::new(),
             },
-            // An edit: only the services it touched go to the reconciler.
+            // An edit: only the services it touched go to the reconciler
+            // (none for a file written again as it was).
             Ok(cache::Read::Changes(changes)) => SourceEvent::Changes {
                 changes,
                 observed,
@@ -263,7 +274,7 @@ async fn run_settling(
         if tx.send(event).await.is_err() {
             return;
         }
-        let hup = tokio::select! {
+        hup = tokio::select! {
             Some(()) = changes.recv() => false,
             Some(()) = reload.recv() => true,
             else => return,
@@ -330,6 +341,52 @@ mod tests {
             quiet,
         ));
         (source, events)
+    }
+
+    /// An edit renamed into place arrives as the change of the one service
+    /// it touched; a reload asked for (SIGHUP) as the whole model.
+    #[tokio::test]
+    async fn an_edit_arrives_as_its_change_and_a_reload_as_the_whole_model() {
+        let dir = scratch_dir("reload");
+        let path = dir.join("services.yaml");
+        std::fs::write(&path, services(3)).unwrap();
+        let (tx, mut events) = mpsc::channel(16);
+        let (hup, reload) = mpsc::channel(1);
+        let source = tokio::spawn(run_settling(
+            path.clone(),
+            Default::default(),
+            tx,
+            reload,
+            Duration::from_millis(10),
+        ));
+        assert!(matches!(
+            next_event(&mut events).await,
+            SourceEvent::Full { .. }
+        ));
+        let tmp = dir.join("services.yaml.tmp");
+        std::fs::write(&tmp, services(4)).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        match next_event(&mut events).await {
+            SourceEvent::Changes { changes, .. } => {
+                assert_eq!(changes.len(), 1, "{changes:?}");
+                assert!(changes[0].1.is_some(), "s3 is added");
+            }
+            other => panic!("{other:?}"),
+        }
+        hup.send(()).await.unwrap();
+        match next_event(&mut events).await {
+            SourceEvent::Full { model, .. } => assert_eq!(model.services.len(), 4),
+            other => panic!("{other:?}"),
+        }
+        source.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    async fn next_event(events: &mut mpsc::Receiver<SourceEvent>) -> SourceEvent {
+        tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .expect("an event")
+            .expect("the source is alive")
     }
 
     /// The model the events so far give (a whole model replaces it,
