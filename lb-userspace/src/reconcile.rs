@@ -235,6 +235,12 @@ impl<M: LbMaps> Reconciler<M> {
             return None;
         }
         self.cfg.node_addresses = std::sync::Arc::new(addresses);
+        // Before any source's input the target is empty and a full sync is
+        // due: a run now would sweep the pinned state. The first model is
+        // built with these addresses anyway.
+        if !self.had_input {
+            return None;
+        }
         let affected: BTreeSet<ServiceName> = self
             .target
             .services

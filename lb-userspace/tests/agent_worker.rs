@@ -223,3 +223,37 @@ fn a_failed_write_is_repaired_by_the_idle_retry_and_nothing_is_written_before_an
     assert_eq!(state.backends.len(), 4);
     assert_eq!(&state, h.worker.reconciler.state());
 }
+
+/// A restarted agent whose node addresses change before its source's first
+/// model keeps the pinned state (a run then would sweep it: the target is
+/// still empty), and the first model is built with the new addresses.
+#[test]
+fn node_addresses_changing_before_the_first_model_sweep_nothing_and_reach_the_first_model() {
+    const EXT: &str = "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]";
+    let mut before = Reconciler::restore(FakeMaps::default()).unwrap();
+    before.reconcile(&model(EXT)).unwrap();
+    let pinned = before.maps().state.clone();
+    let mut h = harness("extip-restart", Capacity::default());
+    h.worker.reconciler = Reconciler::restore(FakeMaps {
+        state: pinned.clone(),
+        ..Default::default()
+    })
+    .unwrap()
+    .with_config(BuildConfig::default());
+    let ext: IpAddr = "198.51.100.7".parse().unwrap();
+    *h.addresses.lock().unwrap() = Some([ext].into_iter().collect());
+    h.worker.step(Pending::default());
+    assert_eq!(
+        h.worker.reconciler.maps().state,
+        pinned,
+        "nothing swept before the first model"
+    );
+    h.worker.step(full(EXT));
+    let state = h.worker.reconciler.maps().dump().unwrap();
+    let (_, v) = state.frontends().find(|(k, _)| k.address == ext).unwrap();
+    assert_eq!(
+        v.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP,
+        0,
+        "the node's own address by the first model"
+    );
+}
