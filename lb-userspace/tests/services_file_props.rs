@@ -334,13 +334,9 @@ fn render_crowded<'a>(svcs: impl Iterator<Item = &'a Crowded>) -> String {
     y
 }
 
-/// An edit of one service of many is read as a change of that service
-/// alone, and a file that clashes is refused as a whole parse refuses it,
-/// after which the next good file is read whole.
-#[test]
-fn an_edit_is_read_as_the_change_of_one_service_and_a_clash_as_the_whole_error() {
-    use lb::source::file::cache::Read;
-    let svcs: Vec<Svc> = (0..50)
+/// 50 valid services, each on its own address with its own backend.
+fn fifty_services() -> Vec<Svc> {
+    (0..50)
         .map(|i| Svc {
             name: format!("s{i}"),
             vip: format!("10.96.0.{}", i + 1),
@@ -349,7 +345,16 @@ fn an_edit_is_read_as_the_change_of_one_service_and_a_clash_as_the_whole_error()
             proto: "TCP",
             backends: vec![format!("10.244.0.{}", i + 1)],
         })
-        .collect();
+        .collect()
+}
+
+/// An edit of one service of many is read as a change of that service
+/// alone, and a file that clashes is refused as a whole parse refuses it,
+/// after which the next good file is read whole.
+#[test]
+fn an_edit_is_read_as_the_change_of_one_service_and_a_clash_as_the_whole_error() {
+    use lb::source::file::cache::Read;
+    let svcs = fifty_services();
     let ctx = lb::source::file::parse::FileContext::default();
     let mut cache = lb::source::file::cache::FileCache::default();
     assert!(matches!(
@@ -415,16 +420,7 @@ fn the_file_cache_reads_other_layouts_as_a_whole_parse_does() {
 /// An edit of one service of many parses that service only.
 #[test]
 fn the_file_cache_parses_only_the_edited_service() {
-    let svcs: Vec<Svc> = (0..50)
-        .map(|i| Svc {
-            name: format!("s{i}"),
-            vip: format!("10.96.0.{}", i + 1),
-            port: 80,
-            target: 8080,
-            proto: "TCP",
-            backends: vec![format!("10.244.0.{}", i + 1)],
-        })
-        .collect();
+    let svcs = fifty_services();
     let ctx = lb::source::file::parse::FileContext::default();
     let mut cache = lb::source::file::cache::FileCache::default();
     let first = cache.parse(&render(&svcs), &ctx).unwrap();

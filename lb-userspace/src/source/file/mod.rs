@@ -330,9 +330,22 @@ mod tests {
         path: &Path,
         quiet: Duration,
     ) -> (tokio::task::JoinHandle<()>, mpsc::Receiver<SourceEvent>) {
+        // The reload sender dropped: no SIGHUP ever comes.
+        let (source, events, _) = spawn_source_with_reload(path, quiet);
+        (source, events)
+    }
+
+    /// `spawn_source`, with the sender that asks for a reload (SIGHUP).
+    fn spawn_source_with_reload(
+        path: &Path,
+        quiet: Duration,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        mpsc::Receiver<SourceEvent>,
+        mpsc::Sender<()>,
+    ) {
         let (tx, events) = mpsc::channel(16);
-        // Its sender dropped: no SIGHUP ever comes.
-        let (_, reload) = mpsc::channel(1);
+        let (hup, reload) = mpsc::channel(1);
         let source = tokio::spawn(run_settling(
             path.to_path_buf(),
             Default::default(),
@@ -340,7 +353,7 @@ mod tests {
             reload,
             quiet,
         ));
-        (source, events)
+        (source, events, hup)
     }
 
     /// An edit renamed into place arrives as the change of the one service
@@ -350,15 +363,7 @@ mod tests {
         let dir = scratch_dir("reload");
         let path = dir.join("services.yaml");
         std::fs::write(&path, services(3)).unwrap();
-        let (tx, mut events) = mpsc::channel(16);
-        let (hup, reload) = mpsc::channel(1);
-        let source = tokio::spawn(run_settling(
-            path.clone(),
-            Default::default(),
-            tx,
-            reload,
-            Duration::from_millis(10),
-        ));
+        let (source, mut events, hup) = spawn_source_with_reload(&path, Duration::from_millis(10));
         assert!(matches!(
             next_event(&mut events).await,
             SourceEvent::Full { .. }
