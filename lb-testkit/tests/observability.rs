@@ -297,6 +297,53 @@ fn lbctl_status_service_get_and_backend_list_describe_a_running_install() {
     assert_eq!(backends[0]["references"], 1);
 }
 
+/// The agent started with `--preallocate-maps` serves as usual, and
+/// `lbctl status` shows each map's kernel memory: the preallocated
+/// services map its whole capacity, a map made as usual far less.
+#[test]
+fn an_agent_with_preallocated_maps_serves_and_lbctl_status_shows_their_reserved_memory() {
+    let w = World::new("prealloc_agent", 1);
+    let _servers = w.tcp_servers(8080, false);
+    w.write_services(&services(&[0]));
+    let agent = Agent::start_with(
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--preallocate-maps"],
+    );
+    assert!(w.probe("tcp", &format!("{VIP}:80"), 1)[0].ok, "served");
+    let status = agent.lbctl_json(&["status"]);
+    let maps = status["maps"].as_array().unwrap();
+    let of = |name: &str| {
+        let m = maps.iter().find(|m| m["map"] == name).unwrap();
+        (
+            m["memory"].as_u64().expect("memory shown"),
+            m["capacity"].as_u64().unwrap(),
+        )
+    };
+    let (services_memory, capacity) = of("LB4_SERVICES");
+    let (affinity_memory, _) = of("LB_AFFINITY_MATCH");
+    eprintln!("LB4_SERVICES: {services_memory} bytes for {capacity} entries; LB_AFFINITY_MATCH: {affinity_memory}");
+    assert!(
+        services_memory >= capacity * 64,
+        "{services_memory} for {capacity}"
+    );
+    // Before Linux 6.4 memlock was an estimate from the capacity for either kind.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut version = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    if (version.next().unwrap_or(0), version.next().unwrap_or(0)) >= (6, 4) {
+        assert!(
+            services_memory > 2 * affinity_memory,
+            "{services_memory} against {affinity_memory}"
+        );
+    }
+    let table = agent.lbctl(&["status"]);
+    assert!(table.contains("Memory") && table.contains("MiB"), "{table}");
+}
+
 #[test]
 fn bpf_log_level_changes_at_run_time_and_debug_records_reach_the_agent_log() {
     let w = World::new("bpf_log_level", 1);

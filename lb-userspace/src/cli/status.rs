@@ -27,6 +27,9 @@ pub struct MapRow {
     pub map: &'static str,
     pub entries: Option<usize>,
     pub capacity: Option<u32>,
+    /// Kernel memory in bytes (`bpf::memory`): with `--preallocate-maps`
+    /// the services, backends and reverse-NAT maps show their whole capacity.
+    pub memory: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -165,6 +168,7 @@ pub fn gather(pin_dir: &Path) -> Status {
                 map: name,
                 entries: bpf::count_entries(pin_dir, name).ok().flatten(),
                 capacity: bpf::max_entries(pin_dir, name).ok(),
+                memory: bpf::memory(pin_dir, name).ok(),
             })
             .collect()
     } else {
@@ -182,6 +186,18 @@ pub fn gather(pin_dir: &Path) -> Status {
         hooks,
         maps,
         refused,
+    }
+}
+
+/// 1536 → "1.5 KiB", 37755168 → "36.0 MiB".
+fn human_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
     }
 }
 
@@ -224,6 +240,7 @@ pub fn render_table(s: &Status) -> String {
             "Entries".into(),
             "Capacity".into(),
             "Fill".into(),
+            "Memory".into(),
         ]];
         for m in &s.maps {
             let fill = match (m.entries, m.capacity) {
@@ -235,6 +252,7 @@ pub fn render_table(s: &Status) -> String {
                 m.entries.map_or("-".into(), |e| e.to_string()),
                 m.capacity.map_or("-".into(), |c| c.to_string()),
                 fill,
+                m.memory.map_or("-".into(), human_bytes),
             ]);
         }
         out.push('\n');
@@ -285,11 +303,13 @@ mod tests {
                     map: "LB4_SERVICES",
                     entries: Some(10),
                     capacity: Some(400),
+                    memory: Some(6_816_832),
                 },
                 MapRow {
                     map: "LB_EVENTS",
                     entries: None,
                     capacity: Some(262144),
+                    memory: None,
                 },
             ],
         };
@@ -304,9 +324,9 @@ datapath   MISSING   nothing pinned at /x
 Hook       Link   Program   Attached to
 connect4   7      42        /sys/fs/cgroup/a
 
-Map            Entries   Capacity   Fill
-LB4_SERVICES   10        400        2.5%
-LB_EVENTS      -         262144     -
+Map            Entries   Capacity   Fill   Memory
+LB4_SERVICES   10        400        2.5%   6.5 MiB
+LB_EVENTS      -         262144     -      -
 ";
         assert_eq!(render_table(&s), golden, "\n{}", render_table(&s));
     }

@@ -48,6 +48,22 @@ pub fn open_pinned(pin_dir: &Path, name: &str) -> anyhow::Result<Map> {
     Map::from_map_data(data).with_context(|| format!("map {}", path.display()))
 }
 
+/// The kernel's count of a pinned map's memory in bytes (fdinfo
+/// `memlock`; exact since Linux 6.4, an estimate from the capacity before):
+/// a preallocated map shows its whole capacity, others what they use.
+pub fn memory(pin_dir: &Path, name: &str) -> anyhow::Result<u64> {
+    use std::os::fd::AsRawFd as _;
+    let data = MapData::from_pin(pin_dir.join(name))
+        .with_context(|| format!("opening pinned map {name}"))?;
+    let fd = data.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+        .with_context(|| format!("fdinfo of map {name}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no memlock in the fdinfo of map {name}"))
+}
+
 /// Capacity of a pinned map.
 pub fn max_entries(pin_dir: &Path, name: &str) -> anyhow::Result<u32> {
     let data = MapData::from_pin(pin_dir.join(name))
