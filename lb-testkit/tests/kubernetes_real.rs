@@ -118,6 +118,19 @@ fn service(cp: &ControlPlane, ns: &str, name: &str, extra_spec: &str) -> String 
 }
 
 /// The frontends of `lbctl service list`, as "address:port" → backends.
+/// Waits (30 s) until the agent lists `target` with one backend; fails
+/// with what it lists and its log.
+fn wait_for_one_backend(agent: &Agent, target: &str) {
+    assert!(
+        wait_until(Duration::from_secs(30), || frontends(agent)
+            .iter()
+            .any(|(f, _, n)| f == target && *n == 1)),
+        "{:?}\n{}",
+        frontends(agent),
+        agent.log_text()
+    );
+}
+
 fn frontends(agent: &Agent) -> Vec<(String, String, usize)> {
     agent
         .lbctl_json(&["service", "list"])
@@ -218,13 +231,7 @@ fn with_only_its_shipped_rbac_over_tls_the_agent_serves_a_clusterip_from_real_en
         start_agent(&cp, &w, &node, &[])
     };
     let target = format!("{ip}:80");
-    assert!(
-        wait_until(Duration::from_secs(30), || frontends(&agent)
-            .iter()
-            .any(|(f, _, n)| *f == target && *n == 1)),
-        "{}",
-        agent.log_text()
-    );
+    wait_for_one_backend(&agent, &target);
     assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
     assert!(
         !agent.log_text().contains("Forbidden"),
@@ -603,9 +610,7 @@ fn after_an_apiserver_restart_the_agent_follows_new_changes() {
     let agent =
         Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
     let target = format!("{ip}:80");
-    assert!(wait_until(Duration::from_secs(30), || frontends(&agent)
-        .iter()
-        .any(|(f, _, n)| *f == target && *n == 1)));
+    wait_for_one_backend(&agent, &target);
     cp.restart_apiserver();
     // Meanwhile the data path served on: nothing was withdrawn.
     assert_eq!(served(&w, &target, 10), BTreeSet::from(["b1".to_string()]));
@@ -831,14 +836,7 @@ fn prefer_same_zone_keeps_cluster_traffic_in_the_nodes_zone_through_real_hints()
     let agent = start_agent(&cp, &w, &node, &[]);
     drop(cp);
     let target = format!("{ip}:80");
-    assert!(
-        wait_until(Duration::from_secs(30), || frontends(&agent)
-            .iter()
-            .any(|(f, _, n)| *f == target && *n == 1)),
-        "{:?}\n{}",
-        frontends(&agent),
-        agent.log_text()
-    );
+    wait_for_one_backend(&agent, &target);
     assert_eq!(served(&w, &target, 30), BTreeSet::from(["b1".to_string()]));
 
     // The zone-a endpoint goes: no hint is for zone-a, topology is off.
@@ -964,9 +962,7 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
     let agent =
         Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
     let old = format!("{old_ip}:80");
-    assert!(wait_until(Duration::from_secs(30), || frontends(&agent)
-        .iter()
-        .any(|(f, _, n)| *f == old && *n == 1)));
+    wait_for_one_backend(&agent, &old);
 
     let pid = agent.pid().unwrap() as i32;
     // SAFETY: signalling our own child.
@@ -1062,13 +1058,7 @@ fn a_maglev_table_size_annotation_from_the_apiserver_sizes_the_services_table() 
         start_agent(&cp, &w, &node, &[])
     };
     let target = format!("{ip}:80");
-    assert!(
-        wait_until(Duration::from_secs(30), || frontends(&agent)
-            .iter()
-            .any(|(f, _, n)| *f == target && *n == 1)),
-        "{}",
-        agent.log_text()
-    );
+    wait_for_one_backend(&agent, &target);
     let table = |agent: &Agent| agent.lbctl_json(&["maglev", "get", &format!("{target}/TCP")]);
     let t = table(&agent);
     assert_eq!(t["size"], 131_071, "{t}");

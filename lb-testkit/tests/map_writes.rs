@@ -220,12 +220,7 @@ fn preallocated_maps_reserve_their_capacity_serve_packets_and_a_restart_must_kee
         all(&usual.path)
     );
     // Before Linux 6.4 memlock was an estimate from max_entries for either kind.
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut version = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    if (version.next().unwrap_or(0), version.next().unwrap_or(0)) >= (6, 4) {
+    if lb::datapath::features::kernel_release().is_some_and(|v| v >= (6, 4)) {
         assert!(
             pre >= u64::from(sizes.services) * 64 && pre > 2 * not,
             "a preallocated map reserves its capacity: {pre} against {not}"

@@ -329,12 +329,7 @@ fn an_agent_with_preallocated_maps_serves_and_lbctl_status_shows_their_reserved_
         "{services_memory} for {capacity}"
     );
     // Before Linux 6.4 memlock was an estimate from the capacity for either kind.
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut version = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    if (version.next().unwrap_or(0), version.next().unwrap_or(0)) >= (6, 4) {
+    if lb::datapath::features::kernel_release().is_some_and(|v| v >= (6, 4)) {
         assert!(
             services_memory > 2 * affinity_memory,
             "{services_memory} against {affinity_memory}"
