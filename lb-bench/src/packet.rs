@@ -72,8 +72,88 @@ pub fn run(p: &Profile) -> Vec<PacketResult> {
         .expect("packet bench")
 }
 
+/// The data path with N services loaded, and the packets the rows time.
+struct Prepared {
+    dp: Dataplane,
+    w: Workload,
+    established: Vec<u8>,
+    miss: Vec<u8>,
+    ping: Vec<u8>,
+    ping6: Vec<u8>,
+    miss6: Vec<u8>,
+}
+
 fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     eprintln!("lb-bench: packet path at {n} services");
+    let Prepared {
+        dp,
+        w,
+        established,
+        miss,
+        ping,
+        ping6,
+        miss6,
+    } = prepare(n, new_flows);
+    // The kernel reports the mean per run.
+    let row = |program, path, per_run: Duration| PacketResult {
+        services: n,
+        program,
+        path,
+        ns_per_packet: per_run.as_nanos() as f64,
+    };
+    const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing nothing)";
+    const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
+    const MISS: &str = "not a service (passes)";
+    const EMPTY: &str = "empty program (returns at once), same packet";
+    const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
+    const MISS6: &str = "IPv6 not a service (passes)";
+
+    let mut out = vec![
+        row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
+        row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
+        row("tc", REWRITE, dp.tc_ingress_timed(&ping, repeat)),
+        row("XDP", REWRITE, dp.xdp_timed(&ping, repeat)),
+        row("tc", MISS, dp.tc_ingress_timed(&miss, repeat)),
+        row("XDP", MISS, dp.xdp_timed(&miss, repeat)),
+        row("tc", REWRITE6, dp.tc_ingress_timed(&ping6, repeat)),
+        row("XDP", REWRITE6, dp.xdp_timed(&ping6, repeat)),
+        row("tc", MISS6, dp.tc_ingress_timed(&miss6, repeat)),
+        row("XDP", MISS6, dp.xdp_timed(&miss6, repeat)),
+    ];
+    // The floor: a program that only returns, on the same packet.
+    for (program, xdp) in [("tc", false), ("XDP", true)] {
+        let empty = lb_testkit::empty_program::load(xdp).expect("loading an empty program");
+        let t = lb_testkit::empty_program::timed(&empty, &miss, repeat)
+            .expect("running the empty program");
+        out.push(row(program, EMPTY, t));
+    }
+    // New flows to a service with two real (other) backends: service lookup,
+    // random choice, conntrack insert, DNAT. One run each.
+    let target = w.services[0].vip;
+    for (program, xdp) in [("tc", false), ("XDP", true)] {
+        let mut total = Duration::ZERO;
+        for i in 0..new_flows {
+            let sport = 1024 + (i % 60_000) as u16;
+            let src = Ipv4Addr::from(
+                u32::from(CLIENT_IP) + ((i / 60_000) as u32 + if xdp { 100 } else { 0 }),
+            );
+            let pkt = packets::tcp(CLIENT_MAC, EXT0_MAC, src, target, sport, 80, SYN, b"");
+            total += if xdp {
+                dp.xdp_timed(&pkt, 1)
+            } else {
+                dp.tc_ingress_timed(&pkt, 1)
+            };
+        }
+        out.push(row(
+            program,
+            "new flow (lookup, choice, conntrack insert, DNAT)",
+            total / new_flows as u32,
+        ));
+    }
+    out
+}
+
+fn prepare(n: usize, new_flows: usize) -> Prepared {
     let sizes = MapSizes {
         services: map_size(4 * n + 16),
         backends: map_size(2 * n + 16),
@@ -176,19 +256,6 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         "non-service traffic passes untouched"
     );
 
-    // The kernel reports the mean per run.
-    let row = |program, path, per_run: Duration| PacketResult {
-        services: n,
-        program,
-        path,
-        ns_per_packet: per_run.as_nanos() as f64,
-    };
-    const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing nothing)";
-    const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
-    const MISS: &str = "not a service (passes)";
-    const EMPTY: &str = "empty program (returns at once), same packet";
-    const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
-    const MISS6: &str = "IPv6 not a service (passes)";
     let ping6 = packets::tcp6(CLIENT_MAC, EXT0_MAC, CLIENT_IP6, a6, 40_002, 80, ACK, b"");
     let (rc, once6) = dp.tc_ingress(&ping6);
     assert_eq!(rc, TC_ACT_OK);
@@ -207,49 +274,15 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         (TC_ACT_OK, miss6.clone()),
         "IPv6 non-service traffic passes untouched"
     );
-    let mut out = vec![
-        row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
-        row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
-        row("tc", REWRITE, dp.tc_ingress_timed(&ping, repeat)),
-        row("XDP", REWRITE, dp.xdp_timed(&ping, repeat)),
-        row("tc", MISS, dp.tc_ingress_timed(&miss, repeat)),
-        row("XDP", MISS, dp.xdp_timed(&miss, repeat)),
-        row("tc", REWRITE6, dp.tc_ingress_timed(&ping6, repeat)),
-        row("XDP", REWRITE6, dp.xdp_timed(&ping6, repeat)),
-        row("tc", MISS6, dp.tc_ingress_timed(&miss6, repeat)),
-        row("XDP", MISS6, dp.xdp_timed(&miss6, repeat)),
-    ];
-    // The floor: a program that only returns, on the same packet.
-    for (program, xdp) in [("tc", false), ("XDP", true)] {
-        let empty = lb_testkit::empty_program::load(xdp).expect("loading an empty program");
-        let t = lb_testkit::empty_program::timed(&empty, &miss, repeat)
-            .expect("running the empty program");
-        out.push(row(program, EMPTY, t));
+    Prepared {
+        dp,
+        w,
+        established,
+        miss,
+        ping,
+        ping6,
+        miss6,
     }
-    // New flows to a service with two real (other) backends: service lookup,
-    // random choice, conntrack insert, DNAT. One run each.
-    let target = w.services[0].vip;
-    for (program, xdp) in [("tc", false), ("XDP", true)] {
-        let mut total = Duration::ZERO;
-        for i in 0..new_flows {
-            let sport = 1024 + (i % 60_000) as u16;
-            let src = Ipv4Addr::from(
-                u32::from(CLIENT_IP) + ((i / 60_000) as u32 + if xdp { 100 } else { 0 }),
-            );
-            let pkt = packets::tcp(CLIENT_MAC, EXT0_MAC, src, target, sport, 80, SYN, b"");
-            total += if xdp {
-                dp.xdp_timed(&pkt, 1)
-            } else {
-                dp.tc_ingress_timed(&pkt, 1)
-            };
-        }
-        out.push(row(
-            program,
-            "new flow (lookup, choice, conntrack insert, DNAT)",
-            total / new_flows as u32,
-        ));
-    }
-    out
 }
 
 /// An IPv6 LoadBalancer service `from`:`from_port` with one node-local
@@ -276,5 +309,31 @@ fn lb6(from: Ipv6Addr, from_port: u16, to: Ipv6Addr, to_port: u16) -> Service {
             }],
         }],
         health_check_node_port: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Not a test: one established-flow row run long enough to profile
+    /// (`perf record -a` beside it), at 100 000 services. Root only.
+    /// LB_PROFILE_ROW: xdp (default), tc, or xdp-same (the backend is the
+    /// frontend: nothing rewritten).
+    #[test]
+    #[ignore]
+    fn profile_established_flows() {
+        let row = std::env::var("LB_PROFILE_ROW").unwrap_or_else(|_| "xdp".into());
+        std::thread::spawn(move || {
+            let p = super::prepare(100_000, 1);
+            for _ in 0..3 {
+                let t = match row.as_str() {
+                    "tc" => p.dp.tc_ingress_timed(&p.ping, 20_000_000),
+                    "xdp-same" => p.dp.xdp_timed(&p.established, 20_000_000),
+                    _ => p.dp.xdp_timed(&p.ping, 20_000_000),
+                };
+                eprintln!("{row}: {t:?} per packet");
+            }
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -30,9 +30,10 @@ pub const LB_SOCK_PEERS: &str = "LB_SOCK_PEERS";
 pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
 pub const LB6_SRC_RANGES: &str = "LB6_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
+pub const LB_BACKENDS_GEN: &str = "LB_BACKENDS_GEN";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 28] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -55,6 +56,7 @@ pub const ALL: [&str; 27] = [
     LB4_SRC_RANGES,
     LB6_SRC_RANGES,
     LB4_FE_FILTER,
+    LB_BACKENDS_GEN,
     LB_DROPS,
     LB_EVENTS,
     LB_CONFIG,

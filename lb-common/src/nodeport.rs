@@ -59,20 +59,37 @@ pub const CT_LIFETIME_UDP: u32 = 60;
 /// port range dry.
 pub const SNAT_REUSE_CLOSING_NS: u64 = 1_000_000_000;
 
+/// Which lifetime an entry with these flags lives by: the index of its
+/// setting (`LB_CONFIG[CFG_CT_*_S]`, 0 = the default) and the default. The
+/// programs read that one setting only (a config read is about fifteen
+/// instructions on every packet of every flow).
+#[inline(always)]
+pub const fn ct_lifetime_setting(proto: u8, flags: u16) -> (u32, u32) {
+    use crate::config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S};
+    if flags & CT_F_CLOSING != 0 {
+        (CFG_CT_CLOSING_S, CT_LIFETIME_CLOSING)
+    } else if proto == crate::proto::TCP {
+        if flags & CT_F_ESTABLISHED != 0 {
+            (CFG_CT_TCP_S, CT_LIFETIME_TCP)
+        } else {
+            (CFG_CT_TCP_SYN_S, CT_LIFETIME_TCP_SYN)
+        }
+    } else {
+        (CFG_CT_UDP_S, CT_LIFETIME_UDP)
+    }
+}
+
 /// The lifetime, in seconds, of an entry with these flags, given the
 /// configured values (0 = the default).
 #[inline(always)]
 pub const fn ct_lifetime_s(proto: u8, flags: u16, cfg: &CtTimeouts) -> u32 {
-    let (v, default) = if flags & CT_F_CLOSING != 0 {
-        (cfg.closing, CT_LIFETIME_CLOSING)
-    } else if proto == crate::proto::TCP {
-        if flags & CT_F_ESTABLISHED != 0 {
-            (cfg.tcp, CT_LIFETIME_TCP)
-        } else {
-            (cfg.tcp_syn, CT_LIFETIME_TCP_SYN)
-        }
-    } else {
-        (cfg.udp, CT_LIFETIME_UDP)
+    use crate::config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S};
+    let (setting, default) = ct_lifetime_setting(proto, flags);
+    let v = match setting {
+        CFG_CT_CLOSING_S => cfg.closing,
+        CFG_CT_TCP_S => cfg.tcp,
+        CFG_CT_TCP_SYN_S => cfg.tcp_syn,
+        _ => cfg.udp,
     };
     if v == 0 {
         default
@@ -141,8 +158,27 @@ pub struct CtValue<A> {
     pub port: u16,
     pub nat_port: u16,
     pub flags: u16,
-    pub pad: u16,
+    /// `CT_SERVICE`: the low 16 bits of `LB_BACKENDS_GEN` when this entry's
+    /// backend was last seen in the backends map. While the generation has
+    /// not moved, no backend has been deleted since, and the programs skip
+    /// looking it up again (0 elsewhere).
+    pub backends_gen: u16,
     pub last_seen_ns: u64,
+}
+
+/// The backends' generation after `g`: one more, skipping values whose low
+/// 16 bits are 0. A conntrack entry keeps those 16 bits (`backends_gen`),
+/// and 0 there means "never checked" (an entry from an agent before the
+/// generation existed, or any entry that is not `CT_SERVICE`), which must
+/// never pass for the current generation.
+#[inline(always)]
+pub const fn next_backends_gen(g: u32) -> u32 {
+    let n = g.wrapping_add(1);
+    if n as u16 == 0 {
+        n.wrapping_add(1)
+    } else {
+        n
+    }
 }
 
 pub type Ct4Value = CtValue<u32>;

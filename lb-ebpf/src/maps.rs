@@ -108,6 +108,13 @@ pub static LB6_SRC_RANGES: LpmTrie<SourceRange6, u8> =
 #[map]
 pub static LB4_FE_FILTER: Array<u64> = Array::pinned(FILTER_WORDS, 0);
 
+/// The backends' generation (one slot): the agent moves it on after every
+/// backend it deletes (`lb_common::nodeport::next_backends_gen`) and at
+/// every start. A known flow whose entry saw its backend in this
+/// generation skips the backend lookup (`packet::known_flow`).
+#[map]
+pub static LB_BACKENDS_GEN: Array<u32> = Array::pinned(1, 0);
+
 /// sessionAffinity: service id → the id its clients' memory is kept under,
 /// shared by the frontends of one service port; written by the agent.
 #[map]

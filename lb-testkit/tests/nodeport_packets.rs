@@ -553,6 +553,59 @@ fn maglev_service_picks_by_flow_hash_and_conntrack_keeps_a_flow_when_the_table_c
     let _ = FIN;
 }
 
+/// A known flow skips looking its backend up while no backend has been
+/// deleted (the backends' generation, `LB_BACKENDS_GEN`, has not moved).
+/// A backend deleted behind the agent's back (an older agent's build kept
+/// no generation) is not noticed, and the next load of the object, which
+/// every agent start makes, starts a new generation: the flow looks again
+/// and finds its backend gone. It then chooses again, and the Maglev slot
+/// its hash lands on still names the deleted id (only the backend entry
+/// was deleted, by hand): a `backend-missing` drop. (The agent's own
+/// deletes move the generation at once:
+/// `maglev_service_picks_by_flow_hash_...` above.)
+#[test]
+fn a_backend_deleted_behind_the_agent_is_noticed_by_known_flows_after_the_next_agent_start() {
+    let mut dp = dataplane("np_backend_gen");
+    let vip = ip("203.0.113.20");
+    let send = |dp: &Dataplane, flags: u8| {
+        let (rc, out) = dp.tc_ingress(&packets::tcp(
+            CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, 42_100, 80, flags, b"",
+        ));
+        (rc == TC_ACT_REDIRECT).then(|| inspect(&out).daddr)
+    };
+    let first = send(&dp, SYN).expect("a new flow is forwarded");
+    assert_eq!(send(&dp, ACK), Some(first));
+    let id = dp
+        .reconciler
+        .state()
+        .backends
+        .iter()
+        .find(|(_, b)| b.address == std::net::IpAddr::V4(first))
+        .map(|(id, _)| *id)
+        .expect("the flow's backend in the maps");
+    let mut backends: aya::maps::HashMap<_, u32, lb_common::backend::Backend4> =
+        aya::maps::HashMap::try_from(
+            dp.ebpf
+                .map_mut(lb_common::maps::LB4_BACKENDS)
+                .expect("LB4_BACKENDS"),
+        )
+        .unwrap();
+    backends.remove(&id).expect("deleting the backend by hand");
+    let missing = dp.drops("backend-missing");
+    assert_eq!(
+        send(&dp, ACK),
+        Some(first),
+        "no generation moved: the entry is trusted as it stands"
+    );
+    drop(lb::datapath::load(&dp.pins.path, &lb::datapath::MapSizes::default()).unwrap());
+    assert_eq!(
+        send(&dp, ACK),
+        None,
+        "a new generation: the flow finds its backend gone"
+    );
+    assert_eq!(dp.drops("backend-missing"), missing + 1);
+}
+
 /// Per-service table sizes on the real programs: every new flow takes the
 /// slot `flow_hash % M` of its service's table, M being the size its master
 /// names (251, then 131071, then 509: a program using the agent-wide 16381

@@ -10,10 +10,7 @@
 //! on a closing flow's tuple starts a new flow (`ct_reset_closing`): the
 //! tuple is being reused, it must choose a backend afresh.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
-use lb_common::{
-    config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
-    nodeport::{ct_lifetime_s, CtKey, CtTimeouts, CtValue, CT_F_CLOSING, CT_F_ESTABLISHED},
-};
+use lb_common::nodeport::{ct_lifetime_setting, CtKey, CtValue, CT_F_CLOSING, CT_F_ESTABLISHED};
 
 use super::{
     access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -36,29 +33,32 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_coarse_ns() }
 }
 
-#[inline(always)]
-fn timeouts() -> CtTimeouts {
-    CtTimeouts {
-        tcp: config(CFG_CT_TCP_S),
-        tcp_syn: config(CFG_CT_TCP_SYN_S),
-        closing: config(CFG_CT_CLOSING_S),
-        udp: config(CFG_CT_UDP_S),
-    }
-}
-
-/// Whether an entry has outlived its lifetime at `t`.
+/// Whether an entry has outlived its lifetime at `t`. An entry seen within
+/// the last second has not: every lifetime is a whole number of seconds,
+/// at least one (0 in the settings means the default). That spares the
+/// packets of a busy flow, whose entry `lookup` refreshes every second,
+/// the read of the setting.
 #[inline(always)]
 pub fn expired<A>(proto: u8, entry: &CtValue<A>, t: u64) -> bool {
-    let life = ct_lifetime_s(proto, entry.flags, &timeouts()) as u64 * NS;
-    t.saturating_sub(entry.last_seen_ns) > life
+    let age = t.saturating_sub(entry.last_seen_ns);
+    if age <= NS {
+        return false;
+    }
+    let (setting, default) = ct_lifetime_setting(proto, entry.flags);
+    let life = match config(setting) {
+        0 => default,
+        v => v,
+    };
+    age > life as u64 * NS
 }
 
 /// What a lookup found.
 pub enum Hit<A: 'static> {
     Miss,
     /// A live entry, refreshed. The entry itself, not a copy (the stack is
-    /// short): read it right away.
-    Live(&'static CtValue<A>),
+    /// short): read it right away. (Mutable: `known_flow` notes the
+    /// backends' generation in it.)
+    Live(&'static mut CtValue<A>),
     /// A SYN on a closing flow's tuple: the caller starts a new flow and
     /// overwrites the entry.
     Reopen,

@@ -214,7 +214,7 @@ pub fn learn<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         port: vport,
         nat_port: 0,
         flags: CT_F_DSR,
-        pad: 0,
+        backends_gen: 0,
         last_seen_ns: now(),
     };
     if I::ct().insert(&rkey, &val, BPF_NOEXIST).is_err() {

@@ -82,7 +82,7 @@ use self::{
 };
 use crate::{
     drop,
-    maps::{LB4_FE_FILTER, LB_MAGLEV},
+    maps::{LB4_FE_FILTER, LB_BACKENDS_GEN, LB_MAGLEV},
     runtime::{self, bump},
     select::{self, Lookup, V4, V6},
 };
@@ -512,14 +512,28 @@ fn known_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         }
         Hit::Live(ct) => {
             // Its backend is gone (or its id now names another backend):
-            // the flow chooses again.
-            if !I::backend_is(ct.backend_id, &ct.addr, ct.port) {
-                return Action::NEXT;
+            // the flow chooses again. Checked only when a backend has been
+            // deleted since this entry last looked (the generation moved):
+            // a hash lookup less on nearly every packet. The generation is
+            // read before the backend, as in `pick`.
+            let gen = backends_gen();
+            if ct.backends_gen != gen {
+                if !I::backend_is(ct.backend_id, &ct.addr, ct.port) {
+                    return Action::NEXT;
+                }
+                ct.backends_gen = gen;
             }
             frag::remember(f);
             forward_known(ctx, f, ct)
         }
     }
+}
+
+/// The low 16 bits of the backends' generation (`LB_BACKENDS_GEN`), as
+/// conntrack entries keep it.
+#[inline(always)]
+fn backends_gen() -> u16 {
+    LB_BACKENDS_GEN.get(0).map_or(0, |g| *g as u16)
 }
 
 /// A reply to a SNATed flow, addressed to our SNAT port (NEXT: not one).
@@ -675,6 +689,9 @@ fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     if svc.count == 0 && svc.terminating_count == 0 {
         return no_backend(ctx, f, &svc, local);
     }
+    // The generation before the backend is read: a delete between the two
+    // then leaves the entry a generation behind, checked on its next packet.
+    let gen = backends_gen();
     // sessionAffinity: ClientIP: the source address's last backend first,
     // then the usual choice, remembered (kube-proxy's "recent" match).
     let client = I::client(f.saddr);
@@ -720,7 +737,7 @@ fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         port: bport,
         nat_port: 0,
         flags,
-        pad: 0,
+        backends_gen: gen,
         last_seen_ns: now(),
     };
     frag::remember(f);

@@ -182,39 +182,30 @@ pub fn parse4<P: Pkt>(p: &P, f: &mut Flow<crate::select::V4>) -> Parsed {
     let tot_len = u16::from_be(tot_len);
     let fragment = frag_off & IP_MF_OR_OFFSET != 0;
     let first = frag_off & IP_OFFSET == 0;
-    *f = Flow {
-        saddr,
-        daddr,
-        sport: 0,
-        dport: 0,
-        proto: l4proto,
-        tcp_flags: 0,
-        ttl,
-        frag: if !fragment {
-            FRAG_NONE
-        } else if first {
-            FRAG_FIRST
-        } else {
-            FRAG_LATER
-        },
-        df: frag_off & IP_DF != 0,
-        ip_len,
-        l4_len: 0,
-        tot_len,
-        ip_id,
-        dsr_addr: 0,
-        dsr_port: 0,
-        quoted: Quoted {
-            saddr: 0,
-            daddr: 0,
-            sport: 0,
-            dport: 0,
-            proto: 0,
-            icmp_type: 0,
-            icmp_code: 0,
-            ip_len: 0,
-        },
+    // Field by field, `quoted` left as it is: only an ICMP error's parse
+    // reads it, and writes it first. A whole-struct write zeroes it and the
+    // padding through byte-wise memset calls on every packet.
+    f.saddr = saddr;
+    f.daddr = daddr;
+    f.sport = 0;
+    f.dport = 0;
+    f.proto = l4proto;
+    f.tcp_flags = 0;
+    f.ttl = ttl;
+    f.frag = if !fragment {
+        FRAG_NONE
+    } else if first {
+        FRAG_FIRST
+    } else {
+        FRAG_LATER
     };
+    f.df = frag_off & IP_DF != 0;
+    f.ip_len = ip_len;
+    f.l4_len = 0;
+    f.tot_len = tot_len;
+    f.ip_id = ip_id;
+    f.dsr_addr = 0;
+    f.dsr_port = 0;
     if ip_len > 20 {
         dsr_option(p, ip, f);
     }
@@ -341,38 +332,27 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
         return Parsed::Other;
     }
     let tot_len = IPV6_HLEN + payload;
-    *f = Flow {
-        saddr,
-        daddr,
-        sport: 0,
-        dport: 0,
-        proto: next,
-        tcp_flags: 0,
-        ttl: hop,
-        frag: FRAG_NONE,
-        // IPv6 routers never fragment (RFC 8200 §5): every packet is DF.
-        df: true,
-        ip_len,
-        l4_len: 0,
-        tot_len: if tot_len > 0xffff {
-            0xffff
-        } else {
-            tot_len as u16
-        },
-        ip_id: 0,
-        dsr_addr,
-        dsr_port,
-        quoted: Quoted {
-            saddr: [0; 4],
-            daddr: [0; 4],
-            sport: 0,
-            dport: 0,
-            proto: 0,
-            icmp_type: 0,
-            icmp_code: 0,
-            ip_len: 0,
-        },
+    // Field by field, as in `parse4`.
+    f.saddr = saddr;
+    f.daddr = daddr;
+    f.sport = 0;
+    f.dport = 0;
+    f.proto = next;
+    f.tcp_flags = 0;
+    f.ttl = hop;
+    f.frag = FRAG_NONE;
+    // IPv6 routers never fragment (RFC 8200 §5): every packet is DF.
+    f.df = true;
+    f.ip_len = ip_len;
+    f.l4_len = 0;
+    f.tot_len = if tot_len > 0xffff {
+        0xffff
+    } else {
+        tot_len as u16
     };
+    f.ip_id = 0;
+    f.dsr_addr = dsr_addr;
+    f.dsr_port = dsr_port;
     if next == IPPROTO_ICMPV6 {
         if dsr_port != 0 {
             return Parsed::Other;

@@ -124,7 +124,6 @@ impl Hook for Xdp<'_> {
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    let ingress = ctx.ingress_ifindex() as u32;
     match super::ingress(&Xdp { ctx: &ctx }).verdict() {
         Verdict::Pass => xdp_action::XDP_PASS,
         Verdict::Punt => {
@@ -133,7 +132,9 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
         }
         Verdict::Drop => xdp_action::XDP_DROP,
         // Out of the device it came in on: bounce it.
-        Verdict::Redirect(ifindex) if ifindex == ingress => xdp_action::XDP_TX,
+        // (The device read here, not up front: two dependent loads every
+        // other packet would pay.)
+        Verdict::Redirect(ifindex) if ifindex == ctx.ingress_ifindex() as u32 => xdp_action::XDP_TX,
         // SAFETY: a helper taking plain values.
         Verdict::Redirect(ifindex) => unsafe { bpf_redirect(ifindex, 0) as u32 },
         Verdict::RedirectNeigh(..) => {

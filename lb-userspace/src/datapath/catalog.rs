@@ -72,7 +72,7 @@ const fn synced(name: &'static str, sizes: Option<(usize, usize)>, capacity: Cap
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 27] = [
+pub const CATALOG: [MapSpec; 28] = [
     synced(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -198,6 +198,7 @@ pub const CATALOG: [MapSpec; 27] = [
         kv::<u32, u64>(),
         Capacity::Fixed(FILTER_WORDS),
     ),
+    spec(names::LB_BACKENDS_GEN, kv::<u32, u32>(), Capacity::Fixed(1)),
     spec(
         names::LB_DROPS,
         kv::<u32, u64>(),

@@ -186,10 +186,26 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     for (name, size) in sizes.entries() {
         loader.map_max_entries(name, size);
     }
-    let ebpf = loader
+    let mut ebpf = loader
         .load(EBPF_OBJECT)
         .context("loading the eBPF object (is this kernel new enough? see README requirements)")?;
+    next_backends_generation(&mut ebpf)?;
     Ok((ebpf, maps_reused))
+}
+
+/// Every load starts a new generation of the backends
+/// (`LB_BACKENDS_GEN`): a conntrack entry from before it checks its backend
+/// on its next packet. An agent that kept no generation (an older build)
+/// may have deleted backends that pinned entries still name.
+fn next_backends_generation(ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    let map = ebpf
+        .map_mut(lb_common::maps::LB_BACKENDS_GEN)
+        .context("LB_BACKENDS_GEN missing from the object")?;
+    let mut gen: aya::maps::Array<&mut aya::maps::MapData, u32> = aya::maps::Array::try_from(map)?;
+    let now = gen.get(&0, 0).context("reading LB_BACKENDS_GEN")?;
+    gen.set(0, lb_common::nodeport::next_backends_gen(now), 0)
+        .context("writing LB_BACKENDS_GEN")?;
+    Ok(())
 }
 
 /// Before any program of this build is attached: the programs must not

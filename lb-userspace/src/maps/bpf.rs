@@ -11,6 +11,7 @@ use lb_common::{
     config::CFG_FRONTEND_FILTER,
     drop::{drop_index, Direction, DropReason},
     maps as names,
+    nodeport::next_backends_gen,
 };
 
 use super::{
@@ -26,6 +27,13 @@ pub struct BpfMaps {
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
     fe_filter: Array<MapData, u64>,
     config: Array<MapData, u32>,
+    /// `LB_BACKENDS_GEN` and its value: moved on after every run of
+    /// backend deletes, so known flows check their backend again
+    /// (`lb_common::nodeport::CtValue::backends_gen`).
+    backends_gen: Array<MapData, u32>,
+    gen: u32,
+    /// A move of the generation that failed: made before the next write.
+    gen_due: bool,
     capacity: Capacity,
 }
 
@@ -84,6 +92,9 @@ impl BpfMaps {
             maglev: max_entries(pin_dir, names::LB_MAGLEV)?,
             source_ranges: max_entries(pin_dir, names::LB4_SRC_RANGES)?,
         };
+        let backends_gen: Array<MapData, u32> =
+            Array::try_from(open_pinned(pin_dir, names::LB_BACKENDS_GEN)?)?;
+        let gen = backends_gen.get(&0, 0).context("reading LB_BACKENDS_GEN")?;
         Ok(Self {
             families: BothFamilies::open(pin_dir)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
@@ -91,6 +102,9 @@ impl BpfMaps {
             maglev: HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?,
             fe_filter: Array::try_from(open_pinned(pin_dir, names::LB4_FE_FILTER)?)?,
             config: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
+            backends_gen,
+            gen,
+            gen_due: false,
             capacity,
         })
     }
@@ -111,7 +125,92 @@ pub(super) fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
     }
 }
 
+/// Whether a backend delete ends at `i`: the programs must hear of it (the
+/// generation moves on) before anything after it is written.
+fn ends_backend_deletes(ops: &[MapOp], i: usize) -> bool {
+    let deletes = |op: Option<&MapOp>| matches!(op, Some(MapOp::DeleteBackend(..)));
+    deletes(ops.get(i)) && !deletes(ops.get(i + 1))
+}
+
 impl BpfMaps {
+    /// Moves the backends' generation on (after backend deletes): every
+    /// known flow looks its backend up once more. On failure it stays due
+    /// and is made before the next write.
+    fn move_backends_gen(&mut self, after: &MapOp) -> Result<(), MapWriteError> {
+        let next = next_backends_gen(self.gen);
+        match self.backends_gen.set(0, next, 0) {
+            Ok(()) => {
+                self.gen = next;
+                self.gen_due = false;
+                Ok(())
+            }
+            Err(e) => {
+                self.gen_due = true;
+                Err(MapWriteError {
+                    map: names::LB_BACKENDS_GEN,
+                    op: format!("moving the backends' generation on after {after:?}"),
+                    source: io_error(e),
+                })
+            }
+        }
+    }
+
+    /// A move that failed before, made now, before `next` is written.
+    fn settle_backends_gen(&mut self, next: &MapOp) -> Result<(), MapWriteError> {
+        if self.gen_due {
+            self.move_backends_gen(next)?;
+        }
+        Ok(())
+    }
+
+    /// One operation, without the generation's move (`apply` and
+    /// `apply_all` make it).
+    fn apply_one(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
+        // Services, backends, reverse NAT, source ranges: the family's maps.
+        let family = match op.family() {
+            Family::V4 => self.families.v4.apply(op),
+            Family::V6 => self.families.v6.apply(op),
+        };
+        let result = match (family, op) {
+            (Some(done), _) => done,
+            (None, MapOp::UpsertAffinityMatch(s, b)) => self
+                .affinity
+                .insert(
+                    AffinityMatchKey {
+                        service_id: *s,
+                        backend_id: *b,
+                    },
+                    1,
+                    0,
+                )
+                .map_err(io_error),
+            (None, MapOp::SetAffinityGroup(s, g)) => {
+                self.affinity_groups.insert(s, g, 0).map_err(io_error)
+            }
+            (None, MapOp::DeleteAffinityGroup(s)) => ignore_missing(self.affinity_groups.remove(s)),
+            (None, MapOp::DeleteAffinityMatch(s, b)) => {
+                ignore_missing(self.affinity.remove(&AffinityMatchKey {
+                    service_id: *s,
+                    backend_id: *b,
+                }))
+            }
+            (None, MapOp::SetMaglev(s, table)) => self.set_maglev(*s, table),
+            (None, MapOp::DeleteMaglev(s)) => ignore_missing(self.maglev.remove(s)),
+            (None, MapOp::SetFilterWord(i, w)) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
+            (None, MapOp::TrustFilter(t)) => self
+                .config
+                .set(CFG_FRONTEND_FILTER, u32::from(*t), 0)
+                .map_err(io_error),
+            // Every other operation is one family's, written above.
+            (None, _) => Err(io::Error::other("no map takes this operation")),
+        };
+        result.map_err(|source| MapWriteError {
+            map: op.map_name(),
+            op: format!("{op:?}"),
+            source,
+        })
+    }
+
     /// A new inner table, filled in one batch, then swapped in for the old
     /// one by a single update of the outer map: a lookup sees the old table
     /// or the new one, never a mix.
@@ -156,6 +255,9 @@ impl LbMaps for BpfMaps {
     /// 10 000 services × 10 endpoints makes about 40 000 calls instead of
     /// 230 000. The order of writes is unchanged.
     fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
+        if let Some(first) = ops.first() {
+            self.settle_backends_gen(first).map_err(|e| (0, e))?;
+        }
         let mut i = 0;
         while i < ops.len() {
             let run = run_of(&ops[i]);
@@ -182,7 +284,15 @@ impl LbMaps for BpfMaps {
                         ));
                     }
                 }
-                _ => self.apply(&ops[i]).map_err(|e| (i, e))?,
+                _ => {
+                    self.apply_one(&ops[i]).map_err(|e| (i, e))?;
+                    // One move for a run of deletes. A failed move counts
+                    // as the last delete's failure (it landed; the caller
+                    // reads the maps back).
+                    if ends_backend_deletes(ops, i) {
+                        self.move_backends_gen(&ops[i]).map_err(|e| (i, e))?;
+                    }
+                }
             }
             i = end;
         }
@@ -190,49 +300,12 @@ impl LbMaps for BpfMaps {
     }
 
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
-        // Services, backends, reverse NAT, source ranges: the family's maps.
-        let family = match op.family() {
-            Family::V4 => self.families.v4.apply(op),
-            Family::V6 => self.families.v6.apply(op),
-        };
-        let result = match (family, op) {
-            (Some(done), _) => done,
-            (None, MapOp::UpsertAffinityMatch(s, b)) => self
-                .affinity
-                .insert(
-                    AffinityMatchKey {
-                        service_id: *s,
-                        backend_id: *b,
-                    },
-                    1,
-                    0,
-                )
-                .map_err(io_error),
-            (None, MapOp::SetAffinityGroup(s, g)) => {
-                self.affinity_groups.insert(s, g, 0).map_err(io_error)
-            }
-            (None, MapOp::DeleteAffinityGroup(s)) => ignore_missing(self.affinity_groups.remove(s)),
-            (None, MapOp::DeleteAffinityMatch(s, b)) => {
-                ignore_missing(self.affinity.remove(&AffinityMatchKey {
-                    service_id: *s,
-                    backend_id: *b,
-                }))
-            }
-            (None, MapOp::SetMaglev(s, table)) => self.set_maglev(*s, table),
-            (None, MapOp::DeleteMaglev(s)) => ignore_missing(self.maglev.remove(s)),
-            (None, MapOp::SetFilterWord(i, w)) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
-            (None, MapOp::TrustFilter(t)) => self
-                .config
-                .set(CFG_FRONTEND_FILTER, u32::from(*t), 0)
-                .map_err(io_error),
-            // Every other operation is one family's, written above.
-            (None, _) => Err(io::Error::other("no map takes this operation")),
-        };
-        result.map_err(|source| MapWriteError {
-            map: op.map_name(),
-            op: format!("{op:?}"),
-            source,
-        })
+        self.settle_backends_gen(op)?;
+        self.apply_one(op)?;
+        if matches!(op, MapOp::DeleteBackend(..)) {
+            self.move_backends_gen(op)?;
+        }
+        Ok(())
     }
 
     fn dump(&self) -> anyhow::Result<MapState> {
