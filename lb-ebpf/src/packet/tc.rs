@@ -6,8 +6,8 @@ use aya_ebpf::{
         TC_ACT_SHOT,
     },
     helpers::{
-        bpf_csum_update, bpf_fib_lookup as fib, bpf_l3_csum_replace, bpf_l4_csum_replace,
-        bpf_redirect, bpf_redirect_neigh, bpf_skb_change_tail,
+        bpf_csum_update, bpf_fib_lookup as fib, bpf_l4_csum_replace, bpf_redirect,
+        bpf_redirect_neigh, bpf_skb_change_tail,
     },
     macros::classifier,
     programs::TcContext,
@@ -15,12 +15,7 @@ use aya_ebpf::{
 };
 use lb_common::event::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_POD_EGRESS, HOOK_TC_POD_INGRESS};
 
-use super::{
-    access::{Pkt, ETH_HLEN, IP_CHECK},
-    family::Ip,
-    parse::Flow,
-    Action, Hook, Verdict,
-};
+use super::{access::Pkt, csum::manual_csum_l3, family::Ip, parse::Flow, Action, Hook, Verdict};
 
 const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
 const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
@@ -132,21 +127,15 @@ impl Hook for Tc<'_> {
             )
         }
     }
-    /// The kernel helpers keep skb->csum (CHECKSUM_COMPLETE) in step and, for
-    /// CHECKSUM_PARTIAL packets (from a local socket, over veth), change only
-    /// what the offload will not recompute.
+    /// The IPv4 header checksum, written here as XDP writes it (RFC 1624):
+    /// bpf_l3_csum_replace does no more than that (net/core/filter.c: the
+    /// field only, after making the header writable, which our direct
+    /// stores have already). The header's one's-complement sum does not
+    /// change, so neither does skb->csum of a CHECKSUM_COMPLETE packet. A
+    /// helper call (and its return) less per rewritten address.
     #[inline(always)]
     fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool {
-        // SAFETY: the helper takes the program's own context.
-        unsafe {
-            bpf_l3_csum_replace(
-                self.ctx.as_ptr().cast(),
-                (ETH_HLEN + IP_CHECK) as u32,
-                old as u64,
-                new as u64,
-                size,
-            ) == 0
-        }
+        manual_csum_l3(self, old, new, size)
     }
     #[inline(always)]
     fn csum_complete_fixup(&self, diff: u32) {
@@ -156,6 +145,11 @@ impl Hook for Tc<'_> {
             bpf_csum_update(self.ctx.as_ptr().cast(), diff);
         }
     }
+    /// The L4 checksum through the kernel's helper: it keeps skb->csum
+    /// (CHECKSUM_COMPLETE) in step with a pseudo-header change and, for
+    /// CHECKSUM_PARTIAL packets (from a local socket, over veth), changes
+    /// only what the offload will not recompute: states a tc program
+    /// cannot read.
     #[inline(always)]
     fn csum_l4(
         &self,
