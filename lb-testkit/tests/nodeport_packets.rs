@@ -604,6 +604,32 @@ fn a_backend_deleted_behind_the_agent_is_noticed_by_known_flows_after_the_next_a
         "a new generation: the flow finds its backend gone"
     );
     assert_eq!(dp.drops("backend-missing"), missing + 1);
+
+    // The agent's own delete after that load still moves the generation
+    // (read from the map, not remembered from before the load): a flow to
+    // another backend leaves it once it is gone from the service.
+    let (sport, second) = (42_101..42_200)
+        .find_map(|sport| {
+            let (rc, out) = dp.tc_ingress(&packets::tcp(
+                CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, sport, 80, SYN, b"",
+            ));
+            let to = inspect(&out).daddr;
+            (rc == TC_ACT_REDIRECT && to != first).then_some((sport, to))
+        })
+        .expect("a flow to another backend");
+    let ack = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, sport, 80, ACK, b"");
+    assert_eq!(inspect(&dp.tc_ingress(&ack).1).daddr, second);
+    let without = SERVICES
+        .replace(&format!("{{address: {second}}}, "), "")
+        .replace(&format!(", {{address: {second}}}"), "");
+    assert_ne!(without, SERVICES);
+    dp.apply(&parse_with(&without, &node_context()).unwrap());
+    let (_, out) = dp.tc_ingress(&ack);
+    assert_ne!(
+        inspect(&out).daddr,
+        second,
+        "the flow left the deleted backend"
+    );
 }
 
 /// Per-service table sizes on the real programs: every new flow takes the

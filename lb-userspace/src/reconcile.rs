@@ -375,6 +375,18 @@ impl<M: LbMaps> Reconciler<M> {
                 return Err(ReconcileError::ReadBack(e));
             }
         }
+        // A write owed from an earlier failure (deletes the programs have
+        // not heard of), before anything else: this run may write nothing.
+        if let Err(source) = self.maps_mut().settle() {
+            self.pending.extend(dirty);
+            self.needs_full_sync = true;
+            return Err(ReconcileError::Apply {
+                service: "a write owed from an earlier failure".to_string(),
+                applied: 0,
+                total: 0,
+                source,
+            });
+        }
         let started = Instant::now();
         let full = self.needs_full_sync;
         if full {

@@ -440,6 +440,11 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
     } else {
         return false;
     };
+    // A frontend's own (address, port) first: a packet to a service, the
+    // busiest kind here, then stops before the SNAT range's settings.
+    if filter_has(daddr, dport) {
+        return false;
+    }
     // Every SNAT range used since install (the agent records the current
     // one there too): flows SNATed before a restart live on. Without a
     // record (programs driven by hand), the current range.
@@ -456,7 +461,7 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
     if port >= low && port <= high {
         return false;
     }
-    !filter_has(daddr, dport) && !filter_has(daddr, 0)
+    !filter_has(daddr, 0)
 }
 
 #[inline(always)]
@@ -515,7 +520,11 @@ fn known_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
             // the flow chooses again. Checked only when a backend has been
             // deleted since this entry last looked (the generation moved):
             // a hash lookup less on nearly every packet. The generation is
-            // read before the backend, as in `pick`.
+            // read before the backend, as in `pick`. Limits, accepted: the
+            // entry keeps 16 bits, so one idle across an exact multiple of
+            // 65 535 moves is trusted until the next move; and nothing
+            // orders the two loads on a weakly ordered CPU, where the agent
+            // writes them microseconds apart.
             let gen = backends_gen();
             if ct.backends_gen != gen {
                 if !I::backend_is(ct.backend_id, &ct.addr, ct.port) {

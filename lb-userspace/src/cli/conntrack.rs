@@ -164,7 +164,7 @@ mod tests {
             port: 8080u16.to_be(),
             nat_port: 61234u16.to_be(),
             flags: CT_F_SNAT,
-            pad: 0,
+            backends_gen: 0,
             last_seen_ns: 1_000_000_000,
         };
         let out = render_table(&rows(&[(key, val)], 6_000_000_000, &Default::default()));

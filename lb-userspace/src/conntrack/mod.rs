@@ -127,7 +127,7 @@ mod tests {
             port,
             nat_port,
             flags,
-            pad: 0,
+            backends_gen: 0,
             last_seen_ns: seen,
         }
     }

@@ -27,12 +27,14 @@ pub struct BpfMaps {
     maglev: HashOfMaps<MapData, u32, Array<MapData, u32>>,
     fe_filter: Array<MapData, u64>,
     config: Array<MapData, u32>,
-    /// `LB_BACKENDS_GEN` and its value: moved on after every run of
-    /// backend deletes, so known flows check their backend again
-    /// (`lb_common::nodeport::CtValue::backends_gen`).
-    backends_gen: Array<MapData, u32>,
-    gen: u32,
-    /// A move of the generation that failed: made before the next write.
+    /// `LB_BACKENDS_GEN`: moved on after every run of backend deletes, so
+    /// known flows check their backend again
+    /// (`lb_common::nodeport::CtValue::backends_gen`). None: pins of a
+    /// build without it, read by lbctl; a write that needs it fails.
+    backends_gen: Option<Array<MapData, u32>>,
+    /// A backend delete was tried and the generation has not moved since
+    /// (the move failed, or the run of deletes stopped at a failure): moved
+    /// before anything else is written, and by `settle`.
     gen_due: bool,
     capacity: Capacity,
 }
@@ -92,9 +94,14 @@ impl BpfMaps {
             maglev: max_entries(pin_dir, names::LB_MAGLEV)?,
             source_ranges: max_entries(pin_dir, names::LB4_SRC_RANGES)?,
         };
-        let backends_gen: Array<MapData, u32> =
-            Array::try_from(open_pinned(pin_dir, names::LB_BACKENDS_GEN)?)?;
-        let gen = backends_gen.get(&0, 0).context("reading LB_BACKENDS_GEN")?;
+        let backends_gen = if pin_dir.join(names::LB_BACKENDS_GEN).exists() {
+            Some(Array::try_from(open_pinned(
+                pin_dir,
+                names::LB_BACKENDS_GEN,
+            )?)?)
+        } else {
+            None
+        };
         Ok(Self {
             families: BothFamilies::open(pin_dir)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
@@ -103,7 +110,6 @@ impl BpfMaps {
             fe_filter: Array::try_from(open_pinned(pin_dir, names::LB4_FE_FILTER)?)?,
             config: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
             backends_gen,
-            gen,
             gen_due: false,
             capacity,
         })
@@ -134,38 +140,51 @@ fn ends_backend_deletes(ops: &[MapOp], i: usize) -> bool {
 
 impl BpfMaps {
     /// Moves the backends' generation on (after backend deletes): every
-    /// known flow looks its backend up once more. On failure it stays due
-    /// and is made before the next write.
-    fn move_backends_gen(&mut self, after: &MapOp) -> Result<(), MapWriteError> {
-        let next = next_backends_gen(self.gen);
-        match self.backends_gen.set(0, next, 0) {
-            Ok(()) => {
-                self.gen = next;
-                self.gen_due = false;
-                Ok(())
-            }
-            Err(e) => {
-                self.gen_due = true;
-                Err(MapWriteError {
-                    map: names::LB_BACKENDS_GEN,
-                    op: format!("moving the backends' generation on after {after:?}"),
-                    source: io_error(e),
-                })
-            }
-        }
+    /// known flow looks its backend up once more. Read from the map, not
+    /// remembered: another load of the object (an agent start, a second
+    /// agent in a rollout) may have moved it, and writing a value it
+    /// already had would move nothing. On failure it stays due.
+    fn move_backends_gen(&mut self) -> Result<(), MapWriteError> {
+        let failed = |source| MapWriteError {
+            map: names::LB_BACKENDS_GEN,
+            op: "moving the backends' generation on after backend deletes".to_string(),
+            source,
+        };
+        let Some(map) = &mut self.backends_gen else {
+            return Err(failed(io::Error::other(
+                "not pinned: the data path is from a build without it (restart lb-agent)",
+            )));
+        };
+        let now = map.get(&0, 0).map_err(|e| failed(io_error(e)))?;
+        map.set(0, next_backends_gen(now), 0)
+            .map_err(|e| failed(io_error(e)))?;
+        self.gen_due = false;
+        Ok(())
     }
 
-    /// A move that failed before, made now, before `next` is written.
-    fn settle_backends_gen(&mut self, next: &MapOp) -> Result<(), MapWriteError> {
+    /// A move still due, made now, before anything else is written.
+    fn settle_backends_gen(&mut self) -> Result<(), MapWriteError> {
         if self.gen_due {
-            self.move_backends_gen(next)?;
+            self.move_backends_gen()?;
         }
         Ok(())
+    }
+
+    /// On the way out with a failure: deletes that landed before it still
+    /// get their move (if that fails too, it stays due).
+    fn failing<E>(&mut self, e: E) -> E {
+        if self.gen_due {
+            let _ = self.move_backends_gen();
+        }
+        e
     }
 
     /// One operation, without the generation's move (`apply` and
     /// `apply_all` make it).
     fn apply_one(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
+        if matches!(op, MapOp::DeleteBackend(..)) {
+            self.gen_due = true;
+        }
         // Services, backends, reverse NAT, source ranges: the family's maps.
         let family = match op.family() {
             Family::V4 => self.families.v4.apply(op),
@@ -255,9 +274,7 @@ impl LbMaps for BpfMaps {
     /// 10 000 services × 10 endpoints makes about 40 000 calls instead of
     /// 230 000. The order of writes is unchanged.
     fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
-        if let Some(first) = ops.first() {
-            self.settle_backends_gen(first).map_err(|e| (0, e))?;
-        }
+        self.settle_backends_gen().map_err(|e| (0, e))?;
         let mut i = 0;
         while i < ops.len() {
             let run = run_of(&ops[i]);
@@ -274,23 +291,25 @@ impl LbMaps for BpfMaps {
                 Some(r) if end - i > 1 => {
                     if let Err((done, source)) = self.write_run(r, &ops[i..end]) {
                         let failed = &ops[i + done.min(end - i - 1)];
-                        return Err((
+                        return Err(self.failing((
                             i + done,
                             MapWriteError {
                                 map: failed.map_name(),
                                 op: format!("{failed:?}"),
                                 source,
                             },
-                        ));
+                        )));
                     }
                 }
                 _ => {
-                    self.apply_one(&ops[i]).map_err(|e| (i, e))?;
+                    if let Err(e) = self.apply_one(&ops[i]) {
+                        return Err(self.failing((i, e)));
+                    }
                     // One move for a run of deletes. A failed move counts
                     // as the last delete's failure (it landed; the caller
-                    // reads the maps back).
+                    // reads the maps back or writes it again).
                     if ends_backend_deletes(ops, i) {
-                        self.move_backends_gen(&ops[i]).map_err(|e| (i, e))?;
+                        self.move_backends_gen().map_err(|e| (i, e))?;
                     }
                 }
             }
@@ -300,12 +319,15 @@ impl LbMaps for BpfMaps {
     }
 
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
-        self.settle_backends_gen(op)?;
-        self.apply_one(op)?;
-        if matches!(op, MapOp::DeleteBackend(..)) {
-            self.move_backends_gen(op)?;
+        self.settle_backends_gen()?;
+        if let Err(e) = self.apply_one(op) {
+            return Err(self.failing(e));
         }
-        Ok(())
+        self.settle_backends_gen()
+    }
+
+    fn settle(&mut self) -> Result<(), MapWriteError> {
+        self.settle_backends_gen()
     }
 
     fn dump(&self) -> anyhow::Result<MapState> {

@@ -206,6 +206,12 @@ pub trait LbMaps: Send {
         }
         Ok(())
     }
+    /// Makes a write an earlier failure left owed that no operation
+    /// carries (BpfMaps: the backends' generation after deletes). The
+    /// reconciler calls it before each run, which may have nothing to write.
+    fn settle(&mut self) -> Result<(), MapWriteError> {
+        Ok(())
+    }
     /// Reads back everything the agent owns.
     fn dump(&self) -> anyhow::Result<MapState>;
     fn capacity(&self) -> Capacity;
