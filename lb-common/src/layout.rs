@@ -98,7 +98,11 @@ pub const RECORDED_VERSION: u32 = 2;
 /// LB4_SRC_RANGES' key (a new map); the socket storage types joined later
 /// with their maps (LB_SOCK_UDP had been pinned unchecked until then, with
 /// the same layout); IPv6 conntrack and devices (LB6_CT, LB6_DEVICES) with
-/// their maps, and LB6_SRC_RANGES' key.
+/// their maps, and LB6_SRC_RANGES' key. Ct4Value and Ct6Value were recorded
+/// again when their 16-bit `pad` became `backends_gen`: the same bytes, and
+/// the 0 every older entry holds there means "never checked", so pinned
+/// conntrack of this version reads right (a new version would have made
+/// every upgrade drop it).
 pub const RECORDED: [(&str, u64); 30] = [
     ("AffinityKey", 0xae7692cdde92f917),
     ("AffinityValue", 0xb90e3ef7df6cb90e),
@@ -108,10 +112,10 @@ pub const RECORDED: [(&str, u64); 30] = [
     ("RateState", 0x53de71e3148aaf82),
     ("Event", 0xc05c1a7b71b2507c),
     ("Ct4Key", 0x9b2ace0d098b107a),
-    ("Ct4Value", 0xaf26f47399efaaa6),
+    ("Ct4Value", 0xb2b97796d27c2107),
     ("Device", 0x9ee151f8de9624a4),
     ("Ct6Key", 0xd03a6d8fac7a5939),
-    ("Ct6Value", 0xef682c76694bac31),
+    ("Ct6Value", 0x6a524041daf30dce),
     ("Device6", 0x09723eedb0f74ec3),
     ("Frag4Key", 0x394d9972adf768db),
     ("Frag4Value", 0xbdd6178c8ef036a1),
