@@ -58,20 +58,31 @@ const NOTES: &str = "\
   A full sync happens once per agent start with an empty data path; a
   restart with pinned maps writes nothing, and a change writes only what
   changed (the one-change column).
-* **Established flows, 100 ns.** Where the time goes (XDP, one flow run
-  again and again, 100 000 services; quick runs on 2026-12-01, each step
-  cut off by an early return in turn): the empty program about 22 ns; the
-  early-exit check and the parse about 40 ns more; the conntrack lookup (an
-  LRU hash, 16-byte key) about 40 ns; the entry's clock and lifetime about
-  20 ns (bpf_ktime_get_coarse_ns took 12 ns off that); the check that the
-  entry's backend id still names its backend (a lookup in LB4_BACKENDS)
-  20-35 ns; the rewrite 15-25 ns in XDP and about 65 ns in tc, whose
-  checksum helpers keep skb->csum right for CHECKSUM_COMPLETE and
-  CHECKSUM_PARTIAL packets, a state a tc program cannot read, so it cannot
-  write the sums itself as XDP does. An array of per-id generations in
-  place of the backend check does not work: backend ids are not reused
-  until the 32-bit space wraps, so they cannot index an array. Each step
-  left is one hash lookup or the parse.
+* **Established flows, 100 ns.** A perf profile of the XDP row (one flow
+  run again and again at 100 000 services: `profile_established_flows` in
+  lb-bench, 2026-12-02) split 290 ns into our own instructions 174 ns, two
+  hash lookups (conntrack, then the check that the entry's backend still
+  exists) 62 ns, the clock 12 ns, byte-wise memset calls 8 ns and the test
+  harness 34 ns. Since then: the backend is looked up only after a backend
+  was deleted (the backends' generation, `LB_BACKENDS_GEN`, moved by the
+  agent after deletes and at every start, kept by each conntrack entry); an
+  entry seen within the last second reads no lifetime setting, an older
+  one only the one it lives by; the parse writes the flow field by field
+  (no memset); a known flow to a local backend is rewritten inline (a
+  subprogram's return costs more than a few instructions where the kernel
+  mitigates SRSO, as on this machine); tc writes the IPv4 header checksum
+  itself (bpf_l3_csum_replace did no more); a packet to a frontend leaves
+  the early exit at its own filter bit. Alternating builds, same machine:
+  XDP 207-243 → 137-189 ns, tc 272-345 → 234-265 ns. What is left in XDP:
+  harness and empty program about 25 ns, the conntrack lookup about 30 ns
+  (jhash of the 16-byte key, one LRU bucket), the clock about 11 ns, our
+  own instructions about 100 ns (early exit, parse, key, lifetime, TCP
+  state, rewrite, counter; an inlined read of a setting is about fifteen
+  instructions). tc keeps two L4 checksum helper calls: they keep skb->csum
+  right for CHECKSUM_COMPLETE and CHECKSUM_PARTIAL packets, a state a tc
+  program cannot read. Not tried yet: bpf_jiffies64 (inlined by the
+  verifier) in place of the coarse clock, which needs the agent's garbage
+  collector on the same clock; one config value in place of sixteen slots.
 * **Maglev at the default size.** With one size for all, the default
   (16 381, Cilium's) moves 2.3× the ideal share of flows when one of 100
   backends goes; a service that needs less asks for its own size (131 071:
