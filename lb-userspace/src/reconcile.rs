@@ -366,17 +366,9 @@ impl<M: LbMaps> Reconciler<M> {
     }
 
     fn run(&mut self, mut dirty: BTreeSet<ServiceName>) -> Result<ReconcileStats, ReconcileError> {
-        // A diff against a mirror that is ahead of the maps would skip
-        // writes that never landed: read them back first, or write nothing
-        // (what is dirty stays pending, and a full sync stays due).
-        if self.mirror_ahead {
-            if let Err(e) = self.read_back() {
-                self.pending.extend(dirty);
-                return Err(ReconcileError::ReadBack(e));
-            }
-        }
         // A write owed from an earlier failure (deletes the programs have
-        // not heard of), before anything else: this run may write nothing.
+        // not heard of), before anything else, the read-back too (it does
+        // not need it): this run may write nothing.
         if let Err(source) = self.maps_mut().settle() {
             self.pending.extend(dirty);
             self.needs_full_sync = true;
@@ -386,6 +378,15 @@ impl<M: LbMaps> Reconciler<M> {
                 total: 0,
                 source,
             });
+        }
+        // A diff against a mirror that is ahead of the maps would skip
+        // writes that never landed: read them back first, or write nothing
+        // (what is dirty stays pending, and a full sync stays due).
+        if self.mirror_ahead {
+            if let Err(e) = self.read_back() {
+                self.pending.extend(dirty);
+                return Err(ReconcileError::ReadBack(e));
+            }
         }
         let started = Instant::now();
         let full = self.needs_full_sync;

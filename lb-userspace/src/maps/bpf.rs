@@ -94,14 +94,15 @@ impl BpfMaps {
             maglev: max_entries(pin_dir, names::LB_MAGLEV)?,
             source_ranges: max_entries(pin_dir, names::LB4_SRC_RANGES)?,
         };
-        let backends_gen = if pin_dir.join(names::LB_BACKENDS_GEN).exists() {
-            Some(Array::try_from(open_pinned(
-                pin_dir,
-                names::LB_BACKENDS_GEN,
-            )?)?)
-        } else {
-            None
-        };
+        let backends_gen: Option<Array<MapData, u32>> =
+            if pin_dir.join(names::LB_BACKENDS_GEN).exists() {
+                Some(Array::try_from(open_pinned(
+                    pin_dir,
+                    names::LB_BACKENDS_GEN,
+                )?)?)
+            } else {
+                None
+            };
         Ok(Self {
             families: BothFamilies::open(pin_dir)?,
             affinity: HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?,
@@ -174,7 +175,9 @@ impl BpfMaps {
     /// get their move (if that fails too, it stays due).
     fn failing<E>(&mut self, e: E) -> E {
         if self.gen_due {
-            let _ = self.move_backends_gen();
+            if let Err(moved) = self.move_backends_gen() {
+                tracing::warn!("{moved}: due before the next write");
+            }
         }
         e
     }
@@ -305,11 +308,11 @@ impl LbMaps for BpfMaps {
                     if let Err(e) = self.apply_one(&ops[i]) {
                         return Err(self.failing((i, e)));
                     }
-                    // One move for a run of deletes. A failed move counts
-                    // as the last delete's failure (it landed; the caller
-                    // reads the maps back or writes it again).
+                    // One move for a run of deletes. The deletes landed:
+                    // a failed move is reported after them (i + 1 applied),
+                    // so the caller's mirror keeps them; the move stays due.
                     if ends_backend_deletes(ops, i) {
-                        self.move_backends_gen().map_err(|e| (i, e))?;
+                        self.move_backends_gen().map_err(|e| (i + 1, e))?;
                     }
                 }
             }

@@ -198,8 +198,10 @@ pub trait LbMaps: Send {
     /// Applies one operation to the maps.
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError>;
     /// Applies `ops` in order. On failure: how many were applied before the
-    /// failing one, and its error. Writers may group consecutive writes to
-    /// one map into fewer syscalls, never reorder them.
+    /// failing one, and its error. A failure of something the writes owe
+    /// after them (BpfMaps: the backends' generation after deletes) counts
+    /// them all as applied, possibly `ops.len()`. Writers may group
+    /// consecutive writes to one map into fewer syscalls, never reorder them.
     fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
         for (i, op) in ops.iter().enumerate() {
             self.apply(op).map_err(|e| (i, e))?;

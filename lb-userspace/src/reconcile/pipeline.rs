@@ -36,11 +36,15 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// The failure of the call whose writes hold index `failed`.
+    /// The failure of the call whose writes hold index `failed`. Past the
+    /// last write (`failed` is the chunk's length): every write landed and
+    /// what failed was owed after them (`LbMaps::apply_all`); it is the
+    /// last call's.
     fn failure(self, failed: usize, error: MapWriteError) -> Failure {
         let mut start = 0;
-        for (what, end) in self.parts {
-            if failed < end {
+        let last = self.parts.len().saturating_sub(1);
+        for (k, (what, end)) in self.parts.into_iter().enumerate() {
+            if failed < end || k == last {
                 return Failure {
                     what,
                     applied: failed - start,
@@ -139,5 +143,36 @@ impl Writer {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error() -> MapWriteError {
+        MapWriteError {
+            map: "LB_BACKENDS_GEN",
+            op: "test".to_string(),
+            source: std::io::Error::other("test"),
+        }
+    }
+
+    fn chunk() -> Chunk {
+        Chunk {
+            ops: Vec::new(),
+            parts: vec![("a".to_string(), 3), ("b".to_string(), 5)],
+        }
+    }
+
+    #[test]
+    fn a_failure_is_the_call_whose_writes_hold_it_and_past_the_last_write_the_last_call() {
+        let f = chunk().failure(3, error());
+        assert_eq!((f.what.as_str(), f.applied, f.total), ("b", 0, 2));
+        let f = chunk().failure(2, error());
+        assert_eq!((f.what.as_str(), f.applied, f.total), ("a", 2, 3));
+        // Every write landed, what they owed after them failed.
+        let f = chunk().failure(5, error());
+        assert_eq!((f.what.as_str(), f.applied, f.total), ("b", 2, 2));
     }
 }
