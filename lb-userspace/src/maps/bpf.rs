@@ -310,7 +310,7 @@ impl LbMaps for BpfMaps {
                     }
                     // One move for a run of deletes. The deletes landed:
                     // a failed move is reported after them (i + 1 applied),
-                    // so the caller's mirror keeps them; the move stays due.
+                    // so the caller counts them as made; the move stays due.
                     if ends_backend_deletes(ops, i) {
                         self.move_backends_gen().map_err(|e| (i + 1, e))?;
                     }
