@@ -202,9 +202,7 @@ fn next_backends_generation(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         .map_mut(lb_common::maps::LB_BACKENDS_GEN)
         .context("LB_BACKENDS_GEN missing from the object")?;
     let mut gen: aya::maps::Array<&mut aya::maps::MapData, u32> = aya::maps::Array::try_from(map)?;
-    let now = gen.get(&0, 0).context("reading LB_BACKENDS_GEN")?;
-    gen.set(0, lb_common::nodeport::next_backends_gen(now), 0)
-        .context("writing LB_BACKENDS_GEN")?;
+    crate::maps::bpf::move_generation(&mut gen).context("moving LB_BACKENDS_GEN on")?;
     Ok(())
 }
 

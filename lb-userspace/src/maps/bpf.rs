@@ -132,6 +132,18 @@ pub(super) fn ignore_missing(r: Result<(), MapError>) -> Result<(), io::Error> {
     }
 }
 
+/// Moves the backends' generation in `LB_BACKENDS_GEN` on by one (read
+/// from the map, not remembered: another load of the object may have moved
+/// it, and writing a value it already had would move nothing). Shared by the
+/// writer (after deletes) and by every load of the object
+/// (`datapath::load`).
+pub fn move_generation<T: std::borrow::BorrowMut<MapData>>(
+    map: &mut Array<T, u32>,
+) -> Result<(), MapError> {
+    let now = map.get(&0, 0)?;
+    map.set(0, next_backends_gen(now), 0)
+}
+
 /// Whether a backend delete ends at `i`: the programs must hear of it (the
 /// generation moves on) before anything after it is written.
 fn ends_backend_deletes(ops: &[MapOp], i: usize) -> bool {
@@ -141,10 +153,7 @@ fn ends_backend_deletes(ops: &[MapOp], i: usize) -> bool {
 
 impl BpfMaps {
     /// Moves the backends' generation on (after backend deletes): every
-    /// known flow looks its backend up once more. Read from the map, not
-    /// remembered: another load of the object (an agent start, a second
-    /// agent in a rollout) may have moved it, and writing a value it
-    /// already had would move nothing. On failure it stays due.
+    /// known flow looks its backend up once more. On failure it stays due.
     fn move_backends_gen(&mut self) -> Result<(), MapWriteError> {
         let failed = |source| MapWriteError {
             map: names::LB_BACKENDS_GEN,
@@ -156,9 +165,7 @@ impl BpfMaps {
                 "not pinned: the data path is from a build without it (restart lb-agent)",
             )));
         };
-        let now = map.get(&0, 0).map_err(|e| failed(io_error(e)))?;
-        map.set(0, next_backends_gen(now), 0)
-            .map_err(|e| failed(io_error(e)))?;
+        move_generation(map).map_err(|e| failed(io_error(e)))?;
         self.gen_due = false;
         Ok(())
     }
