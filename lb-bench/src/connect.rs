@@ -35,7 +35,7 @@ use crate::{
     kube_proxy::{self, timed_in_netns},
     memory::{self, Memory},
     profile::Profile,
-    stats::{median_f64, percentile},
+    stats::{median_f64, middle_half, percentile},
     workload::{agent_map_args, Workload, TARGET_PORT},
 };
 
@@ -73,6 +73,9 @@ pub struct VariantResult {
     pub variant: Variant,
     /// Median over rounds of connects per second.
     pub rate: f64,
+    /// Connects per second, round by round (the same rounds for every
+    /// variant: round r of one and round r of another ran back to back).
+    pub round_rates: Vec<f64>,
     pub p50: Duration,
     pub p99: Duration,
     pub attempts: usize,
@@ -89,14 +92,50 @@ pub struct Scale {
     pub setup_iptables: Option<Duration>,
     pub setup_nftables: Option<Duration>,
     pub memory: Option<Memory>,
-    /// connect4's own run time (kernel BPF stats), per run: dialing the
-    /// service address, and dialing a backend directly (no service there).
-    pub connect4_ns: Option<(f64, f64)>,
+    /// Our programs' own run time (kernel BPF stats) in an extra pair of
+    /// runs: connect4 per run through the VIP and direct, and what all of
+    /// them together take per direct connect.
+    pub hooks: Option<HookCosts>,
+}
+
+/// Our socket programs' run time from the kernel's per-program statistics.
+#[derive(Clone, Debug)]
+pub struct HookCosts {
+    /// connect4 per run, dialing the service address.
+    pub connect4_vip_ns: f64,
+    /// connect4 per run, dialing a backend directly (no service there).
+    pub connect4_direct_ns: f64,
+    /// Every one of our programs that ran during the direct connects
+    /// (connect4, sock_release, ...), ns per connect, by program name.
+    pub direct_per_connect: Vec<(String, f64)>,
+    /// The direct connects' own mean time (the run's wall time ÷ connects,
+    /// one client, back to back), to set the programs' time against.
+    pub direct_connect_ns: f64,
+}
+
+impl HookCosts {
+    pub fn direct_total_ns(&self) -> f64 {
+        self.direct_per_connect.iter().map(|(_, ns)| ns).sum()
+    }
 }
 
 impl Scale {
     pub fn get(&self, v: Variant) -> Option<&VariantResult> {
         self.results.iter().find(|r| r.variant == v)
+    }
+
+    /// The middle half of the round-by-round ratios of `v`'s rate to the
+    /// direct rate (rounds taken back to back): the noise a ratio of
+    /// medians carries.
+    pub fn round_spread(&self, v: Variant) -> Option<(f64, f64)> {
+        let (a, d) = (self.get(v)?, self.get(Variant::Direct)?);
+        let ratios = a
+            .round_rates
+            .iter()
+            .zip(&d.round_rates)
+            .map(|(a, d)| a / d)
+            .collect();
+        middle_half(ratios)
     }
 }
 
@@ -248,9 +287,10 @@ pub fn run(p: &Profile) -> Vec<Scale> {
                 latencies[i].extend(s.latencies_ns.iter().map(|&ns| Duration::from_nanos(ns)));
             }
         }
-        let connect4_ns = connect4_cost(|v| {
+        let hooks = hook_costs(|v| {
             let (cg, ns, addr) = target(v);
-            client::run(cg, ns, &addr, p.connect_per_round, p.round_ms);
+            let s = client::run(cg, ns, &addr, p.connect_per_round, p.round_ms);
+            (s.latencies_ns.len() + s.failed, s.elapsed_ns)
         });
         let results = variants
             .iter()
@@ -261,6 +301,7 @@ pub fn run(p: &Profile) -> Vec<Scale> {
                 VariantResult {
                     variant,
                     rate: median_f64(rates[i].clone()),
+                    round_rates: rates[i].clone(),
                     p50: percentile(&l, 0.5),
                     p99: percentile(&l, 0.99),
                     attempts: l.len() + failed[i],
@@ -277,34 +318,72 @@ pub fn run(p: &Profile) -> Vec<Scale> {
             setup_iptables,
             setup_nftables,
             memory,
-            connect4_ns,
+            hooks,
         });
     }
     let _ = std::fs::remove_file(&services_file);
     scales
 }
 
-/// The newest loaded program named `lb_connect4`: the agent of this scale's.
-fn connect4_program() -> Option<aya::programs::ProgramInfo> {
+/// Run time and run count of every loaded program of ours (`lb_*`), by id.
+fn our_programs() -> std::collections::HashMap<u32, (String, Duration, u64)> {
     aya::programs::loaded_programs()
         .flatten()
-        .filter(|p| p.name_as_str() == Some("lb_connect4"))
-        .max_by_key(aya::programs::ProgramInfo::id)
+        .filter_map(|p| {
+            let name = p.name_as_str()?.to_owned();
+            name.starts_with("lb_")
+                .then(|| (p.id(), (name, p.run_time(), p.run_count())))
+        })
+        .collect()
 }
 
-/// connect4's mean run time in ns, through the VIP and direct to a backend,
-/// from the kernel's per-program statistics (BPF_ENABLE_STATS), enabled
-/// only for this extra pair of runs: the statistics cost every program two
-/// clock reads per run, which the timed rounds above must not pay.
-fn connect4_cost(run: impl Fn(Variant)) -> Option<(f64, f64)> {
+/// What each of our programs took, summed by name, and how many runs,
+/// between two snapshots.
+fn spent(
+    before: &std::collections::HashMap<u32, (String, Duration, u64)>,
+    after: &std::collections::HashMap<u32, (String, Duration, u64)>,
+) -> Vec<(String, Duration, u64)> {
+    let mut by_name: std::collections::BTreeMap<String, (Duration, u64)> = Default::default();
+    for (id, (name, time, runs)) in after {
+        let (t0, r0) = before.get(id).map_or((Duration::ZERO, 0), |b| (b.1, b.2));
+        let runs = runs.saturating_sub(r0);
+        if runs > 0 {
+            let e = by_name.entry(name.clone()).or_default();
+            e.0 += time.saturating_sub(t0);
+            e.1 += runs;
+        }
+    }
+    by_name.into_iter().map(|(n, (t, r))| (n, t, r)).collect()
+}
+
+/// Our programs' run time from the kernel's per-program statistics
+/// (BPF_ENABLE_STATS), enabled only for this extra pair of runs: the
+/// statistics cost every program two clock reads per run, which the timed
+/// rounds above must not pay. `run` makes the connects of one variant and
+/// returns (attempts, wall time in ns).
+fn hook_costs(run: impl Fn(Variant) -> (usize, u64)) -> Option<HookCosts> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()?;
-    let per_run = |v: Variant| -> Option<f64> {
-        let before = connect4_program()?;
-        run(v);
-        let after = connect4_program()?;
-        let runs = after.run_count().checked_sub(before.run_count())?;
-        let ns = after.run_time().checked_sub(before.run_time())?.as_nanos() as f64;
-        (runs > 0).then(|| ns / runs as f64)
+    let connect4_per_run = |spent: &[(String, Duration, u64)]| -> Option<f64> {
+        let (_, t, runs) = spent.iter().find(|(n, _, _)| n == "lb_connect4")?;
+        Some(t.as_nanos() as f64 / *runs as f64)
     };
-    Some((per_run(Variant::Lb)?, per_run(Variant::DirectHooked)?))
+    let before = our_programs();
+    run(Variant::Lb);
+    let vip = spent(&before, &our_programs());
+    let before = our_programs();
+    let (connects, wall_ns) = run(Variant::DirectHooked);
+    let direct = spent(&before, &our_programs());
+    if connects == 0 {
+        return None;
+    }
+    let per = connects as f64;
+    Some(HookCosts {
+        connect4_vip_ns: connect4_per_run(&vip)?,
+        connect4_direct_ns: connect4_per_run(&direct)?,
+        direct_per_connect: direct
+            .iter()
+            .map(|(n, t, _)| (n.clone(), t.as_nanos() as f64 / per))
+            .collect(),
+        direct_connect_ns: wall_ns as f64 / per,
+    })
 }
