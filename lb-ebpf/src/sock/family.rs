@@ -32,6 +32,11 @@ pub trait SockFamily: ServiceFamily {
     fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)>;
     fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation>;
     fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool;
+    /// Removes a socket's entry, if it has one. A lookup first: it takes
+    /// no lock (an RCU read, inlined by the verifier), where a delete takes
+    /// the bucket's spinlock even when nothing is there
+    /// (kernel/bpf/hashtab.c, htab_lru_map_delete_elem) -- and most sockets
+    /// closing were never translated.
     fn lru_remove(cookie: u64, backend: [u32; 4], port: u16);
 }
 
@@ -95,7 +100,11 @@ impl SockFamily for V4 {
     }
     #[inline(always)]
     fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
-        let _ = LB4_SOCK_REVNAT.remove(&key4(cookie, backend, port));
+        let key = key4(cookie, backend, port);
+        // SAFETY: a lookup in our own map; only whether it found something is used.
+        if unsafe { LB4_SOCK_REVNAT.get(&key) }.is_some() {
+            let _ = LB4_SOCK_REVNAT.remove(&key);
+        }
     }
 }
 
@@ -139,6 +148,10 @@ impl SockFamily for V6 {
     }
     #[inline(always)]
     fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
-        let _ = LB6_SOCK_REVNAT.remove(&key6(cookie, backend, port));
+        let key = key6(cookie, backend, port);
+        // SAFETY: a lookup in our own map; only whether it found something is used.
+        if unsafe { LB6_SOCK_REVNAT.get(&key) }.is_some() {
+            let _ = LB6_SOCK_REVNAT.remove(&key);
+        }
     }
 }
