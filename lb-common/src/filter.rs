@@ -41,6 +41,31 @@ pub const fn word_and_mask(bit: u32) -> (u32, u64) {
     (bit >> 6, 1u64 << (bit & 63))
 }
 
+/// `LB_SOCK_FILTER`: one flag per slot, for the sockets indexed in the
+/// reverse LRU (`LB4/6_SOCK_REVNAT`, keyed by cookie and backend). connect4/6
+/// set the slot of a backend's (address, port) before they index a socket
+/// under it, and the agent sets those of every entry already there when it
+/// starts (entries an older build made); nothing clears one. A clear slot
+/// therefore says that no socket to that backend can have an entry, and
+/// sock_release skips the lookup, a cold bucket in a map of 262 144 entries
+/// (most closing sockets were never translated). A set slot may be another
+/// backend's: the lookup runs, as it always did.
+///
+/// 2^17 slots, one byte of value each (8 in the kernel's array): a slot is
+/// only ever written whole, so the programs and the agent set flags without
+/// a read-modify-write that could lose another's (the programs have no
+/// atomic OR before BPF's v3 instruction set).
+pub const SOCK_FILTER_SLOTS_LOG2: u32 = 17;
+/// `LB_SOCK_FILTER` entries.
+pub const SOCK_FILTER_SLOTS: u32 = 1 << SOCK_FILTER_SLOTS_LOG2;
+
+/// The `LB_SOCK_FILTER` slot of a backend, from its address (an IPv6 one
+/// folded, `fold6`) and port as the reverse LRU's key holds them.
+#[inline(always)]
+pub const fn sock_filter_slot(address: u32, port: u16) -> u32 {
+    filter_bit(address, port) >> (FILTER_BITS_LOG2 - SOCK_FILTER_SLOTS_LOG2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +87,25 @@ mod tests {
         // port would leave most empty.
         let empty = seen.iter().filter(|s| **s == 0).count();
         assert!(empty < 4096 / 10, "{empty} of 4096 buckets empty");
+    }
+
+    #[test]
+    fn sock_filter_slots_stay_in_range_and_spread() {
+        let mut seen = [false; SOCK_FILTER_SLOTS as usize];
+        let mut distinct = 0;
+        // 2 000 pod backends (10.244.x.y) on two ports.
+        for host in 0..1000u32 {
+            let a = u32::from_ne_bytes([10, 244, (host >> 8) as u8, host as u8]);
+            for port in [8080u16, 53] {
+                let slot = sock_filter_slot(a, port.to_be());
+                assert!(slot < SOCK_FILTER_SLOTS);
+                if !seen[slot as usize] {
+                    seen[slot as usize] = true;
+                    distinct += 1;
+                }
+            }
+        }
+        // Few collisions: a slot two backends share only costs a lookup.
+        assert!(distinct > 1980, "{distinct} distinct slots of 2000");
     }
 }

@@ -268,6 +268,85 @@ fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() 
     assert_eq!(entries(), 0, "the held sockets' entries outlived them");
 }
 
+/// sock_release looks a closing socket up in the shared reverse LRU only
+/// when a socket was ever indexed under its backend (LB_SOCK_FILTER): the
+/// filter really spares the lookup, and the agent flags, at every start,
+/// the backends of entries already in the LRU (an older build's, made with
+/// no flag), so their sockets still leave it. Two held TCP sockets; their
+/// backends' flags cleared by hand, as an older build leaves them: the one
+/// closed now keeps its entry (the lookup was skipped), the one closed
+/// after the agent restarts loses it.
+#[test]
+fn the_lru_filter_skips_unflagged_backends_and_an_agent_start_flags_the_entries_already_there() {
+    let w = World::new("sock_lru_filter", 2);
+    let _echo: Vec<Server> = (0..2)
+        .map(|i| {
+            lb_testkit::servers::tcp_echo(
+                &w.topo.backends[i].name,
+                (Topology::backend_ip(i), 8081).into(),
+                &format!("b{}", i + 1),
+            )
+        })
+        .collect();
+    let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
+    w.write_services(&format!(
+        "services:\n  - name: echo\n    clusterIPs: [{VIP}]\n    ports: [{{port: 81, targetPort: 8081}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
+    ));
+    let mut agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
+    let entries = || {
+        lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
+            .expect("reading LB4_SOCK_REVNAT")
+            .expect("LB4_SOCK_REVNAT is pinned")
+    };
+    let slots: Vec<u32> = [b1, b2]
+        .iter()
+        .map(|b| {
+            lb_common::filter::sock_filter_slot(u32::from_ne_bytes(b.octets()), 8081u16.to_be())
+        })
+        .collect();
+    let filter = || -> aya::maps::Array<aya::maps::MapData, u8> {
+        aya::maps::Array::try_from(
+            lb::maps::bpf::open_pinned(&w.pins.path, "LB_SOCK_FILTER").expect("LB_SOCK_FILTER"),
+        )
+        .unwrap()
+    };
+    let flags = || -> Vec<u8> { slots.iter().map(|s| filter().get(s, 0).unwrap()).collect() };
+    assert_eq!(flags(), [0, 0], "no socket indexed yet");
+
+    let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
+    let mut first = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    let mut second = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    assert!(first.ask().ok && second.ask().ok);
+    assert_eq!(entries(), 2, "one entry per open translated socket");
+    let set: Vec<u8> = flags();
+    assert!(set.contains(&1), "connect4 flagged no backend: {set:?}");
+
+    // As an older build leaves them: entries, no flags.
+    for s in &slots {
+        filter().set(*s, 0, 0).unwrap();
+    }
+    drop(first);
+    assert_eq!(
+        entries(),
+        2,
+        "sock_release looked up an entry whose backend has no flag"
+    );
+
+    agent.restart();
+    assert!(
+        flags().contains(&1),
+        "the agent's start flagged no entry's backend"
+    );
+    let a = second.ask();
+    assert_eq!(a.peer.as_deref(), Some("10.96.0.10:81"), "{a:?}");
+    drop(second);
+    assert_eq!(
+        entries(),
+        1,
+        "the entry made before the flag was cleared outlived its socket after the restart"
+    );
+}
+
 /// Socket LB keeps a UDP socket's translation in the socket's own storage
 /// (LB_SOCK_PEERS), not only in the shared LB4_SOCK_REVNAT LRU: sockets
 /// opened far beyond that LRU's size (256 here) must not make an idle,

@@ -8,7 +8,7 @@ use lb_common::{
     service::{Service4Key, Service6Key, SCOPE_ALL},
 };
 
-use super::{bytes_to_words, words_to_bytes};
+use super::{bytes_to_words, lru_filter, words_to_bytes};
 use crate::{
     maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT},
     select::{ServiceFamily, V4, V6},
@@ -32,11 +32,11 @@ pub trait SockFamily: ServiceFamily {
     fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)>;
     fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation>;
     fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool;
-    /// Removes a socket's entry, if it has one. A lookup first: it takes
-    /// no lock (an RCU read, inlined by the verifier), where a delete takes
-    /// the bucket's spinlock even when nothing is there
-    /// (kernel/bpf/hashtab.c, htab_lru_map_delete_elem) -- and most sockets
-    /// closing were never translated.
+    /// Removes a socket's entry, if it has one. Nothing when no socket was
+    /// ever indexed under a backend of this slot (`lru_filter`); else a
+    /// lookup first: it takes no lock (an RCU read, inlined by the
+    /// verifier), where a delete takes the bucket's spinlock even when
+    /// nothing is there (kernel/bpf/hashtab.c, htab_lru_map_delete_elem).
     fn lru_remove(cookie: u64, backend: [u32; 4], port: u16);
 }
 
@@ -94,12 +94,16 @@ impl SockFamily for V4 {
             pad: 0,
             service_id: t.service_id,
         };
+        lru_filter::note(lru_filter::slot(4, &backend, port));
         LB4_SOCK_REVNAT
             .insert(&key4(cookie, backend, port), &v, 0)
             .is_ok()
     }
     #[inline(always)]
     fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
+        if !lru_filter::may_hold(lru_filter::slot(4, &backend, port)) {
+            return;
+        }
         let key = key4(cookie, backend, port);
         // SAFETY: a lookup in our own map; only whether it found something is used.
         if unsafe { LB4_SOCK_REVNAT.get(&key) }.is_some() {
@@ -142,12 +146,16 @@ impl SockFamily for V6 {
             pad: 0,
             service_id: t.service_id,
         };
+        lru_filter::note(lru_filter::slot(6, &backend, port));
         LB6_SOCK_REVNAT
             .insert(&key6(cookie, backend, port), &v, 0)
             .is_ok()
     }
     #[inline(always)]
     fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
+        if !lru_filter::may_hold(lru_filter::slot(6, &backend, port)) {
+            return;
+        }
         let key = key6(cookie, backend, port);
         // SAFETY: a lookup in our own map; only whether it found something is used.
         if unsafe { LB6_SOCK_REVNAT.get(&key) }.is_some() {

@@ -17,6 +17,7 @@
 //! helpers below: LLVM may not narrow or merge them.
 pub mod family;
 pub mod forward;
+pub mod lru_filter;
 pub mod peers;
 pub mod release;
 pub mod reverse;

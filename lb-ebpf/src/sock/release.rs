@@ -21,8 +21,11 @@
 //! elsewhere. A TCP socket whose connect failed (tcp_disconnect clears its
 //! destination) keeps its entry until the LRU evicts it.
 //!
-//! Sockets of other families or protocols and sockets never translated
-//! cost one lookup that misses.
+//! Sockets of other protocols return before any lookup. A socket to a
+//! backend no socket was ever indexed under skips the LRU too
+//! (`lru_filter`); one to such a backend that was never translated costs
+//! one lookup that misses, a translated one a lookup and the delete (two
+//! walks of the same bucket, the second warm).
 use aya_ebpf::{
     helpers::{bpf_get_socket_cookie, generated::bpf_sk_storage_get},
     macros::cgroup_sock,

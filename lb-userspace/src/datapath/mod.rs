@@ -8,6 +8,7 @@ pub mod config;
 pub mod features;
 pub mod pins;
 pub mod pods;
+pub mod sock_filter;
 
 use std::{
     fs::File,
@@ -272,6 +273,13 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         info!(hook = hook.name, action = ?action, cgroup = %cfg.cgroup.display(), "hook ready");
         hooks.push((hook.name.to_string(), action));
     }
+
+    // Now that the hooks hold this build's programs (see sock_filter).
+    let seeded = sock_filter::seed(&cfg.pin_dir).context("seeding LB_SOCK_FILTER")?;
+    info!(
+        entries = seeded,
+        "reverse LRU entries' backends flagged in LB_SOCK_FILTER"
+    );
 
     let mut wanted_links: Vec<String> = HOOKS.iter().map(|h| h.name.to_string()).collect();
     if !cfg.devices.is_empty() {

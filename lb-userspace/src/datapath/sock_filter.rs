@@ -1,0 +1,76 @@
+//! Seeds `LB_SOCK_FILTER` from the reverse LRU at every start.
+//!
+//! connect4/6 flag a backend's slot before they index a socket under it,
+//! and sock_release skips the LRU when the slot is clear
+//! (`lb_common::filter::sock_filter_slot`). Entries an older build made
+//! (before the filter existed, or with a filter since recreated) have no
+//! flag: left so, their sockets' entries would stay until the LRU evicted
+//! them. So the agent flags the slot of every entry present, after the new
+//! programs are in the hooks: an entry the old programs add before the
+//! swap is in the map by then, and the new programs flag their own.
+use aya::maps::{Array, HashMap, MapData};
+use lb_common::{
+    filter::{fold6, sock_filter_slot},
+    maps as names,
+    revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+};
+
+use crate::maps::bpf::open_pinned;
+
+/// Keys read from each LRU at most: four times the default capacity.
+const WALK_MAX: usize = 4 * lb_common::maps::DEFAULT_SOCK_REVNAT_MAX as usize;
+
+/// The slots of the LRUs' entries, set in the filter. Returns how many
+/// entries were read (a slot already set is not written again).
+pub fn seed(pin_dir: &std::path::Path) -> anyhow::Result<usize> {
+    let mut slots = std::collections::BTreeSet::new();
+    let v4: HashMap<MapData, SockRevNat4Key, SockRevNat4Value> =
+        HashMap::try_from(open_pinned(pin_dir, names::LB4_SOCK_REVNAT)?)?;
+    let mut entries = 0;
+    // The walk is bounded: when the key to continue from is deleted under
+    // it, the kernel starts again at the first (kernel/bpf/hashtab.c,
+    // htab_map_get_next_key), which busy sockets closing could repeat.
+    // Entries made after the swap need no seeding: the programs flag them.
+    for key in v4.keys().map_while(Result::ok).take(WALK_MAX) {
+        entries += 1;
+        slots.insert(sock_filter_slot(key.address, key.port));
+    }
+    let v6: HashMap<MapData, SockRevNat6Key, SockRevNat6Value> =
+        HashMap::try_from(open_pinned(pin_dir, names::LB6_SOCK_REVNAT)?)?;
+    for key in v6.keys().map_while(Result::ok).take(WALK_MAX) {
+        entries += 1;
+        slots.insert(sock_filter_slot(fold6(words(&key.address)), key.port));
+    }
+    let mut filter: Array<MapData, u8> =
+        Array::try_from(open_pinned(pin_dir, names::LB_SOCK_FILTER)?)?;
+    for slot in slots {
+        if filter.get(&slot, 0)? == 0 {
+            filter.set(slot, 1, 0)?;
+        }
+    }
+    Ok(entries)
+}
+
+/// The four words of an address as the programs hold it (each read from
+/// its four bytes in memory order).
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_are_read_as_the_programs_read_them() {
+        let a: [u8; 16] = core::array::from_fn(|i| i as u8);
+        let w = words(&a);
+        let mut back = [0u8; 16];
+        for (i, word) in w.iter().enumerate() {
+            back[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        assert_eq!(back, a);
+        assert_eq!(w[0], u32::from_ne_bytes([0, 1, 2, 3]));
+    }
+}
