@@ -74,7 +74,7 @@ pub struct VariantResult {
     /// Median over rounds of connects per second.
     pub rate: f64,
     /// Connects per second, round by round (the same rounds for every
-    /// variant: round r of one and round r of another ran back to back).
+    /// variant: round r of each ran in the same round, the variants taking turns).
     pub round_rates: Vec<f64>,
     pub p50: Duration,
     pub p99: Duration,
@@ -105,19 +105,44 @@ pub struct HookCosts {
     pub connect4_vip_ns: f64,
     /// connect4 per run, dialing a backend directly (no service there).
     pub connect4_direct_ns: f64,
-    /// Every one of our programs that ran during the direct connects
-    /// (connect4, sock_release, ...), ns per connect, by program name.
-    pub direct_per_connect: Vec<(String, f64)>,
-    /// The direct connects' own mean time (the run's wall time ÷ connects,
-    /// one client, back to back), to set the programs' time against.
-    pub direct_connect_ns: f64,
+    /// Our programs' time in a direct connect to a backend, which sockets
+    /// were translated to (sock_release then looks the socket up).
+    pub to_backend: PerConnect,
+    /// The same to an address and port no service sends to.
+    pub elsewhere: PerConnect,
 }
 
-impl HookCosts {
-    pub fn direct_total_ns(&self) -> f64 {
-        self.direct_per_connect.iter().map(|(_, ns)| ns).sum()
+/// What our programs took in one run of direct connects.
+#[derive(Clone, Debug)]
+pub struct PerConnect {
+    /// Every one of our programs that ran (connect4, sock_release, ...),
+    /// ns per connect, by program name.
+    pub programs: Vec<(String, f64)>,
+    /// The connects' own mean time (the run's wall time ÷ connects, one
+    /// client, back to back), to set the programs' time against.
+    pub connect_ns: f64,
+}
+
+impl PerConnect {
+    pub fn total_ns(&self) -> f64 {
+        self.programs.iter().map(|(_, ns)| ns).sum()
+    }
+
+    pub fn share(&self) -> f64 {
+        self.total_ns() / self.connect_ns
     }
 }
+
+/// What the extra runs with the kernel's statistics on dial.
+#[derive(Clone, Copy, Debug)]
+enum Dial {
+    Vip,
+    Backend,
+    Elsewhere,
+}
+
+/// The port of the server no service sends to.
+const ELSEWHERE_PORT: u16 = 9090;
 
 impl Scale {
     pub fn get(&self, v: Variant) -> Option<&VariantResult> {
@@ -125,7 +150,7 @@ impl Scale {
     }
 
     /// The middle half of the round-by-round ratios of `v`'s rate to the
-    /// direct rate (rounds taken back to back): the noise a ratio of
+    /// direct rate (round r of each, run in the same round): the noise a ratio of
     /// medians carries.
     pub fn round_spread(&self, v: Variant) -> Option<(f64, f64)> {
         let (a, d) = (self.get(v)?, self.get(Variant::Direct)?);
@@ -193,6 +218,10 @@ pub fn run(p: &Profile) -> Vec<Scale> {
     for (i, b) in backends.iter().enumerate() {
         start_server(&topo.backends[i].name, *b);
     }
+    // A server no service sends to (a backend's host, another port): what
+    // most connects that are not to a service reach.
+    let elsewhere = SocketAddrV4::new(Topology::backend_ip(0), ELSEWHERE_PORT);
+    start_server(&topo.backends[0].name, elsewhere);
     let ipt_ns = kube_proxy_client(&mut topo, &format!("{tag}i"));
     let nft_ns = kube_proxy_client(&mut topo, &format!("{tag}n"));
     let lb_cgroup = ChildCgroup::create(&format!("{tag}-lb"));
@@ -287,10 +316,23 @@ pub fn run(p: &Profile) -> Vec<Scale> {
                 latencies[i].extend(s.latencies_ns.iter().map(|&ns| Duration::from_nanos(ns)));
             }
         }
-        let hooks = hook_costs(|v| {
-            let (cg, ns, addr) = target(v);
+        let hooks = hook_costs(&lb_cgroup.path, |dial| {
+            let (cg, ns, addr) = match dial {
+                Dial::Vip => target(Variant::Lb),
+                Dial::Backend => target(Variant::DirectHooked),
+                Dial::Elsewhere => (
+                    lb_cgroup.path.as_path(),
+                    topo.client.name.as_str(),
+                    vec![SocketAddr::from(elsewhere)],
+                ),
+            };
             let s = client::run(cg, ns, &addr, p.connect_per_round, p.round_ms);
-            (s.latencies_ns.len() + s.failed, s.elapsed_ns)
+            assert_eq!(
+                s.failed, 0,
+                "{dial:?}: connects failed: {:?}",
+                s.first_error
+            );
+            (s.latencies_ns.len(), s.elapsed_ns)
         });
         let results = variants
             .iter()
@@ -325,20 +367,26 @@ pub fn run(p: &Profile) -> Vec<Scale> {
     scales
 }
 
-/// Run time and run count of every loaded program of ours (`lb_*`), by id.
-fn our_programs() -> std::collections::HashMap<u32, (String, Duration, u64)> {
+/// Run time and run count of every program attached to `cgroup` (this
+/// agent's: another agent's programs on the machine are not counted), by id.
+fn our_programs(
+    cgroup: &std::path::Path,
+) -> std::collections::HashMap<u32, (String, Duration, u64)> {
+    let ids: std::collections::HashSet<u32> = lb::datapath::attached_programs(cgroup)
+        .map(|hooks| hooks.into_iter().flat_map(|(_, ids)| ids).collect())
+        .unwrap_or_default();
     aya::programs::loaded_programs()
         .flatten()
+        .filter(|p| ids.contains(&p.id()))
         .filter_map(|p| {
             let name = p.name_as_str()?.to_owned();
-            name.starts_with("lb_")
-                .then(|| (p.id(), (name, p.run_time(), p.run_count())))
+            Some((p.id(), (name, p.run_time(), p.run_count())))
         })
         .collect()
 }
 
-/// What each of our programs took, summed by name, and how many runs,
-/// between two snapshots.
+/// What each program took, summed by name, and how many runs, between two
+/// snapshots.
 fn spent(
     before: &std::collections::HashMap<u32, (String, Duration, u64)>,
     after: &std::collections::HashMap<u32, (String, Duration, u64)>,
@@ -357,33 +405,43 @@ fn spent(
 }
 
 /// Our programs' run time from the kernel's per-program statistics
-/// (BPF_ENABLE_STATS), enabled only for this extra pair of runs: the
-/// statistics cost every program two clock reads per run, which the timed
-/// rounds above must not pay. `run` makes the connects of one variant and
-/// returns (attempts, wall time in ns).
-fn hook_costs(run: impl Fn(Variant) -> (usize, u64)) -> Option<HookCosts> {
+/// (BPF_ENABLE_STATS), enabled only for these extra runs: the statistics
+/// cost every program two clock reads per run, which the timed rounds
+/// above must not pay. `run` makes one run of connects and returns
+/// (connects, wall time in ns).
+fn hook_costs(cgroup: &std::path::Path, run: impl Fn(Dial) -> (usize, u64)) -> Option<HookCosts> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()?;
+    let measured = |dial: Dial| -> Option<(Vec<(String, Duration, u64)>, PerConnect)> {
+        let before = our_programs(cgroup);
+        let (connects, wall_ns) = run(dial);
+        let spent = spent(&before, &our_programs(cgroup));
+        if connects == 0 {
+            return None;
+        }
+        let per = connects as f64;
+        let programs = spent
+            .iter()
+            .map(|(n, t, _)| (n.clone(), t.as_nanos() as f64 / per))
+            .collect();
+        Some((
+            spent,
+            PerConnect {
+                programs,
+                connect_ns: wall_ns as f64 / per,
+            },
+        ))
+    };
     let connect4_per_run = |spent: &[(String, Duration, u64)]| -> Option<f64> {
         let (_, t, runs) = spent.iter().find(|(n, _, _)| n == "lb_connect4")?;
         Some(t.as_nanos() as f64 / *runs as f64)
     };
-    let before = our_programs();
-    run(Variant::Lb);
-    let vip = spent(&before, &our_programs());
-    let before = our_programs();
-    let (connects, wall_ns) = run(Variant::DirectHooked);
-    let direct = spent(&before, &our_programs());
-    if connects == 0 {
-        return None;
-    }
-    let per = connects as f64;
+    let (vip, _) = measured(Dial::Vip)?;
+    let (backend, to_backend) = measured(Dial::Backend)?;
+    let (_, elsewhere) = measured(Dial::Elsewhere)?;
     Some(HookCosts {
         connect4_vip_ns: connect4_per_run(&vip)?,
-        connect4_direct_ns: connect4_per_run(&direct)?,
-        direct_per_connect: direct
-            .iter()
-            .map(|(n, t, _)| (n.clone(), t.as_nanos() as f64 / per))
-            .collect(),
-        direct_connect_ns: wall_ns as f64 / per,
+        connect4_direct_ns: connect4_per_run(&backend)?,
+        to_backend,
+        elsewhere,
     })
 }

@@ -51,6 +51,7 @@ mod tests {
         assert_eq!(median_f64(vec![3.0, 1.0, 2.0, 10.0]), 2.5);
         let rounds = vec![9.0, 1.0, 5.0, 3.0, 7.0, 2.0, 8.0, 4.0];
         assert_eq!(middle_half(rounds), Some((2.0, 7.0)));
+        assert_eq!(middle_half(vec![5.0, 1.0, 4.0, 2.0, 3.0]), Some((2.0, 4.0)));
         assert_eq!(middle_half(vec![4.0]), Some((4.0, 4.0)));
         assert_eq!(middle_half(Vec::new()), None);
     }
