@@ -367,11 +367,14 @@ pub fn run(p: &Profile) -> Vec<Scale> {
     scales
 }
 
+/// Every program's (name, run time, runs) at one moment, by id.
+type Snapshot = std::collections::HashMap<u32, (String, Duration, u64)>;
+/// A program's (name, run time, runs) between two snapshots.
+type Spent = (String, Duration, u64);
+
 /// Run time and run count of every program attached to `cgroup` (this
 /// agent's: another agent's programs on the machine are not counted), by id.
-fn our_programs(
-    cgroup: &std::path::Path,
-) -> std::collections::HashMap<u32, (String, Duration, u64)> {
+fn our_programs(cgroup: &std::path::Path) -> Snapshot {
     let ids: std::collections::HashSet<u32> = lb::datapath::attached_programs(cgroup)
         .map(|hooks| hooks.into_iter().flat_map(|(_, ids)| ids).collect())
         .unwrap_or_default();
@@ -387,10 +390,7 @@ fn our_programs(
 
 /// What each program took, summed by name, and how many runs, between two
 /// snapshots.
-fn spent(
-    before: &std::collections::HashMap<u32, (String, Duration, u64)>,
-    after: &std::collections::HashMap<u32, (String, Duration, u64)>,
-) -> Vec<(String, Duration, u64)> {
+fn spent(before: &Snapshot, after: &Snapshot) -> Vec<Spent> {
     let mut by_name: std::collections::BTreeMap<String, (Duration, u64)> = Default::default();
     for (id, (name, time, runs)) in after {
         let (t0, r0) = before.get(id).map_or((Duration::ZERO, 0), |b| (b.1, b.2));
@@ -411,7 +411,7 @@ fn spent(
 /// (connects, wall time in ns).
 fn hook_costs(cgroup: &std::path::Path, run: impl Fn(Dial) -> (usize, u64)) -> Option<HookCosts> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok()?;
-    let measured = |dial: Dial| -> Option<(Vec<(String, Duration, u64)>, PerConnect)> {
+    let measured = |dial: Dial| -> Option<(Vec<Spent>, PerConnect)> {
         let before = our_programs(cgroup);
         let (connects, wall_ns) = run(dial);
         let spent = spent(&before, &our_programs(cgroup));
@@ -431,7 +431,7 @@ fn hook_costs(cgroup: &std::path::Path, run: impl Fn(Dial) -> (usize, u64)) -> O
             },
         ))
     };
-    let connect4_per_run = |spent: &[(String, Duration, u64)]| -> Option<f64> {
+    let connect4_per_run = |spent: &[Spent]| -> Option<f64> {
         let (_, t, runs) = spent.iter().find(|(n, _, _)| n == "lb_connect4")?;
         Some(t.as_nanos() as f64 / *runs as f64)
     };
