@@ -17,7 +17,7 @@ const NOTES: &str = "\
 
 * **Connect through a VIP vs direct.** The gap is the connect4 program, which
   runs once per connect; the table gives its own run time from the kernel's
-  BPF statistics (measured in an extra pair of runs, since the statistics
+  BPF statistics (measured in extra runs, since the statistics
   slow every program). Through the VIP it was about 0.9-1.2 µs on the AMD
   EPYC of 2026-12-01, of which about 0.2 µs is connect4's share of what
   every connect pays (the `direct` figure: the service lookup that finds
@@ -53,7 +53,8 @@ const NOTES: &str = "\
   first, and about 0.1 µs with no lookup. Now a filter of the backends
   sockets were ever indexed under (`LB_SOCK_FILTER`, flagged by connect4/6
   and seeded by the agent at start) spares the lookup for a connect to
-  anything else: 0.13-0.14 µs, 1.0-1.1% of a connect with connect4. A
+  anything else: sock_release 0.13-0.14 µs; with connect4 0.26-0.28 µs,
+  1.0-1.1% of a connect. A
   direct connect to a backend that sockets were translated to (the
   `direct` rows) still pays the lookup: 1.9-2.1%.
 * **Full sync of 10 000 × 10.** About a third is our own computation (the

@@ -42,14 +42,19 @@ pub const fn word_and_mask(bit: u32) -> (u32, u64) {
 }
 
 /// `LB_SOCK_FILTER`: one flag per slot, for the sockets indexed in the
-/// reverse LRU (`LB4/6_SOCK_REVNAT`, keyed by cookie and backend). connect4/6
-/// set the slot of a backend's (address, port) before they index a socket
-/// under it, and the agent sets those of every entry already there when it
-/// starts (entries an older build made); nothing clears one. A clear slot
-/// therefore says that no socket to that backend can have an entry, and
-/// sock_release skips the lookup, a cold bucket in a map of 262 144 entries
-/// (most closing sockets were never translated). A set slot may be another
-/// backend's: the lookup runs, as it always did.
+/// reverse LRU (`LB4/6_SOCK_REVNAT`, keyed by cookie and backend). Every
+/// insert into the LRU (connect4/6, sendmsg4/6 spilling a UDP socket's
+/// storage) first sets the slot of the backend's (address, port), and the
+/// agent sets those of the entries already there when it starts (entries
+/// an older build made); nothing clears one. A clear slot therefore says
+/// that no socket to that backend can have an entry, and sock_release
+/// skips the lookup, a cold bucket in a map of 262 144 entries (most
+/// closing sockets were never translated). A set slot may be another
+/// backend's: the lookup runs, as it always did. Since flags are never
+/// cleared, a node whose sockets reach many changing backends fills the
+/// filter over time (about a third of the slots after 50 000 distinct
+/// backends): those closes look up again, as before the filter. The agent
+/// could clear it when the LRUs are empty; it does not yet.
 ///
 /// 2^17 slots, one byte of value each (8 in the kernel's array): a slot is
 /// only ever written whole, so the programs and the agent set flags without

@@ -316,10 +316,21 @@ fn the_lru_filter_skips_unflagged_backends_and_an_agent_start_flags_the_entries_
     let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
     let mut first = Held::tcp(cg, ns, &format!("{VIP}:81"));
     let mut second = Held::tcp(cg, ns, &format!("{VIP}:81"));
-    assert!(first.ask().ok && second.ask().ok);
+    let (a1, a2) = (first.ask(), second.ask());
+    assert!(a1.ok && a2.ok, "{a1:?} {a2:?}");
     assert_eq!(entries(), 2, "one entry per open translated socket");
-    let set: Vec<u8> = flags();
-    assert!(set.contains(&1), "connect4 flagged no backend: {set:?}");
+    for a in [&a1, &a2] {
+        let i = match a.backend() {
+            Some("b1") => 0,
+            Some("b2") => 1,
+            other => panic!("answered by {other:?}"),
+        };
+        assert_eq!(
+            flags()[i],
+            1,
+            "connect4 did not flag the backend it chose: {a:?}"
+        );
+    }
 
     // As an older build leaves them: entries, no flags.
     for s in &slots {

@@ -274,12 +274,15 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
         hooks.push((hook.name.to_string(), action));
     }
 
-    // Now that the hooks hold this build's programs (see sock_filter).
-    let seeded = sock_filter::seed(&cfg.pin_dir).context("seeding LB_SOCK_FILTER")?;
-    info!(
-        entries = seeded,
-        "reverse LRU entries' backends flagged in LB_SOCK_FILTER"
-    );
+    // Now that the hooks hold this build's programs (see sock_filter). A
+    // failure costs no translation: the entries it would have flagged only
+    // wait for the LRU to evict them.
+    match sock_filter::seed(&cfg.pin_dir, cfg.sizes.sock_revnat) {
+        Ok(n) => info!(entries = n, "reverse LRU entries' backends flagged in LB_SOCK_FILTER"),
+        Err(e) => warn!(
+            "LB_SOCK_FILTER not seeded ({e:#}): sockets translated by an earlier build keep their reverse LRU entries after they close, until the LRU evicts them"
+        ),
+    }
 
     let mut wanted_links: Vec<String> = HOOKS.iter().map(|h| h.name.to_string()).collect();
     if !cfg.devices.is_empty() {

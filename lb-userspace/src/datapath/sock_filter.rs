@@ -5,7 +5,7 @@
 //! (`lb_common::filter::sock_filter_slot`). Entries an older build made
 //! (before the filter existed, or with a filter since recreated) have no
 //! flag: left so, their sockets' entries would stay until the LRU evicted
-//! them. So the agent flags the slot of every entry present, after the new
+//! them. So the agent flags the slot of every entry it finds, after the new
 //! programs are in the hooks: an entry the old programs add before the
 //! swap is in the map by then, and the new programs flag their own.
 use aya::maps::{Array, HashMap, MapData};
@@ -17,12 +17,13 @@ use lb_common::{
 
 use crate::maps::bpf::open_pinned;
 
-/// Keys read from each LRU at most: four times the default capacity.
-const WALK_MAX: usize = 4 * lb_common::maps::DEFAULT_SOCK_REVNAT_MAX as usize;
-
-/// The slots of the LRUs' entries, set in the filter. Returns how many
-/// entries were read (a slot already set is not written again).
-pub fn seed(pin_dir: &std::path::Path) -> anyhow::Result<usize> {
+/// The slots of the LRUs' entries, set in the filter; `capacity` is the
+/// LRUs' size (the walk reads at most four times that). Returns how many
+/// entries were read (a slot already set is not written again). Best
+/// effort: an entry the walk misses (see below) only ages out of the LRU,
+/// as every entry did before sock_release deleted them.
+pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
+    let walk_max = 4 * capacity as usize;
     let mut slots = std::collections::BTreeSet::new();
     let v4: HashMap<MapData, SockRevNat4Key, SockRevNat4Value> =
         HashMap::try_from(open_pinned(pin_dir, names::LB4_SOCK_REVNAT)?)?;
@@ -31,13 +32,13 @@ pub fn seed(pin_dir: &std::path::Path) -> anyhow::Result<usize> {
     // it, the kernel starts again at the first (kernel/bpf/hashtab.c,
     // htab_map_get_next_key), which busy sockets closing could repeat.
     // Entries made after the swap need no seeding: the programs flag them.
-    for key in v4.keys().map_while(Result::ok).take(WALK_MAX) {
+    for key in v4.keys().map_while(Result::ok).take(walk_max) {
         entries += 1;
         slots.insert(sock_filter_slot(key.address, key.port));
     }
     let v6: HashMap<MapData, SockRevNat6Key, SockRevNat6Value> =
         HashMap::try_from(open_pinned(pin_dir, names::LB6_SOCK_REVNAT)?)?;
-    for key in v6.keys().map_while(Result::ok).take(WALK_MAX) {
+    for key in v6.keys().map_while(Result::ok).take(walk_max) {
         entries += 1;
         slots.insert(sock_filter_slot(fold6(words(&key.address)), key.port));
     }
