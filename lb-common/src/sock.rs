@@ -7,6 +7,29 @@
 //! Addresses are four 32-bit words as they sit in `bpf_sock_addr.user_ip6`
 //! (network order); an IPv4 address fills the first word, the rest zero.
 
+/// An address's four words as the bytes a map key holds (each word's
+/// bytes in memory order).
+#[inline(always)]
+pub fn words_to_bytes(w: &[u32; 4]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[0..4].copy_from_slice(&w[0].to_ne_bytes());
+    b[4..8].copy_from_slice(&w[1].to_ne_bytes());
+    b[8..12].copy_from_slice(&w[2].to_ne_bytes());
+    b[12..16].copy_from_slice(&w[3].to_ne_bytes());
+    b
+}
+
+/// The four words of an address a map key holds, as the programs read them.
+#[inline(always)]
+pub fn bytes_to_words(b: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
+}
+
 /// Translations remembered per socket (`LB_SOCK_PEERS`).
 pub const SOCK_PEERS: usize = 4;
 /// Frontends whose backend an unconnected UDP socket keeps (`LB_SOCK_UDP`).
@@ -66,3 +89,17 @@ pub struct UdpChoices {
 }
 
 crate::user_pod!(SockPeer, SockPeers, UdpChoice, UdpChoices);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_words_and_key_bytes_round_trip_in_memory_order() {
+        let b: [u8; 16] = core::array::from_fn(|i| i as u8);
+        let w = bytes_to_words(&b);
+        assert_eq!(w[0], u32::from_ne_bytes([0, 1, 2, 3]));
+        assert_eq!(w[3], u32::from_ne_bytes([12, 13, 14, 15]));
+        assert_eq!(words_to_bytes(&w), b);
+    }
+}

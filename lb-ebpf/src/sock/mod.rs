@@ -144,22 +144,5 @@ pub fn map_v4(address: u32) -> [u32; 4] {
     [0, 0, V4_MAPPED_WORD, address]
 }
 
-#[inline(always)]
-pub fn words_to_bytes(w: &[u32; 4]) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[0..4].copy_from_slice(&w[0].to_ne_bytes());
-    b[4..8].copy_from_slice(&w[1].to_ne_bytes());
-    b[8..12].copy_from_slice(&w[2].to_ne_bytes());
-    b[12..16].copy_from_slice(&w[3].to_ne_bytes());
-    b
-}
-
-#[inline(always)]
-pub fn bytes_to_words(b: &[u8; 16]) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
-        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
-        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
-    ]
-}
+/// Shared with the agent, which reads the same words out of map keys.
+pub use lb_common::sock::{bytes_to_words, words_to_bytes};

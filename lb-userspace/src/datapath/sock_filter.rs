@@ -13,6 +13,7 @@ use lb_common::{
     filter::{fold6, sock_filter_slot},
     maps as names,
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
+    sock::bytes_to_words,
 };
 
 use crate::maps::bpf::open_pinned;
@@ -40,7 +41,10 @@ pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
         HashMap::try_from(open_pinned(pin_dir, names::LB6_SOCK_REVNAT)?)?;
     for key in v6.keys().map_while(Result::ok).take(walk_max) {
         entries += 1;
-        slots.insert(sock_filter_slot(fold6(words(&key.address)), key.port));
+        slots.insert(sock_filter_slot(
+            fold6(bytes_to_words(&key.address)),
+            key.port,
+        ));
     }
     let mut filter: Array<MapData, u8> =
         Array::try_from(open_pinned(pin_dir, names::LB_SOCK_FILTER)?)?;
@@ -50,28 +54,4 @@ pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
         }
     }
     Ok(entries)
-}
-
-/// The four words of an address as the programs hold it (each read from
-/// its four bytes in memory order).
-fn words(a: &[u8; 16]) -> [u32; 4] {
-    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
-    [w(0), w(4), w(8), w(12)]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn words_are_read_as_the_programs_read_them() {
-        let a: [u8; 16] = core::array::from_fn(|i| i as u8);
-        let w = words(&a);
-        let mut back = [0u8; 16];
-        for (i, word) in w.iter().enumerate() {
-            back[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
-        }
-        assert_eq!(back, a);
-        assert_eq!(w[0], u32::from_ne_bytes([0, 1, 2, 3]));
-    }
 }
