@@ -32,12 +32,13 @@ pub trait SockFamily: ServiceFamily {
     fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)>;
     fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation>;
     fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool;
-    /// Removes a socket's entry, if it has one. Nothing when no socket was
-    /// ever indexed under a backend of this slot (`lru_filter`); else a
-    /// lookup first: it takes no lock (an RCU read, inlined by the
+    /// Removes a socket's entry, if it has one. Nothing, not even the
+    /// socket's cookie (`cookie` makes one if the socket has none), when no
+    /// socket was ever indexed under a backend of this slot (`lru_filter`);
+    /// else a lookup first: it takes no lock (an RCU read, inlined by the
     /// verifier), where a delete takes the bucket's spinlock even when
     /// nothing is there (kernel/bpf/hashtab.c, htab_lru_map_delete_elem).
-    fn lru_remove(cookie: u64, backend: [u32; 4], port: u16);
+    fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16);
 }
 
 #[inline(always)]
@@ -100,11 +101,11 @@ impl SockFamily for V4 {
             .is_ok()
     }
     #[inline(always)]
-    fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
+    fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16) {
         if !lru_filter::may_hold(lru_filter::slot(4, &backend, port)) {
             return;
         }
-        let key = key4(cookie, backend, port);
+        let key = key4(cookie(), backend, port);
         // SAFETY: a lookup in our own map; only whether it found something is used.
         if unsafe { LB4_SOCK_REVNAT.get(&key) }.is_some() {
             let _ = LB4_SOCK_REVNAT.remove(&key);
@@ -152,11 +153,11 @@ impl SockFamily for V6 {
             .is_ok()
     }
     #[inline(always)]
-    fn lru_remove(cookie: u64, backend: [u32; 4], port: u16) {
+    fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16) {
         if !lru_filter::may_hold(lru_filter::slot(6, &backend, port)) {
             return;
         }
-        let key = key6(cookie, backend, port);
+        let key = key6(cookie(), backend, port);
         // SAFETY: a lookup in our own map; only whether it found something is used.
         if unsafe { LB6_SOCK_REVNAT.get(&key) }.is_some() {
             let _ = LB6_SOCK_REVNAT.remove(&key);

@@ -161,6 +161,6 @@ pub fn forget<F: SockFamily>(ctx: &SockAddrContext, found: Found, backend: [u32;
                 unsafe { (*peers).entries[i % SOCK_PEERS].family = 0 };
             }
         }
-        Found::Shared(cookie) => F::lru_remove(cookie, backend, port),
+        Found::Shared(cookie) => F::lru_remove(|| cookie, backend, port),
     }
 }

@@ -59,8 +59,10 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
     }
     // SAFETY: as above; dst_port is a 16-bit field in network order (Linux 5.16+).
     let port = unsafe { core::ptr::read_volatile(&(*sk).dst_port) };
+    // Taken only where an entry may exist: a socket that never had a
+    // cookie gets one made here (net/core/sock_diag.c, __sock_gen_cookie).
     // SAFETY: the hook's own context; the helper only reads the socket.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let cookie = || unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if protocol == proto::UDP as u32 {
         forget_stored(&ctx, cookie);
     }
@@ -94,7 +96,7 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
 /// Deletes the shared entries of every backend the socket's own storage
 /// names (no storage: nothing to do, none is created).
 #[inline(always)]
-fn forget_stored(ctx: &SockContext, cookie: u64) {
+fn forget_stored(ctx: &SockContext, cookie: impl Fn() -> u64) {
     // SAFETY: the storage map is ours; the context is this run's socket,
     // which a cgroup sock program passes as its context (the kernel's
     // bpf_sk_storage_get_cg_sock_proto); no flag: nothing is created.
@@ -110,13 +112,14 @@ fn forget_stored(ctx: &SockContext, cookie: u64) {
     if peers.is_null() {
         return;
     }
+    let cookie = cookie();
     let mut i = 0;
     while i < SOCK_PEERS {
         // SAFETY: this socket's storage, valid for the program's run.
         let e = unsafe { &(*peers).entries[i] };
         match e.family {
-            4 => V4::lru_remove(cookie, e.backend, e.backend_port),
-            6 => V6::lru_remove(cookie, e.backend, e.backend_port),
+            4 => V4::lru_remove(|| cookie, e.backend, e.backend_port),
+            6 => V6::lru_remove(|| cookie, e.backend, e.backend_port),
             _ => {}
         }
         i += 1;
