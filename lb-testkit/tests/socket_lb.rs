@@ -205,6 +205,20 @@ fn connected_udp_getpeername_returns_the_vip() {
     }
 }
 
+/// A TCP echo server on port 8081 of each of the two backends, answering
+/// "b1" / "b2".
+fn echo_backends(w: &World) -> Vec<Server> {
+    (0..2)
+        .map(|i| {
+            lb_testkit::servers::tcp_echo(
+                &w.topo.backends[i].name,
+                (Topology::backend_ip(i), 8081).into(),
+                &format!("b{}", i + 1),
+            )
+        })
+        .collect()
+}
+
 /// A closing socket's entry leaves the shared LB4_SOCK_REVNAT LRU
 /// (cgroup/sock_release), so connection churn does not fill it with dead
 /// sockets (and every connect insert into a full LRU takes the eviction
@@ -216,15 +230,7 @@ fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() 
     let w = World::new("sock_release_lru", 2);
     let _dns = w.udp_servers(5353, false);
     let _web = w.tcp_servers(8080, false);
-    let _echo: Vec<Server> = (0..2)
-        .map(|i| {
-            lb_testkit::servers::tcp_echo(
-                &w.topo.backends[i].name,
-                (Topology::backend_ip(i), 8081).into(),
-                &format!("b{}", i + 1),
-            )
-        })
-        .collect();
+    let _echo = echo_backends(&w);
     let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
     w.write_services(&format!(
         "services:\n  - name: mixed\n    clusterIPs: [{VIP}]\n    ports:\n      - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n      - {{name: web, port: 80, targetPort: 8080}}\n      - {{name: echo, port: 81, targetPort: 8081}}\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
@@ -279,15 +285,7 @@ fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() 
 #[test]
 fn the_lru_filter_skips_unflagged_backends_and_an_agent_start_flags_the_entries_already_there() {
     let w = World::new("sock_lru_filter", 2);
-    let _echo: Vec<Server> = (0..2)
-        .map(|i| {
-            lb_testkit::servers::tcp_echo(
-                &w.topo.backends[i].name,
-                (Topology::backend_ip(i), 8081).into(),
-                &format!("b{}", i + 1),
-            )
-        })
-        .collect();
+    let _echo = echo_backends(&w);
     let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
     w.write_services(&format!(
         "services:\n  - name: echo\n    clusterIPs: [{VIP}]\n    ports: [{{port: 81, targetPort: 8081}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
