@@ -51,12 +51,14 @@ const NOTES: &str = "\
   connect when it deleted straight away (the delete takes the bucket's
   spinlock even for a socket never translated), 0.34-0.53 µs looking up
   first, and about 0.1 µs with no lookup. Now a filter of the backends
-  sockets were ever indexed under (`LB_SOCK_FILTER`, flagged by connect4/6
-  and seeded by the agent at start) spares the lookup for a connect to
-  anything else: sock_release 0.13-0.14 µs; with connect4 0.26-0.28 µs,
-  1.0-1.1% of a connect. A
-  direct connect to a backend that sockets were translated to (the
-  `direct` rows) still pays the lookup: 1.9-2.1%.
+  sockets were ever indexed under (`LB_SOCK_FILTER`, flagged by every LRU
+  insert and seeded by the agent at start) spares the lookup for a connect
+  to anything else. In the full run of 2026-12-02 sock_release then took
+  83-105 ns, and our programs together 170-245 ns, 0.86-1.15% of a
+  connect; since then sock_release takes the socket's cookie (which makes
+  one) only past the filter: 74-82 ns in a quick run. A direct connect to
+  a backend that sockets were translated to (the `direct` rows) still
+  pays the lookup: 1.8-2.3% of a connect.
 * **Full sync of 10 000 × 10.** About a third is our own computation (the
   in-memory column: desired state, diff, mirror), the rest is the kernel
   inserting 230 000 hash-map elements. The second table of section 2
