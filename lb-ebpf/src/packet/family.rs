@@ -25,6 +25,7 @@ use lb_common::{
     backend::{Backend4, Backend6},
     nodeport::{flow_hash, flow_hash6, CtKey, CtValue},
     service::{Service4Key, Service6Key, SourceRange4, SourceRange6},
+    sock::{bytes_to_words, words_to_bytes},
 };
 
 use super::{access::Pkt, parse, parse::Flow, Parsed, Scratch};
@@ -203,28 +204,6 @@ impl Ip for V4 {
     }
 }
 
-/// The bytes of an IPv6 address kept as four words (the service and
-/// backend maps hold bytes).
-#[inline(always)]
-pub fn v6_bytes(a: [u32; 4]) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[0..4].copy_from_slice(&a[0].to_ne_bytes());
-    out[4..8].copy_from_slice(&a[1].to_ne_bytes());
-    out[8..12].copy_from_slice(&a[2].to_ne_bytes());
-    out[12..16].copy_from_slice(&a[3].to_ne_bytes());
-    out
-}
-
-#[inline(always)]
-pub fn v6_words(b: &[u8; 16]) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
-        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
-        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
-    ]
-}
-
 impl Ip for V6 {
     type Addr = [u32; 4];
     const IS_V6: bool = true;
@@ -255,17 +234,17 @@ impl Ip for V6 {
     }
     #[inline(always)]
     fn service_key(addr: [u32; 4], port: u16, proto: u8, scope: u8) -> Service6Key {
-        Service6Key::new(v6_bytes(addr), port, proto, scope, 0)
+        Service6Key::new(words_to_bytes(&addr), port, proto, scope, 0)
     }
     #[inline(always)]
     fn backend_target(b: &Backend6) -> ([u32; 4], u16, u8) {
-        (v6_words(&b.address), b.port, b.flags)
+        (bytes_to_words(&b.address), b.port, b.flags)
     }
     #[inline(always)]
     fn backend_is(id: u32, addr: &[u32; 4], port: u16) -> bool {
         match LB6_BACKENDS.get_ptr(&id) {
             // SAFETY: a map value, valid for this run; read in place.
-            Some(b) => unsafe { (*b).port == port && v6_words(&(*b).address) == *addr },
+            Some(b) => unsafe { (*b).port == port && bytes_to_words(&(*b).address) == *addr },
             None => false,
         }
     }
@@ -294,14 +273,14 @@ impl Ip for V6 {
             SourceRange6::prefix_len(128),
             SourceRange6 {
                 service_id,
-                address: v6_bytes(saddr),
+                address: words_to_bytes(&saddr),
             },
         );
         LB6_SRC_RANGES.get(&key).is_some()
     }
     #[inline(always)]
     fn event_addr(a: [u32; 4]) -> [u8; 16] {
-        v6_bytes(a)
+        words_to_bytes(&a)
     }
     #[inline(always)]
     fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: [u32; 4], daddr: [u32; 4]) {
