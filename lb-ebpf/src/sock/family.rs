@@ -2,6 +2,7 @@
 //! `reverse` are written once. Addresses travel as the four 32-bit words of
 //! `bpf_sock_addr.user_ip6` (an IPv4 address in the first word, the rest
 //! zero), the form the per-socket storage keeps.
+use aya_ebpf::maps::LruHashMap;
 use lb_common::{
     backend::{Backend4, Backend6},
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
@@ -35,9 +36,7 @@ pub trait SockFamily: ServiceFamily {
     /// Removes a socket's entry, if it has one. Nothing, not even the
     /// socket's cookie (`cookie` makes one if the socket has none), when no
     /// socket was ever indexed under a backend of this slot (`lru_filter`);
-    /// else a lookup first: it takes no lock (an RCU read, inlined by the
-    /// verifier), where a delete takes the bucket's spinlock even when
-    /// nothing is there (kernel/bpf/hashtab.c, htab_lru_map_delete_elem).
+    /// else a lock-free lookup first (`remove_if_present`).
     fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16);
 }
 
@@ -58,6 +57,17 @@ fn key6(cookie: u64, backend: [u32; 4], port: u16) -> SockRevNat6Key {
         address: words_to_bytes(&backend),
         port,
         pad: [0; 6],
+    }
+}
+
+/// Deletes `key` only when a lock-free lookup finds it: the delete takes
+/// the bucket's spinlock even when nothing is there (kernel/bpf/hashtab.c,
+/// htab_lru_map_delete_elem).
+#[inline(always)]
+fn remove_if_present<K, V>(map: &LruHashMap<K, V>, key: &K) {
+    // SAFETY: a lookup in our own map; only whether it found something is used.
+    if unsafe { map.get(key) }.is_some() {
+        let _ = map.remove(key);
     }
 }
 
@@ -105,11 +115,7 @@ impl SockFamily for V4 {
         if !lru_filter::may_hold(lru_filter::slot(4, &backend, port)) {
             return;
         }
-        let key = key4(cookie(), backend, port);
-        // SAFETY: a lookup in our own map; only whether it found something is used.
-        if unsafe { LB4_SOCK_REVNAT.get(&key) }.is_some() {
-            let _ = LB4_SOCK_REVNAT.remove(&key);
-        }
+        remove_if_present(&LB4_SOCK_REVNAT, &key4(cookie(), backend, port));
     }
 }
 
@@ -157,10 +163,6 @@ impl SockFamily for V6 {
         if !lru_filter::may_hold(lru_filter::slot(6, &backend, port)) {
             return;
         }
-        let key = key6(cookie(), backend, port);
-        // SAFETY: a lookup in our own map; only whether it found something is used.
-        if unsafe { LB6_SOCK_REVNAT.get(&key) }.is_some() {
-            let _ = LB6_SOCK_REVNAT.remove(&key);
-        }
+        remove_if_present(&LB6_SOCK_REVNAT, &key6(cookie(), backend, port));
     }
 }
