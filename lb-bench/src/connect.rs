@@ -455,3 +455,62 @@ fn hook_costs(
         elsewhere,
     })
 }
+
+/// Not part of the report: one kind of connect, again and again, long
+/// enough to profile (`perf record -a -g` beside it), in the same world as
+/// the connect rows at `services` services. `dial`: `plain` (a backend, no
+/// hooks), `backend` (a backend, hooks attached), `elsewhere` (a port no
+/// service uses, hooks attached) or `vip` (the service address).
+pub fn profile(dial: &str, services: usize, seconds: u64) {
+    let tag = unique("bench-prof");
+    let topo = Topology::new(&tag, 2);
+    let backends: Vec<SocketAddrV4> = (0..2)
+        .map(|i| SocketAddrV4::new(Topology::backend_ip(i), TARGET_PORT))
+        .collect();
+    for (i, b) in backends.iter().enumerate() {
+        start_server(&topo.backends[i].name, *b);
+    }
+    let elsewhere = SocketAddrV4::new(Topology::backend_ip(0), ELSEWHERE_PORT);
+    start_server(&topo.backends[0].name, elsewhere);
+    let lb_cgroup = ChildCgroup::create(&format!("{tag}-lb"));
+    let plain_cgroup = ChildCgroup::create(&format!("{tag}-plain"));
+    let services_file = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
+    let w = Workload::new(services, 2, &backends);
+    std::fs::write(&services_file, w.services_yaml()).unwrap();
+    let pins = PinDir::create(&tag);
+    let sizes = agent_map_args(services);
+    let args: Vec<&str> = sizes.iter().map(String::as_str).collect();
+    let agent = Agent::start_slow(
+        &services_file,
+        &lb_cgroup.path,
+        &pins.path,
+        &args,
+        Duration::from_secs(600),
+    );
+    let direct: Vec<SocketAddr> = backends.iter().map(|b| SocketAddr::from(*b)).collect();
+    let (cg, addr) = match dial {
+        "plain" => (&plain_cgroup.path, direct),
+        "backend" => (&lb_cgroup.path, direct),
+        "elsewhere" => (&lb_cgroup.path, vec![SocketAddr::from(elsewhere)]),
+        "vip" => (
+            &lb_cgroup.path,
+            vec![SocketAddr::from((w.last().vip, w.last().port))],
+        ),
+        other => panic!("--dial {other}: expected plain, backend, elsewhere or vip"),
+    };
+    eprintln!(
+        "lb-bench: {dial}: connecting for {seconds} s (lb-agent pid {:?})",
+        agent.pid()
+    );
+    for _ in 0..seconds {
+        let s = client::run(cg, &topo.client.name, &addr, 10_000_000, 1_000);
+        let n = s.latencies_ns.len();
+        eprintln!(
+            "{dial}: {:.0} connects/s, {} failed",
+            n as f64 / (s.elapsed_ns as f64 / 1e9),
+            s.failed
+        );
+    }
+    drop(agent);
+    let _ = std::fs::remove_file(&services_file);
+}

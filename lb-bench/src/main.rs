@@ -57,6 +57,17 @@ enum Command {
     /// Internal: the measuring client, run inside a cgroup and a namespace.
     #[command(hide = true)]
     ConnectClient(client::Args),
+    /// Internal: one kind of connect in a loop, to profile beside it.
+    #[command(hide = true)]
+    ProfileConnect {
+        /// plain, backend, elsewhere or vip.
+        #[arg(long)]
+        dial: String,
+        #[arg(long, default_value_t = 10)]
+        services: usize,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
 }
 
 fn main() {
@@ -69,6 +80,15 @@ fn main() {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("lb-bench: loads BPF programs and creates network namespaces: run as root (cargo xtask bench)");
         std::process::exit(1);
+    }
+    if let Some(Command::ProfileConnect {
+        dial,
+        services,
+        seconds,
+    }) = cli.command
+    {
+        connect::profile(&dial, services, seconds);
+        return;
     }
     let p = Profile::new(cli.profile);
     let wants = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
