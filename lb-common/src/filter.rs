@@ -71,6 +71,36 @@ pub const fn sock_filter_slot(address: u32, port: u16) -> u32 {
     filter_bit(address, port) >> (FILTER_BITS_LOG2 - SOCK_FILTER_SLOTS_LOG2)
 }
 
+/// `LB_SOCK_COOKIES`: one flag per slot of socket cookies, for the same
+/// LRU. A direct connect to a backend that other sockets were translated
+/// to passes `LB_SOCK_FILTER` (its backend's slot is set), and the lookup
+/// it then made was a cold bucket of the 262 144-entry LRU: 250-300 ns of
+/// a close on an Intel Xeon, where the same lookup in a 4 096-entry LRU
+/// took about 100 (`lb-bench --profile quick --only connect` with
+/// `--map-size-sock-revnat`, 2026-12-02). So every LRU insert also sets
+/// its socket's cookie slot, and sock_release looks up only a socket whose
+/// slot is set, and clears the slot when it is done. Cookies are handed
+/// out in sequence (net/core/sock_diag.c, `__sock_gen_cookie`), so the
+/// slots of sockets made one after another share cache lines and pages,
+/// where the LRU's buckets are scattered by a hash.
+///
+/// A clear slot says the socket has no entry, with one exception that
+/// costs nothing but memory: two sockets whose cookies are 2^18 apart, both
+/// open and translated, share a slot, and the first to close clears it; the
+/// other's entry then stays in the LRU until it is evicted, as entries did
+/// before sock_release deleted them. A slot is written whole (one byte),
+/// for the same reason as `LB_SOCK_FILTER`'s.
+pub const SOCK_COOKIE_SLOTS_LOG2: u32 = 18;
+/// `LB_SOCK_COOKIES` entries.
+pub const SOCK_COOKIE_SLOTS: u32 = 1 << SOCK_COOKIE_SLOTS_LOG2;
+
+/// The `LB_SOCK_COOKIES` slot of a socket cookie: its low bits, so that
+/// sockets made in sequence take neighbouring slots.
+#[inline(always)]
+pub const fn sock_cookie_slot(cookie: u64) -> u32 {
+    (cookie as u32) & (SOCK_COOKIE_SLOTS - 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +142,22 @@ mod tests {
         }
         // Few collisions: a slot two backends share only costs a lookup.
         assert!(distinct > 1980, "{distinct} distinct slots of 2000");
+    }
+
+    #[test]
+    fn sockets_made_in_sequence_take_neighbouring_cookie_slots() {
+        let first = 0x1_2345_6789u64;
+        let slots: Vec<u32> = (0..64).map(|i| sock_cookie_slot(first + i)).collect();
+        assert!(slots.iter().all(|s| *s < SOCK_COOKIE_SLOTS));
+        // 64 sockets in a row: 64 distinct bytes of one 64-byte span (a
+        // hash would scatter them over 64 lines).
+        let (lo, hi) = (slots.iter().min().unwrap(), slots.iter().max().unwrap());
+        assert_eq!(hi - lo, 63, "{slots:?}");
+        // The slots repeat only after 2^18 cookies.
+        assert_ne!(sock_cookie_slot(first), sock_cookie_slot(first + 1_000));
+        assert_eq!(
+            sock_cookie_slot(first),
+            sock_cookie_slot(first + u64::from(SOCK_COOKIE_SLOTS))
+        );
     }
 }

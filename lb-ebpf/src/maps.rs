@@ -11,7 +11,7 @@ use lb_common::{
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
-    filter::{FILTER_WORDS, SOCK_FILTER_SLOTS},
+    filter::{FILTER_WORDS, SOCK_COOKIE_SLOTS, SOCK_FILTER_SLOTS},
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
         DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX,
@@ -112,6 +112,11 @@ pub static LB4_FE_FILTER: Array<u64> = Array::pinned(FILTER_WORDS, 0);
 /// LB4/6_SOCK_REVNAT: see `lb_common::filter::sock_filter_slot`.
 #[map]
 pub static LB_SOCK_FILTER: Array<u8> = Array::pinned(SOCK_FILTER_SLOTS, 0);
+
+/// A flag per slot of socket cookies that may be indexed in
+/// LB4/6_SOCK_REVNAT: see `lb_common::filter::sock_cookie_slot`.
+#[map]
+pub static LB_SOCK_COOKIES: Array<u8> = Array::pinned(SOCK_COOKIE_SLOTS, 0);
 
 /// The backends' generation (one slot): the agent moves it on after every
 /// backend it deletes (`lb_common::nodeport::next_backends_gen`) and at

@@ -278,82 +278,110 @@ fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() 
 /// when a socket was ever indexed under its backend (LB_SOCK_FILTER): the
 /// filter really spares the lookup, and the agent flags, at every start,
 /// the backends of entries already in the LRU (an older build's, made with
-/// no flag), so their sockets still leave it. Two held TCP sockets; their
-/// backends' flags cleared by hand, as an older build leaves them: the one
-/// closed now keeps its entry (the lookup was skipped), the one closed
-/// after the agent restarts loses it.
+/// no flag), so their sockets still leave it.
 #[test]
 fn the_lru_filter_skips_unflagged_backends_and_an_agent_start_flags_the_entries_already_there() {
-    let w = World::new("sock_lru_filter", 2);
+    a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
+        "sock_lru_filter",
+        "LB_SOCK_FILTER",
+        |k| lb_common::filter::sock_filter_slot(k.address, k.port),
+        false,
+    );
+}
+
+/// The same for the sockets' own flags (LB_SOCK_COOKIES, by cookie), which
+/// spare the lookup for a direct connect to a backend other sockets were
+/// translated to; and sock_release clears the closed socket's flag.
+#[test]
+fn the_cookie_filter_skips_unflagged_sockets_an_agent_start_flags_the_entries_already_there_and_a_close_clears_its_flag(
+) {
+    a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
+        "sock_cookie_filter",
+        "LB_SOCK_COOKIES",
+        |k| lb_common::filter::sock_cookie_slot(k.cookie),
+        true,
+    );
+}
+
+/// Two held TCP sockets through the VIP; their flags in `filter` (the slot
+/// `slot_of` an LRU key) cleared by hand, as an older build leaves them:
+/// the one closed now keeps its entry (the lookup was skipped), the one
+/// closed after the agent restarts loses it. `cleared_on_close`: the closed
+/// socket's flag is clear again afterwards.
+fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
+    tag: &str,
+    filter: &str,
+    slot_of: fn(&lb_common::revnat::SockRevNat4Key) -> u32,
+    cleared_on_close: bool,
+) {
+    use lb_common::revnat::{SockRevNat4Key, SockRevNat4Value};
+    let w = World::new(tag, 2);
     let _echo = echo_backends(&w);
     let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
     w.write_services(&format!(
         "services:\n  - name: echo\n    clusterIPs: [{VIP}]\n    ports: [{{port: 81, targetPort: 8081}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
     ));
     let mut agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
-    let entries = || {
-        lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
-            .expect("reading LB4_SOCK_REVNAT")
-            .expect("LB4_SOCK_REVNAT is pinned")
+    let keys = || -> Vec<SockRevNat4Key> {
+        let lru: aya::maps::HashMap<_, SockRevNat4Key, SockRevNat4Value> =
+            aya::maps::HashMap::try_from(
+                lb::maps::bpf::open_pinned(&w.pins.path, "LB4_SOCK_REVNAT")
+                    .expect("LB4_SOCK_REVNAT"),
+            )
+            .unwrap();
+        let mut keys: Vec<_> = lru.keys().map(Result::unwrap).collect();
+        keys.sort_by_key(|k| k.cookie);
+        keys
     };
-    let slots: Vec<u32> = [b1, b2]
-        .iter()
-        .map(|b| {
-            lb_common::filter::sock_filter_slot(u32::from_ne_bytes(b.octets()), 8081u16.to_be())
-        })
-        .collect();
-    let filter = || -> aya::maps::Array<aya::maps::MapData, u8> {
-        aya::maps::Array::try_from(
-            lb::maps::bpf::open_pinned(&w.pins.path, "LB_SOCK_FILTER").expect("LB_SOCK_FILTER"),
-        )
-        .unwrap()
+    let flags = || -> aya::maps::Array<aya::maps::MapData, u8> {
+        aya::maps::Array::try_from(lb::maps::bpf::open_pinned(&w.pins.path, filter).expect(filter))
+            .unwrap()
     };
-    let flags = || -> Vec<u8> { slots.iter().map(|s| filter().get(s, 0).unwrap()).collect() };
-    assert_eq!(flags(), [0, 0], "no socket indexed yet");
+    let flag = |k: &SockRevNat4Key| flags().get(&slot_of(k), 0).unwrap();
+    assert!(keys().is_empty(), "nothing translated yet");
 
     let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
     let mut first = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    let (a1, k1) = (first.ask(), keys());
     let mut second = Held::tcp(cg, ns, &format!("{VIP}:81"));
-    let (a1, a2) = (first.ask(), second.ask());
+    let a2 = second.ask();
     assert!(a1.ok && a2.ok, "{a1:?} {a2:?}");
-    assert_eq!(entries(), 2, "one entry per open translated socket");
-    for a in [&a1, &a2] {
-        let i = match a.backend() {
-            Some("b1") => 0,
-            Some("b2") => 1,
-            other => panic!("answered by {other:?}"),
-        };
-        assert_eq!(
-            flags()[i],
-            1,
-            "connect4 did not flag the backend it chose: {a:?}"
-        );
+    let (k1, all) = (k1[0], keys());
+    assert_eq!(all.len(), 2, "one entry per open translated socket");
+    let k2 = *all.iter().find(|k| **k != k1).unwrap();
+    let both = all;
+    for k in [&k1, &k2] {
+        assert_eq!(flag(k), 1, "connect4 did not set {filter}'s flag of {k:?}");
     }
 
     // As an older build leaves them: entries, no flags.
-    for s in &slots {
-        filter().set(*s, 0, 0).unwrap();
+    for k in [&k1, &k2] {
+        flags().set(slot_of(k), 0, 0).unwrap();
     }
     drop(first);
     assert_eq!(
-        entries(),
-        2,
-        "sock_release looked up an entry whose backend has no flag"
+        keys(),
+        both,
+        "sock_release looked up an entry whose {filter} flag is clear"
     );
 
     agent.restart();
-    assert!(
-        flags().contains(&1),
-        "the agent's start flagged no entry's backend"
+    assert_eq!(
+        (flag(&k1), flag(&k2)),
+        (1, 1),
+        "the agent's start did not flag the entries in the LRU"
     );
     let a = second.ask();
     assert_eq!(a.peer.as_deref(), Some("10.96.0.10:81"), "{a:?}");
     drop(second);
     assert_eq!(
-        entries(),
-        1,
+        keys(),
+        [k1],
         "the entry made before the flag was cleared outlived its socket after the restart"
     );
+    if cleared_on_close {
+        assert_eq!(flag(&k2), 0, "sock_release left the closed socket's flag");
+    }
 }
 
 /// Socket LB keeps a UDP socket's translation in the socket's own storage

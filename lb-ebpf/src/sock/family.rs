@@ -36,7 +36,9 @@ pub trait SockFamily: ServiceFamily {
     /// Removes a socket's entry, if it has one. Nothing, not even the
     /// socket's cookie (`cookie` makes one if the socket has none), when no
     /// socket was ever indexed under a backend of this slot (`lru_filter`);
-    /// else a lock-free lookup first (`remove_if_present`).
+    /// nothing either when the socket's own cookie slot is clear; else a
+    /// lock-free lookup first (`remove_if_present`). The cookie slot is
+    /// left for the caller to clear (a UDP socket may have several entries).
     fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16);
 }
 
@@ -106,6 +108,7 @@ impl SockFamily for V4 {
             service_id: t.service_id,
         };
         lru_filter::note(lru_filter::slot(4, &backend, port));
+        lru_filter::note_socket(cookie);
         LB4_SOCK_REVNAT
             .insert(&key4(cookie, backend, port), &v, 0)
             .is_ok()
@@ -115,7 +118,10 @@ impl SockFamily for V4 {
         if !lru_filter::may_hold(lru_filter::slot(4, &backend, port)) {
             return;
         }
-        remove_if_present(&LB4_SOCK_REVNAT, &key4(cookie(), backend, port));
+        let cookie = cookie();
+        if lru_filter::socket_may_hold(cookie) {
+            remove_if_present(&LB4_SOCK_REVNAT, &key4(cookie, backend, port));
+        }
     }
 }
 
@@ -154,6 +160,7 @@ impl SockFamily for V6 {
             service_id: t.service_id,
         };
         lru_filter::note(lru_filter::slot(6, &backend, port));
+        lru_filter::note_socket(cookie);
         LB6_SOCK_REVNAT
             .insert(&key6(cookie, backend, port), &v, 0)
             .is_ok()
@@ -163,6 +170,9 @@ impl SockFamily for V6 {
         if !lru_filter::may_hold(lru_filter::slot(6, &backend, port)) {
             return;
         }
-        remove_if_present(&LB6_SOCK_REVNAT, &key6(cookie(), backend, port));
+        let cookie = cookie();
+        if lru_filter::socket_may_hold(cookie) {
+            remove_if_present(&LB6_SOCK_REVNAT, &key6(cookie, backend, port));
+        }
     }
 }

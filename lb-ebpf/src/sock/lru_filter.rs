@@ -1,9 +1,11 @@
-//! `LB_SOCK_FILTER`: which backends sockets may be indexed under in the
-//! reverse LRU (`LB4/6_SOCK_REVNAT`), so that a closing socket that was
-//! never translated skips the LRU lookup (see `lb_common::filter`).
-use lb_common::filter::{fold6, sock_filter_slot};
+//! `LB_SOCK_FILTER` and `LB_SOCK_COOKIES`: which backends, and which
+//! sockets, may be indexed in the reverse LRU (`LB4/6_SOCK_REVNAT`), so
+//! that a closing socket that was never translated skips the LRU lookup
+//! (see `lb_common::filter`).
+use aya_ebpf::maps::Array;
+use lb_common::filter::{fold6, sock_cookie_slot, sock_filter_slot};
 
-use crate::maps::LB_SOCK_FILTER;
+use crate::maps::{LB_SOCK_COOKIES, LB_SOCK_FILTER};
 
 /// The slot of a backend: an IPv4 address in the first word, an IPv6 one
 /// folded, as the agent computes it from the LRU's keys.
@@ -20,20 +22,51 @@ pub fn slot(family: u8, backend: &[u32; 4], port: u16) -> u32 {
 /// busy backend's slot stays a shared, read-only cache line.
 #[inline(always)]
 pub fn note(slot: u32) {
-    if let Some(flag) = LB_SOCK_FILTER.get_ptr_mut(slot) {
+    set(&LB_SOCK_FILTER, slot, 1);
+}
+
+/// Whether any socket may be indexed under a backend of this slot.
+#[inline(always)]
+pub fn may_hold(slot: u32) -> bool {
+    is_set(&LB_SOCK_FILTER, slot)
+}
+
+/// Before a socket is indexed in the LRU.
+#[inline(always)]
+pub fn note_socket(cookie: u64) {
+    set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie), 1);
+}
+
+/// Whether the socket with this cookie may be indexed in the LRU.
+#[inline(always)]
+pub fn socket_may_hold(cookie: u64) -> bool {
+    is_set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie))
+}
+
+/// When a socket that may have been indexed has closed and its entries
+/// are gone.
+#[inline(always)]
+pub fn forget_socket(cookie: u64) {
+    set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie), 0);
+}
+
+/// Writes a flag only when it differs: a flag many sockets read stays a
+/// shared cache line.
+#[inline(always)]
+fn set(flags: &Array<u8>, slot: u32, value: u8) {
+    if let Some(flag) = flags.get_ptr_mut(slot) {
         // SAFETY: an element of our own array, valid for the program's run;
         // a whole-byte store, so a race with another CPU loses nothing.
         unsafe {
-            if *flag == 0 {
-                *flag = 1;
+            if *flag != value {
+                *flag = value;
             }
         }
     }
 }
 
-/// Whether any socket may be indexed under a backend of this slot. A
-/// missing element (cannot happen: the array has every index) says yes.
+/// A missing element (cannot happen: the arrays have every index) says yes.
 #[inline(always)]
-pub fn may_hold(slot: u32) -> bool {
-    LB_SOCK_FILTER.get(slot).is_none_or(|f| *f != 0)
+fn is_set(flags: &Array<u8>, slot: u32) -> bool {
+    flags.get(slot).is_none_or(|f| *f != 0)
 }

@@ -22,11 +22,13 @@
 //! destination) keeps its entry until the LRU evicts it.
 //!
 //! Sockets of other protocols return before any lookup. A socket to a
-//! backend no socket was ever indexed under skips the LRU too
-//! (`lru_filter`); one to such a backend that was never translated costs
-//! one lookup that misses, a translated one a lookup and the delete (two
-//! walks of the same bucket, the second warm).
+//! backend no socket was ever indexed under skips the LRU too, and so does
+//! one whose own cookie slot is clear (`lru_filter`): a direct connect to a
+//! backend other sockets were translated to reads one byte where it looked
+//! up a cold bucket. A translated socket costs a lookup and the delete (two
+//! walks of the same bucket, the second warm), and clears its cookie slot.
 use aya_ebpf::{
+    bindings::bpf_sock,
     helpers::{bpf_get_socket_cookie, generated::bpf_sk_storage_get},
     macros::cgroup_sock,
     programs::SockContext,
@@ -37,7 +39,7 @@ use lb_common::{
     sock::{SockPeers, SOCK_PEERS},
 };
 
-use super::{family::SockFamily, peers::LB_SOCK_PEERS, v4_mapped, ALLOW};
+use super::{family::SockFamily, lru_filter, peers::LB_SOCK_PEERS, v4_mapped, ALLOW};
 use crate::select::{V4, V6};
 
 const AF_INET: u32 = 2;
@@ -61,18 +63,37 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
     let port = unsafe { core::ptr::read_volatile(&(*sk).dst_port) };
     // Taken only where an entry may exist: a socket that never had a
     // cookie gets one made here (net/core/sock_diag.c, __sock_gen_cookie).
-    // SAFETY: the hook's own context; the helper only reads the socket.
-    let cookie = || unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // 0 until taken (the kernel never hands out 0).
+    let mut taken = 0u64;
+    let mut cookie = || {
+        if taken == 0 {
+            // SAFETY: the hook's own context; the helper only reads the socket.
+            taken = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        }
+        taken
+    };
     if protocol == proto::UDP as u32 {
-        forget_stored(&ctx, cookie);
+        forget_stored(&ctx, &mut cookie);
     }
-    if port == 0 {
-        return ALLOW; // not connected (any more)
+    if port != 0 {
+        // Still connected (a UDP socket may have disconnected).
+        forget_destination(sk, family, port, &mut cookie);
     }
+    // The socket's entries are gone: its cookie slot is free for the
+    // sockets made 2^18 cookies later.
+    if taken != 0 {
+        lru_filter::forget_socket(taken);
+    }
+    ALLOW
+}
+
+/// Deletes the entry of the backend the socket is connected to.
+#[inline(always)]
+fn forget_destination(sk: *mut bpf_sock, family: u32, port: u16, mut cookie: impl FnMut() -> u64) {
     if family == AF_INET {
         // SAFETY: as above.
         let addr = unsafe { core::ptr::read_volatile(&(*sk).dst_ip4) };
-        V4::lru_remove(cookie, [addr, 0, 0, 0], port);
+        V4::lru_remove(&mut cookie, [addr, 0, 0, 0], port);
     } else if family == AF_INET6 {
         // SAFETY: as above, a word at a time (the kernel's allowed width).
         let words = unsafe {
@@ -86,17 +107,16 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
         // A dual-stack socket that dialed a v4-mapped address was indexed
         // in the IPv4 map (forward6).
         match v4_mapped(&words) {
-            Some(a) => V4::lru_remove(cookie, [a, 0, 0, 0], port),
-            None => V6::lru_remove(cookie, words, port),
+            Some(a) => V4::lru_remove(&mut cookie, [a, 0, 0, 0], port),
+            None => V6::lru_remove(&mut cookie, words, port),
         }
     }
-    ALLOW
 }
 
 /// Deletes the shared entries of every backend the socket's own storage
 /// names (no storage: nothing to do, none is created).
 #[inline(always)]
-fn forget_stored(ctx: &SockContext, cookie: impl Fn() -> u64) {
+fn forget_stored(ctx: &SockContext, mut cookie: impl FnMut() -> u64) {
     // SAFETY: the storage map is ours; the context is this run's socket,
     // which a cgroup sock program passes as its context (the kernel's
     // bpf_sk_storage_get_cg_sock_proto); no flag: nothing is created.

@@ -11,7 +11,7 @@ use lb_common::{
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
-    filter::{FILTER_WORDS, SOCK_FILTER_SLOTS},
+    filter::{FILTER_WORDS, SOCK_COOKIE_SLOTS, SOCK_FILTER_SLOTS},
     maps as names,
     nodeport::{Ct4Key, Ct4Value, Ct6Key, Ct6Value, Device, Device6, Frag4Key, Frag4Value},
     revnat::{
@@ -72,7 +72,7 @@ const fn synced(name: &'static str, sizes: Option<(usize, usize)>, capacity: Cap
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 29] = [
+pub const CATALOG: [MapSpec; 30] = [
     synced(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -125,6 +125,11 @@ pub const CATALOG: [MapSpec; 29] = [
         names::LB_SOCK_FILTER,
         kv::<u32, u8>(),
         Capacity::Fixed(SOCK_FILTER_SLOTS),
+    ),
+    spec(
+        names::LB_SOCK_COOKIES,
+        kv::<u32, u8>(),
+        Capacity::Fixed(SOCK_COOKIE_SLOTS),
     ),
     MapSpec {
         name: names::LB_SOCK_UDP,

@@ -278,9 +278,12 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
     // failure costs no translation: the entries it would have flagged only
     // wait for the LRU to evict them.
     match sock_filter::seed(&cfg.pin_dir, cfg.sizes.sock_revnat) {
-        Ok(n) => info!(entries = n, "reverse LRU entries' backends flagged in LB_SOCK_FILTER"),
+        Ok(n) => info!(
+            entries = n,
+            "reverse LRU entries' backends and sockets flagged in LB_SOCK_FILTER and LB_SOCK_COOKIES"
+        ),
         Err(e) => warn!(
-            "LB_SOCK_FILTER not seeded ({e:#}): sockets translated by an earlier build keep their reverse LRU entries after they close, until the LRU evicts them"
+            "LB_SOCK_FILTER and LB_SOCK_COOKIES not seeded ({e:#}): sockets translated by an earlier build keep their reverse LRU entries after they close, until the LRU evicts them"
         ),
     }
 

@@ -1,16 +1,17 @@
-//! Seeds `LB_SOCK_FILTER` from the reverse LRU at every start.
+//! Seeds `LB_SOCK_FILTER` and `LB_SOCK_COOKIES` from the reverse LRU at
+//! every start.
 //!
-//! connect4/6 flag a backend's slot before they index a socket under it,
-//! and sock_release skips the LRU when the slot is clear
-//! (`lb_common::filter::sock_filter_slot`). Entries an older build made
-//! (before the filter existed, or with a filter since recreated) have no
-//! flag: left so, their sockets' entries would stay until the LRU evicted
-//! them. So the agent flags the slot of every entry it finds, after the new
-//! programs are in the hooks: an entry the old programs add before the
-//! swap is in the map by then, and the new programs flag their own.
+//! connect4/6 flag a backend's slot and the socket's cookie slot before
+//! they index a socket under it, and sock_release skips the LRU when either
+//! is clear (`lb_common::filter`). Entries an older build made (before the
+//! filters existed, or with a filter since recreated) have no flags: left
+//! so, their sockets' entries would stay until the LRU evicted them. So the
+//! agent flags the slots of every entry it finds, after the new programs
+//! are in the hooks: an entry the old programs add before the swap is in
+//! the map by then, and the new programs flag their own.
 use aya::maps::{Array, HashMap, MapData};
 use lb_common::{
-    filter::{fold6, sock_filter_slot},
+    filter::{fold6, sock_cookie_slot, sock_filter_slot},
     maps as names,
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
     sock::bytes_to_words,
@@ -18,7 +19,7 @@ use lb_common::{
 
 use crate::maps::bpf::open_pinned;
 
-/// The slots of the LRUs' entries, set in the filter; `capacity` is the
+/// The slots of the LRUs' entries, set in the filters; `capacity` is the
 /// LRUs' size (the walk reads at most four times that). Returns how many
 /// entries were read (a slot already set is not written again). Best
 /// effort: an entry the walk misses (see below) only ages out of the LRU,
@@ -26,6 +27,7 @@ use crate::maps::bpf::open_pinned;
 pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
     let walk_max = 4 * capacity as usize;
     let mut slots = std::collections::BTreeSet::new();
+    let mut sockets = std::collections::BTreeSet::new();
     let v4: HashMap<MapData, SockRevNat4Key, SockRevNat4Value> =
         HashMap::try_from(open_pinned(pin_dir, names::LB4_SOCK_REVNAT)?)?;
     let mut entries = 0;
@@ -36,6 +38,7 @@ pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
     for key in v4.keys().map_while(Result::ok).take(walk_max) {
         entries += 1;
         slots.insert(sock_filter_slot(key.address, key.port));
+        sockets.insert(sock_cookie_slot(key.cookie));
     }
     let v6: HashMap<MapData, SockRevNat6Key, SockRevNat6Value> =
         HashMap::try_from(open_pinned(pin_dir, names::LB6_SOCK_REVNAT)?)?;
@@ -45,13 +48,24 @@ pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
             fold6(bytes_to_words(&key.address)),
             key.port,
         ));
+        sockets.insert(sock_cookie_slot(key.cookie));
     }
-    let mut filter: Array<MapData, u8> =
-        Array::try_from(open_pinned(pin_dir, names::LB_SOCK_FILTER)?)?;
+    flag(pin_dir, names::LB_SOCK_FILTER, slots)?;
+    flag(pin_dir, names::LB_SOCK_COOKIES, sockets)?;
+    Ok(entries)
+}
+
+/// Sets these slots of a filter (those already set are not written again).
+fn flag(
+    pin_dir: &std::path::Path,
+    name: &str,
+    slots: std::collections::BTreeSet<u32>,
+) -> anyhow::Result<()> {
+    let mut filter: Array<MapData, u8> = Array::try_from(open_pinned(pin_dir, name)?)?;
     for slot in slots {
         if filter.get(&slot, 0)? == 0 {
             filter.set(slot, 1, 0)?;
         }
     }
-    Ok(entries)
+    Ok(())
 }
