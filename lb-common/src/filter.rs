@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn sockets_made_in_sequence_take_neighbouring_cookie_slots() {
         let first = 0x1_2345_6789u64;
-        let slots: Vec<u32> = (0..64).map(|i| sock_cookie_slot(first + i)).collect();
+        let slots: [u32; 64] = core::array::from_fn(|i| sock_cookie_slot(first + i as u64));
         assert!(slots.iter().all(|s| *s < SOCK_COOKIE_SLOTS));
         // 64 sockets in a row: 64 distinct bytes of one 64-byte span (a
         // hash would scatter them over 64 lines).
