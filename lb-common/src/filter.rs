@@ -42,9 +42,10 @@ pub const fn word_and_mask(bit: u32) -> (u32, u64) {
 }
 
 /// `LB_SOCK_FILTER`: one flag per slot, for the sockets indexed in the
-/// reverse LRU (`LB4/6_SOCK_REVNAT`, keyed by cookie and backend). Every
-/// insert into the LRU (connect4/6, sendmsg4/6 spilling a UDP socket's
-/// storage) first sets the slot of the backend's (address, port), and the
+/// reverse LRU (`LB4/6_SOCK_REVNAT`, keyed by cookie and backend) or kept
+/// in `LB_SOCK_TCP`. Every insert into the LRU (connect4/6, sendmsg4/6
+/// spilling a UDP socket's storage) and every `LB_SOCK_TCP` claim first
+/// sets the slot of the backend's (address, port), and the
 /// agent sets those of the entries already there when it starts (entries
 /// an older build made); nothing clears one. A clear slot therefore says
 /// that no socket to that backend can have an entry, and sock_release
@@ -72,7 +73,7 @@ pub const fn sock_filter_slot(address: u32, port: u16) -> u32 {
 }
 
 /// `LB_SOCK_COOKIES`: one flag per slot of socket cookies, for the same
-/// LRU. A direct connect to a backend that other sockets were translated
+/// LRU and for `LB_SOCK_TCP` (whose claims set it too). A direct connect to a backend that other sockets were translated
 /// to passes `LB_SOCK_FILTER` (its backend's slot is set), and the lookup
 /// it then made was a cold bucket of the 262 144-entry LRU: 250-300 ns of
 /// a close on an Intel Xeon, where the same lookup in a 4 096-entry LRU

@@ -78,6 +78,7 @@ layouts! {
     sock::SockPeers { entries: [crate::sock::SockPeer; crate::sock::SOCK_PEERS], next: u32 },
     sock::UdpChoice { address: [u32; 4], port: u16, slot: u16, backend_id: u32, used: u32 },
     sock::UdpChoices { entries: [crate::sock::UdpChoice; crate::sock::UDP_CHOICES], next: u32, pad: u32 },
+    sock::SockTcpSlot { cookie: u64, peer: crate::sock::SockPeer, pad: u32 },
 }
 
 /// FNV-1a, 64 bits: a hash with no dependency, stable across builds.
@@ -102,8 +103,8 @@ pub const RECORDED_VERSION: u32 = 2;
 /// again when their 16-bit `pad` became `backends_gen`: the same bytes, and
 /// the 0 every older entry holds there means "never checked", so pinned
 /// conntrack of this version reads right (a new version would have made
-/// every upgrade drop it).
-pub const RECORDED: [(&str, u64); 30] = [
+/// every upgrade drop it). SockTcpSlot joined with LB_SOCK_TCP.
+pub const RECORDED: [(&str, u64); 31] = [
     ("AffinityKey", 0xae7692cdde92f917),
     ("AffinityValue", 0xb90e3ef7df6cb90e),
     ("AffinityMatchKey", 0x6446390e934adce6),
@@ -136,6 +137,7 @@ pub const RECORDED: [(&str, u64); 30] = [
     ("SockPeers", 0xe07079ae361946c2),
     ("UdpChoice", 0x25b6a2c7ebf25d0c),
     ("UdpChoices", 0xc5c3e61d58566a91),
+    ("SockTcpSlot", 0xbed9e560cc7ef78f),
 ];
 
 #[cfg(test)]

@@ -29,13 +29,14 @@ pub const LB_SOCK_UDP: &str = "LB_SOCK_UDP";
 pub const LB_SOCK_PEERS: &str = "LB_SOCK_PEERS";
 pub const LB_SOCK_FILTER: &str = "LB_SOCK_FILTER";
 pub const LB_SOCK_COOKIES: &str = "LB_SOCK_COOKIES";
+pub const LB_SOCK_TCP: &str = "LB_SOCK_TCP";
 pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
 pub const LB6_SRC_RANGES: &str = "LB6_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
 pub const LB_BACKENDS_GEN: &str = "LB_BACKENDS_GEN";
 
 /// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 30] = [
+pub const ALL: [&str; 31] = [
     LB4_SERVICES,
     LB4_BACKENDS,
     LB4_REVNAT,
@@ -45,6 +46,7 @@ pub const ALL: [&str; 30] = [
     LB6_REVNAT,
     LB6_SOCK_REVNAT,
     LB_SOCK_PEERS,
+    LB_SOCK_TCP,
     LB_SOCK_FILTER,
     LB_SOCK_COOKIES,
     LB_SOCK_UDP,

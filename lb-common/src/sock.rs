@@ -88,7 +88,51 @@ pub struct UdpChoices {
     pub pad: u32,
 }
 
-crate::user_pod!(SockPeer, SockPeers, UdpChoice, UdpChoices);
+/// `LB_SOCK_TCP` element: the translation of the open TCP socket whose
+/// cookie is `cookie`, in the slot of that cookie's low bits
+/// (`sock_tcp_slot`). `cookie` 0: the slot is free (the kernel never hands
+/// out 0).
+///
+/// Why a table indexed by cookie and not only the `LB4/6_SOCK_REVNAT` LRU:
+/// an insert into the LRU lands in a bucket its hash scatters over a
+/// 262 144-entry map, a cache and TLB miss that made connect4 through a
+/// VIP take 470-600 ns on an Intel Xeon against 235-280 ns writing this
+/// table (`lb-bench --profile quick --only connect`, 2026-12-02). Cookies
+/// are handed out in sequence (net/core/sock_diag.c, `__sock_gen_cookie`),
+/// so sockets made one after another write neighbouring slots. A slot is
+/// claimed again by the socket `slots` cookies later; if its occupant is
+/// still open then (sock_release frees a closing socket's slot), the
+/// occupant's translation moves to the LRU first, so a long-lived socket
+/// keeps it as before: only sockets that outlive that many newer cookies
+/// pay the LRU insert, once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockTcpSlot {
+    pub cookie: u64,
+    pub peer: SockPeer,
+    pub pad: u32,
+}
+
+/// `LB_SOCK_TCP`'s size for a `--map-size-sock-revnat`: a quarter of the
+/// LRU's, a power of two (the slot is the cookie's low bits), at least 16.
+/// At the default 262 144 that is 65 536 slots of 56 bytes, 3.5 MiB, and a
+/// TCP socket moves to the LRU once 65 536 newer sockets have a cookie.
+pub const fn sock_tcp_slots(sock_revnat: u32) -> u32 {
+    let quarter = (sock_revnat / 4).next_power_of_two();
+    if quarter < 16 {
+        16
+    } else {
+        quarter
+    }
+}
+
+/// The `LB_SOCK_TCP` slot of a cookie in a table of `slots` (a power of two).
+#[inline(always)]
+pub const fn sock_tcp_slot(cookie: u64, slots: u32) -> u32 {
+    (cookie as u32) & (slots - 1)
+}
+
+crate::user_pod!(SockPeer, SockPeers, UdpChoice, UdpChoices, SockTcpSlot);
 
 #[cfg(test)]
 mod tests {
@@ -101,5 +145,18 @@ mod tests {
         assert_eq!(w[0], u32::from_ne_bytes([0, 1, 2, 3]));
         assert_eq!(w[3], u32::from_ne_bytes([12, 13, 14, 15]));
         assert_eq!(words_to_bytes(&w), b);
+    }
+
+    #[test]
+    fn the_tcp_table_is_a_quarter_of_the_lru_in_a_power_of_two_and_its_slots_follow_the_cookie() {
+        assert_eq!(sock_tcp_slots(262_144), 65_536);
+        assert_eq!(sock_tcp_slots(100_000), 32_768);
+        assert_eq!(sock_tcp_slots(256), 64);
+        assert_eq!(sock_tcp_slots(1), 16);
+        let slots = sock_tcp_slots(262_144);
+        assert_eq!(sock_tcp_slot(65_537, slots), 1);
+        assert_eq!(sock_tcp_slot(65_535, slots), 65_535);
+        assert_eq!(sock_tcp_slot(7, 16), 7);
+        assert_eq!(sock_tcp_slot(23, 16), 7);
     }
 }

@@ -22,6 +22,7 @@ use lb_common::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
+    sock::{sock_tcp_slots, SockTcpSlot},
 };
 
 /// Agent-written maps are not preallocated: memory follows use, so capacities
@@ -112,6 +113,11 @@ pub static LB4_FE_FILTER: Array<u64> = Array::pinned(FILTER_WORDS, 0);
 /// LB4/6_SOCK_REVNAT: see `lb_common::filter::sock_filter_slot`.
 #[map]
 pub static LB_SOCK_FILTER: Array<u8> = Array::pinned(SOCK_FILTER_SLOTS, 0);
+
+/// Translated TCP sockets by cookie slot: see `lb_common::sock::SockTcpSlot`.
+#[map]
+pub static LB_SOCK_TCP: Array<SockTcpSlot> =
+    Array::pinned(sock_tcp_slots(DEFAULT_SOCK_REVNAT_MAX), 0);
 
 /// A flag per slot of socket cookies that may be indexed in
 /// LB4/6_SOCK_REVNAT: see `lb_common::filter::sock_cookie_slot`.

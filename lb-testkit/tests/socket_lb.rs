@@ -219,12 +219,18 @@ fn echo_backends(w: &World) -> Vec<Server> {
         .collect()
 }
 
-/// A closing socket's entry leaves the shared LB4_SOCK_REVNAT LRU
-/// (cgroup/sock_release), so connection churn does not fill it with dead
-/// sockets (and every connect insert into a full LRU takes the eviction
-/// path): after 2000 TCP connects and 300 connected UDP sockets, closed,
-/// only the entries of the sockets still open remain, and those still
-/// translate getpeername().
+fn lru_entries(w: &World) -> usize {
+    lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
+        .expect("reading LB4_SOCK_REVNAT")
+        .expect("LB4_SOCK_REVNAT is pinned")
+}
+
+/// A closing socket's entry leaves the shared LB4_SOCK_REVNAT LRU, and a
+/// TCP socket's its LB_SOCK_TCP slot (cgroup/sock_release), so connection
+/// churn does not fill them with dead sockets (and every connect insert
+/// into a full LRU takes the eviction path): after 2000 TCP connects and
+/// 300 connected UDP sockets, closed, only the entries of the sockets still
+/// open remain, and those still translate getpeername().
 #[test]
 fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() {
     let w = World::new("sock_release_lru", 2);
@@ -236,11 +242,9 @@ fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() 
         "services:\n  - name: mixed\n    clusterIPs: [{VIP}]\n    ports:\n      - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n      - {{name: web, port: 80, targetPort: 8080}}\n      - {{name: echo, port: 81, targetPort: 8081}}\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
     ));
     let _agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
-    let entries = || {
-        lb::maps::bpf::count_entries(&w.pins.path, "LB4_SOCK_REVNAT")
-            .expect("reading LB4_SOCK_REVNAT")
-            .expect("LB4_SOCK_REVNAT is pinned")
-    };
+    // The connected UDP socket's entry is in the LRU, the TCP socket's in
+    // LB_SOCK_TCP.
+    let entries = || lru_entries(&w) + lb::maps::bpf::count_tcp_table(&w.pins.path).unwrap();
     assert_eq!(entries(), 0, "nothing translated yet");
     let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
     let mut udp = Held::start(cg, ns, &format!("{VIP}:53"));
@@ -303,7 +307,8 @@ fn the_cookie_filter_skips_unflagged_sockets_an_agent_start_flags_the_entries_al
     );
 }
 
-/// Two held TCP sockets through the VIP; their flags in `filter` (the slot
+/// Two held connected UDP sockets through the VIP (a TCP socket's
+/// translation is in LB_SOCK_TCP, not the LRU); their flags in `filter` (the slot
 /// `slot_of` an LRU key) cleared by hand, as an older build leaves them:
 /// the one closed now keeps its entry (the lookup was skipped), the one
 /// closed after the agent restarts loses it. `cleared_on_close`: the closed
@@ -316,10 +321,10 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
 ) {
     use lb_common::revnat::{SockRevNat4Key, SockRevNat4Value};
     let w = World::new(tag, 2);
-    let _echo = echo_backends(&w);
+    let _dns = w.udp_servers(5353, false);
     let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
     w.write_services(&format!(
-        "services:\n  - name: echo\n    clusterIPs: [{VIP}]\n    ports: [{{port: 81, targetPort: 8081}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
+        "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
     ));
     let mut agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
     let keys = || -> Vec<SockRevNat4Key> {
@@ -341,9 +346,9 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
     assert!(keys().is_empty(), "nothing translated yet");
 
     let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
-    let mut first = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    let mut first = Held::start(cg, ns, &format!("{VIP}:53"));
     let (a1, k1) = (first.ask(), keys());
-    let mut second = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    let mut second = Held::start(cg, ns, &format!("{VIP}:53"));
     let a2 = second.ask();
     assert!(a1.ok && a2.ok, "{a1:?} {a2:?}");
     let (k1, all) = (k1[0], keys());
@@ -372,7 +377,7 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
         "the agent's start did not flag the entries in the LRU"
     );
     let a = second.ask();
-    assert_eq!(a.peer.as_deref(), Some("10.96.0.10:81"), "{a:?}");
+    assert_eq!(a.peer.as_deref(), Some("10.96.0.10:53"), "{a:?}");
     drop(second);
     assert_eq!(
         keys(),
@@ -382,6 +387,66 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
     if cleared_on_close {
         assert_eq!(flag(&k2), 0, "sock_release left the closed socket's flag");
     }
+}
+
+/// A TCP socket's translation is kept in LB_SOCK_TCP, in the slot of its
+/// cookie's low bits; a socket made `slots` cookies later claims the slot
+/// again. A socket still open then (a long-lived connection) must keep its
+/// translation: it moves to the LRU. With a 16-slot table, one held TCP
+/// socket and 500 connects after it: every connect's getpeername() shows
+/// the VIP, the held socket's too (from the LRU) after its slot was taken,
+/// and the LRU holds that socket alone (the closed ones freed their slots,
+/// so no claim moved them there); its close takes it out.
+#[test]
+fn a_tcp_socket_that_outlives_its_slot_keeps_its_translation_in_the_lru_and_closed_ones_never_go_there(
+) {
+    let w = World::new("sock_tcp_table", 2);
+    let _web = w.tcp_servers(8080, false);
+    let _echo = echo_backends(&w);
+    let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
+    w.write_services(&format!(
+        "services:\n  - name: mixed\n    clusterIPs: [{VIP}]\n    ports:\n      - {{name: web, port: 80, targetPort: 8080}}\n      - {{name: echo, port: 81, targetPort: 8081}}\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
+    ));
+    // LB_SOCK_TCP gets a quarter of this, at least 16 slots.
+    let _agent = Agent::start_with(
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--map-size-sock-revnat=64"],
+    );
+    let table = || lb::maps::bpf::count_tcp_table(&w.pins.path).unwrap();
+    let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
+    let mut held = Held::tcp(cg, ns, &format!("{VIP}:81"));
+    let a = held.ask();
+    assert_eq!(a.peer.as_deref(), Some("10.96.0.10:81"), "{a:?}");
+    assert_eq!((table(), lru_entries(&w)), (1, 0), "kept in its slot");
+
+    let attempts = w.probe("tcp", "10.96.0.10:80", 500);
+    assert!(attempts.iter().all(|a| a.ok), "a connect failed");
+    let wrong: Vec<_> = attempts
+        .iter()
+        .filter(|a| a.peer.as_deref() != Some("10.96.0.10:80"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of 500 getpeername() showed no VIP, first {:?}",
+        wrong.len(),
+        wrong.first()
+    );
+    assert_eq!(
+        (table(), lru_entries(&w)),
+        (0, 1),
+        "after 500 connects (table slots in use, LRU entries): the held socket's slot was taken, \
+         so its translation should be in the LRU and nothing else anywhere"
+    );
+    let a = held.ask();
+    assert_eq!(
+        a.peer.as_deref(),
+        Some("10.96.0.10:81"),
+        "the held socket lost its translation when its slot was taken: {a:?}"
+    );
+    drop(held);
+    assert_eq!(lru_entries(&w), 0, "the held socket's entry outlived it");
 }
 
 /// Socket LB keeps a UDP socket's translation in the socket's own storage

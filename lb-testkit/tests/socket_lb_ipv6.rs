@@ -51,9 +51,15 @@ fn tcp6_connect_to_ipv6_vip_reaches_ipv6_backends_with_client_address_kept() {
         );
     }
     assert_eq!(seen.len(), 2, "both IPv6 backends used: {seen:?}");
-    // getpeername6 read each translation from LB6_SOCK_REVNAT while the
-    // socket was open; sock_release took it out at close.
+    // getpeername6 read each translation from LB_SOCK_TCP while the socket
+    // was open; sock_release freed its slot at close, and none reached the
+    // LRU.
+    assert_eq!(tcp_table_entries(&w), 0);
     assert_eq!(sock_revnat_entries(&w, "LB6_SOCK_REVNAT"), 0);
+}
+
+fn tcp_table_entries(w: &World) -> usize {
+    lb::maps::bpf::count_tcp_table(&w.pins.path).unwrap()
 }
 
 fn sock_revnat_entries(w: &World, map: &str) -> usize {
@@ -107,7 +113,9 @@ fn dual_stack_socket_dialing_v4_mapped_vip_is_translated_through_ipv4_maps() {
             "{a:?}"
         );
     }
-    // Indexed in the IPv4 map, and taken out of it at close.
+    // Kept as IPv4 (getpeername6 found it: the peer above), and freed at
+    // close.
+    assert_eq!(tcp_table_entries(&w), 0);
     assert_eq!(sock_revnat_entries(&w, "LB4_SOCK_REVNAT"), 0);
 }
 

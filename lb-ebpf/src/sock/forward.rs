@@ -18,7 +18,8 @@ use lb_common::{
 
 use super::{
     family::{SockFamily, Translation},
-    peers, udp_choice, v4_mapped, words_to_bytes, Dest, SockAddr, ALLOW, DENY, ECONNREFUSED,
+    peers, tcp_table, udp_choice, v4_mapped, words_to_bytes, Dest, SockAddr, ALLOW, DENY,
+    ECONNREFUSED,
 };
 use crate::{
     drop, events,
@@ -151,11 +152,11 @@ fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: [u32; 4], de
         frontend_port: dport,
         service_id: svc.service_id,
     };
-    // TCP: the shared LRU (cheaper per connect than creating socket
-    // storage); UDP: the socket's own storage, which churn cannot evict
-    // (see `peers` for both measurements and reasons).
+    // TCP: the table by cookie (cheaper per connect than the LRU or
+    // socket storage); UDP: the socket's own storage, which churn cannot
+    // evict (see `tcp_table` and `peers` for measurements and reasons).
     let kept = if protocol == proto::TCP {
-        F::lru_put(peers::cookie(ctx), baddr, bport, &t)
+        tcp_table::put::<F>(peers::cookie(ctx), baddr, bport, &t)
     } else if hook == HOOK_CONNECT4 || hook == HOOK_CONNECT6 {
         // A connected UDP socket is also indexed in the shared LRU: the
         // agent finds it there (by cookie and backend) when its backend

@@ -1,7 +1,7 @@
 //! `LB_SOCK_FILTER` and `LB_SOCK_COOKIES`: which backends, and which
-//! sockets, may be indexed in the reverse LRU (`LB4/6_SOCK_REVNAT`), so
-//! that a closing socket that was never translated skips the LRU lookup
-//! (see `lb_common::filter`).
+//! sockets, may be indexed in the reverse LRU (`LB4/6_SOCK_REVNAT`) or
+//! kept in `LB_SOCK_TCP`, so that a closing socket that was never
+//! translated skips both (see `lb_common::filter`).
 use aya_ebpf::maps::Array;
 use lb_common::filter::{fold6, sock_cookie_slot, sock_filter_slot};
 
@@ -31,13 +31,14 @@ pub fn may_hold(slot: u32) -> bool {
     is_set(&LB_SOCK_FILTER, slot)
 }
 
-/// Before a socket is indexed in the LRU.
+/// Before a socket is indexed in the LRU or claims a `LB_SOCK_TCP` slot.
 #[inline(always)]
 pub fn note_socket(cookie: u64) {
     set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie), 1);
 }
 
-/// Whether the socket with this cookie may be indexed in the LRU.
+/// Whether the socket with this cookie may be indexed in the LRU or hold
+/// a `LB_SOCK_TCP` slot.
 #[inline(always)]
 pub fn socket_may_hold(cookie: u64) -> bool {
     is_set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie))

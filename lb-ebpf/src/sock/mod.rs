@@ -4,8 +4,8 @@
 //!   socket's destination;
 //! * `reverse`: recvmsg4/6 and getpeername4/6 give the application back the
 //!   service address;
-//! * `release`: sock_release takes a closing socket's entry out of the
-//!   shared reverse-translation LRU.
+//! * `release`: sock_release frees a closing socket's `tcp_table` slot and
+//!   takes its entries out of the shared reverse-translation LRU.
 //!
 //! An IPv6 socket dialing a v4-mapped address (`::ffff:10.96.0.10`, a
 //! dual-stack socket) is translated through the IPv4 maps, as the kernel
@@ -21,6 +21,7 @@ pub mod lru_filter;
 pub mod peers;
 pub mod release;
 pub mod reverse;
+pub mod tcp_table;
 pub mod udp_choice;
 
 use aya_ebpf::bindings::bpf_sock_addr;

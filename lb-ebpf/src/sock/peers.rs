@@ -7,13 +7,16 @@
 //! which resolvers drop as a spoofed answer. Socket storage lives and dies
 //! with the socket: nothing evicts it.
 //!
-//! TCP stays in the LRU. Its translation is read by getpeername() only,
-//! which applications call right after connect(), and creating socket
-//! storage costs more per connect than the LRU insert: with the kernel's
-//! BPF statistics, connect4 took 940 ns per run with the LRU and 1.2 to
-//! 1.6 µs with storage created for every socket (2026-12-01, `lb-bench
-//! --profile quick --only connect`; storage is two allocations, the LRU
-//! takes a preallocated element).
+//! TCP does not use socket storage. Its translation is read by
+//! getpeername() only, and creating socket storage costs more per connect
+//! than anything else tried: with the kernel's BPF statistics, connect4
+//! took 940 ns per run with the LRU and 1.2 to 1.6 µs with storage created
+//! for every socket (AMD EPYC, 2026-12-01), and 607-1031 ns against
+//! 468-580 ns for the LRU on an Intel Xeon (2026-12-02; `lb-bench --profile
+//! quick --only connect`; storage is two allocations, the LRU takes a
+//! preallocated element). TCP sockets go to `LB_SOCK_TCP` (`tcp_table`), a
+//! table by cookie that is cheaper still, and move to the LRU only when
+//! they outlive their slot.
 //!
 //! The LRU is also still used for:
 //! * connected UDP sockets, indexed there too: the agent finds the sockets
@@ -30,7 +33,10 @@ use aya_ebpf::{
 };
 use lb_common::sock::{SockPeer, SockPeers, SOCK_PEERS};
 
-use super::family::{SockFamily, Translation};
+use super::{
+    family::{SockFamily, Translation},
+    tcp_table,
+};
 use crate::select::{V4, V6};
 
 #[btf_map]
@@ -42,9 +48,10 @@ pub fn cookie(ctx: &SockAddrContext) -> u64 {
     unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
 }
 
-/// Moves a translation out of the socket's storage into the shared LRU.
+/// Moves a translation out of a socket's storage, or out of its
+/// `LB_SOCK_TCP` slot, into the shared LRU.
 #[inline(always)]
-fn spill(cookie: u64, e: &SockPeer) -> bool {
+pub fn spill(cookie: u64, e: &SockPeer) -> bool {
     let t = Translation {
         frontend: e.frontend,
         frontend_port: e.frontend_port,
@@ -116,6 +123,8 @@ pub fn remember<F: SockFamily>(
 /// Where a translation was found, so a stale one can be forgotten.
 pub enum Found {
     Storage(usize),
+    /// In `LB_SOCK_TCP`, by this cookie.
+    Table(u64),
     Shared(u64),
 }
 
@@ -146,6 +155,9 @@ pub fn recall<F: SockFamily>(
         }
     }
     let cookie = cookie(ctx);
+    if let Some(t) = tcp_table::get::<F>(cookie, backend, port) {
+        return Some((t, Found::Table(cookie)));
+    }
     F::lru_get(cookie, backend, port).map(|t| (t, Found::Shared(cookie)))
 }
 
@@ -160,6 +172,9 @@ pub fn forget<F: SockFamily>(ctx: &SockAddrContext, found: Found, backend: [u32;
                 // SAFETY: this socket's storage, valid for the program's run.
                 unsafe { (*peers).entries[i % SOCK_PEERS].family = 0 };
             }
+        }
+        Found::Table(cookie) => {
+            tcp_table::release(cookie);
         }
         Found::Shared(cookie) => F::lru_remove(|| cookie, backend, port),
     }

@@ -1,32 +1,35 @@
-//! cgroup/sock_release: a closing socket's entry leaves the shared
-//! `LB4/6_SOCK_REVNAT` LRU.
+//! cgroup/sock_release: a closing socket's translation leaves its
+//! `LB_SOCK_TCP` slot (TCP) and the shared `LB4/6_SOCK_REVNAT` LRU.
 //!
-//! connect4/6 index every translated TCP and connected UDP socket there by
-//! cookie and backend. Left alone, those entries stay until the LRU evicts
-//! them: the map runs full under connection churn, and every connect then
-//! inserts into a cold element of a map of tens of MiB, taking the kernel's
-//! eviction path (kernel/bpf/bpf_lru_list.c, `bpf_lru_list_pop_free_to_local`
-//! shrinking the inactive list). Measured with the kernel's BPF statistics
-//! (`lb-bench --profile quick --only connect`, 2026-12-01): connect4 took
-//! 1.0-1.4 µs per run with the insert and 0.4-0.5 µs without it. Deleting
-//! at close frees the element back to this CPU's local free list, where the
-//! next connect finds it warm, and keeps live sockets' entries (a long-lived
-//! connected UDP socket the agent may have to find) from being evicted by
-//! dead ones.
+//! connect4/6 keep a translated TCP socket in `LB_SOCK_TCP` (moved to the
+//! LRU if it outlives its slot) and index every connected UDP socket in the
+//! LRU by cookie and backend. A slot left taken makes the next claim move a
+//! dead socket's translation to the LRU. Left alone, LRU entries stay until
+//! the LRU evicts them: the map runs full under connection churn, and every
+//! insert then takes the kernel's eviction path (kernel/bpf/bpf_lru_list.c,
+//! `bpf_lru_list_pop_free_to_local` shrinking the inactive list). Measured
+//! with the kernel's BPF statistics (`lb-bench --profile quick --only
+//! connect`, 2026-12-01): connect4 took 1.0-1.4 µs per run with the insert
+//! and 0.4-0.5 µs without it. Deleting at close frees the element back to
+//! this CPU's local free list, where the next insert finds it warm, and
+//! keeps live sockets' entries (a long-lived connected UDP socket the agent
+//! may have to find) from being evicted by dead ones.
 //!
 //! A UDP socket's own storage (`LB_SOCK_PEERS`) names every backend it was
 //! sent to; their entries go too. That covers what the destination alone
 //! misses: a socket the agent destroyed (the kernel's udp_abort clears its
 //! destination before the close), one that disconnected or connected again
 //! elsewhere. A TCP socket whose connect failed (tcp_disconnect clears its
-//! destination) keeps its entry until the LRU evicts it.
+//! destination) keeps its slot until the next claim moves it to the LRU,
+//! which evicts it in time.
 //!
 //! Sockets of other protocols return before any lookup. A socket to a
-//! backend no socket was ever indexed under skips the LRU too, and so does
-//! one whose own cookie slot is clear (`lru_filter`): a direct connect to a
-//! backend other sockets were translated to reads one byte where it looked
-//! up a cold bucket. A translated socket costs a lookup and the delete (two
-//! walks of the same bucket, the second warm), and clears its cookie slot.
+//! backend no socket was ever sent to skips the rest, and so does one whose
+//! own cookie slot is clear (`lru_filter`): a direct connect to a backend
+//! other sockets were translated to reads one byte. A translated TCP socket
+//! frees its slot; one that outlived it, and a UDP socket, cost an LRU
+//! lookup and the delete (two walks of the same bucket, the second warm).
+//! The socket's cookie slot is cleared last.
 use aya_ebpf::{
     bindings::bpf_sock,
     helpers::{bpf_get_socket_cookie, generated::bpf_sk_storage_get},
@@ -39,7 +42,7 @@ use lb_common::{
     sock::{SockPeers, SOCK_PEERS},
 };
 
-use super::{family::SockFamily, lru_filter, peers::LB_SOCK_PEERS, v4_mapped, ALLOW};
+use super::{family::SockFamily, lru_filter, peers::LB_SOCK_PEERS, tcp_table, v4_mapped, ALLOW};
 use crate::select::{V4, V6};
 
 const AF_INET: u32 = 2;
@@ -77,7 +80,8 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
     }
     if port != 0 {
         // Still connected (a UDP socket may have disconnected).
-        forget_destination(sk, family, port, &mut cookie);
+        let tcp = protocol == proto::TCP as u32;
+        forget_destination(sk, family, port, tcp, &mut cookie);
     }
     // The socket's entries are gone: its cookie slot is free for the
     // sockets made 2^18 cookies later.
@@ -87,13 +91,19 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
     ALLOW
 }
 
-/// Deletes the entry of the backend the socket is connected to.
+/// Forgets the translation to the backend the socket is connected to.
 #[inline(always)]
-fn forget_destination(sk: *mut bpf_sock, family: u32, port: u16, mut cookie: impl FnMut() -> u64) {
+fn forget_destination(
+    sk: *mut bpf_sock,
+    family: u32,
+    port: u16,
+    tcp: bool,
+    mut cookie: impl FnMut() -> u64,
+) {
     if family == AF_INET {
         // SAFETY: as above.
         let addr = unsafe { core::ptr::read_volatile(&(*sk).dst_ip4) };
-        V4::lru_remove(&mut cookie, [addr, 0, 0, 0], port);
+        forget::<V4>(tcp, &mut cookie, [addr, 0, 0, 0], port);
     } else if family == AF_INET6 {
         // SAFETY: as above, a word at a time (the kernel's allowed width).
         let words = unsafe {
@@ -107,10 +117,27 @@ fn forget_destination(sk: *mut bpf_sock, family: u32, port: u16, mut cookie: imp
         // A dual-stack socket that dialed a v4-mapped address was indexed
         // in the IPv4 map (forward6).
         match v4_mapped(&words) {
-            Some(a) => V4::lru_remove(&mut cookie, [a, 0, 0, 0], port),
-            None => V6::lru_remove(&mut cookie, words, port),
+            Some(a) => forget::<V4>(tcp, &mut cookie, [a, 0, 0, 0], port),
+            None => forget::<V6>(tcp, &mut cookie, words, port),
         }
     }
+}
+
+/// A TCP socket's translation is in its `tcp_table` slot, or in the LRU
+/// once another socket claimed that slot; a UDP socket's in the LRU.
+#[inline(always)]
+fn forget<F: SockFamily>(tcp: bool, cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16) {
+    if !lru_filter::may_hold(lru_filter::slot(F::FAMILY, &backend, port)) {
+        return;
+    }
+    let cookie = cookie();
+    if !lru_filter::socket_may_hold(cookie) {
+        return;
+    }
+    if tcp && tcp_table::release(cookie) {
+        return;
+    }
+    F::lru_remove(|| cookie, backend, port);
 }
 
 /// Deletes the shared entries of every backend the socket's own storage

@@ -129,7 +129,7 @@ struct RunArgs {
     /// Capacity of LB4/6_BACKENDS.
     #[arg(long, default_value_t = MapSizes::default().backends, env = "LB_MAP_SIZE_BACKENDS")]
     map_size_backends: u32,
-    /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer).
+    /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer); LB_SOCK_TCP (translated TCP sockets by cookie) gets a quarter, rounded up to a power of two.
     #[arg(long, default_value_t = MapSizes::default().sock_revnat, env = "LB_MAP_SIZE_SOCK_REVNAT")]
     map_size_sock_revnat: u32,
     /// Translate only sockets of the host network namespace; pods keep the

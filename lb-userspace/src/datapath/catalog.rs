@@ -18,7 +18,7 @@ use lb_common::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
-    sock::{SockPeers, UdpChoices},
+    sock::{sock_tcp_slots, SockPeers, SockTcpSlot, UdpChoices},
 };
 
 use super::pins::MapSizes;
@@ -72,7 +72,7 @@ const fn synced(name: &'static str, sizes: Option<(usize, usize)>, capacity: Cap
 }
 
 /// Every pinned map of the object.
-pub const CATALOG: [MapSpec; 30] = [
+pub const CATALOG: [MapSpec; 31] = [
     synced(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
@@ -121,6 +121,11 @@ pub const CATALOG: [MapSpec; 30] = [
         btf: true,
         preallocatable: false,
     },
+    spec(
+        names::LB_SOCK_TCP,
+        kv::<u32, SockTcpSlot>(),
+        Capacity::Sized(|s| sock_tcp_slots(s.sock_revnat)),
+    ),
     spec(
         names::LB_SOCK_FILTER,
         kv::<u32, u8>(),

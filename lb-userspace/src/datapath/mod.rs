@@ -187,6 +187,10 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     for (name, size) in sizes.entries() {
         loader.map_max_entries(name, size);
     }
+    // The programs take a TCP socket's LB_SOCK_TCP slot from its cookie's
+    // low bits: they must know the table's size (lb-ebpf/src/sock/tcp_table.rs).
+    let tcp_slots = lb_common::sock::sock_tcp_slots(sizes.sock_revnat);
+    loader.override_global("SOCK_TCP_SLOTS", &tcp_slots, true);
     let mut ebpf = loader
         .load(EBPF_OBJECT)
         .context("loading the eBPF object (is this kernel new enough? see README requirements)")?;

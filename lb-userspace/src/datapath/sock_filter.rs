@@ -8,7 +8,8 @@
 //! so, their sockets' entries would stay until the LRU evicted them. So the
 //! agent flags the slots of every entry it finds, after the new programs
 //! are in the hooks: an entry the old programs add before the swap is in
-//! the map by then, and the new programs flag their own.
+//! the map by then, and the new programs flag their own. `LB_SOCK_TCP`'s
+//! slots need no seeding: every build that claims them flags them.
 use aya::maps::{Array, HashMap, MapData};
 use lb_common::{
     filter::{fold6, sock_cookie_slot, sock_filter_slot},

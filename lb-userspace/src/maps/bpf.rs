@@ -454,6 +454,20 @@ pub fn count_entries(pin_dir: &Path, name: &str) -> anyhow::Result<Option<usize>
     Ok(Some(n))
 }
 
+/// The TCP sockets `LB_SOCK_TCP` holds a translation for (its slots with
+/// a cookie; a TCP socket that outlived its slot is in LB4/6_SOCK_REVNAT).
+pub fn count_tcp_table(pin_dir: &Path) -> anyhow::Result<usize> {
+    let table: Array<MapData, lb_common::sock::SockTcpSlot> =
+        Array::try_from(open_pinned(pin_dir, names::LB_SOCK_TCP)?)?;
+    let mut n = 0;
+    for slot in table.iter() {
+        if slot.context("reading LB_SOCK_TCP")?.cookie != 0 {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Every entry of a north-south conntrack table (LB4_CT with `u32`
 /// addresses, LB6_CT with `[u32; 4]`).
 pub fn read_ct<A>(

@@ -1,0 +1,131 @@
+//! `LB_SOCK_TCP`: translated TCP sockets by the low bits of their cookie
+//! (see `lb_common::sock::SockTcpSlot` for why, and what it measured).
+//!
+//! Writers and readers run on any CPU at once without a lock, and these
+//! programs have no atomic instructions (Rust's BPF target has no
+//! compare-and-swap), so every access is volatile (in program order) and:
+//! * a claim writes `cookie` 0 first, then the translation, then its own
+//!   cookie;
+//! * a read takes the cookie, the translation, then the cookie again, and
+//!   believes the translation only when both name its socket. With stores
+//!   and loads each kept in order, as x86 does, a translation read across a
+//!   claim is never believed.
+//!
+//! What is left: a slot's occupant closing at the instant a socket
+//! `slots` cookies younger claims the slot can free the new socket's
+//! translation (sock_release reads its own cookie, the claim writes, then
+//! sock_release clears); that socket's getpeername() then shows the
+//! backend. It takes a socket that outlived `slots` newer cookies closing
+//! within the ~100 ns of that one claim.
+use lb_common::sock::{sock_tcp_slot, SockPeer, SockTcpSlot};
+
+use super::{
+    family::{SockFamily, Translation},
+    lru_filter, peers,
+};
+use crate::maps::LB_SOCK_TCP;
+
+/// The table's size, a power of two: set by the agent at load
+/// (`sock_tcp_slots` of its `--map-size-sock-revnat`), as `LB_SOCK_TCP`'s
+/// max_entries. Read-only data: the verifier sees a constant.
+#[unsafe(no_mangle)]
+static SOCK_TCP_SLOTS: u32 =
+    lb_common::sock::sock_tcp_slots(lb_common::maps::DEFAULT_SOCK_REVNAT_MAX);
+
+#[inline(always)]
+fn slot_of(cookie: u64) -> *mut SockTcpSlot {
+    // SAFETY: a plain read of our own read-only global.
+    let slots = unsafe { core::ptr::read_volatile(&raw const SOCK_TCP_SLOTS) };
+    LB_SOCK_TCP
+        .get_ptr_mut(sock_tcp_slot(cookie, slots))
+        .unwrap_or(core::ptr::null_mut())
+}
+
+/// connect4/6 sent this TCP socket to `backend:port` for `t`'s frontend.
+/// False when the translation could not be kept (the connection still
+/// works; only getpeername()'s view is lost).
+#[inline(always)]
+pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool {
+    let e = slot_of(cookie);
+    if e.is_null() {
+        return F::lru_put(cookie, backend, port, t);
+    }
+    // sock_release looks a socket up only when its backend's flag and its
+    // own are set: a direct connect to a backend others were sent to then
+    // reads a byte, not this table's slot of its cookie, which nothing has
+    // touched for `slots` sockets (a cache miss).
+    lru_filter::note(lru_filter::slot(F::FAMILY, &backend, port));
+    lru_filter::note_socket(cookie);
+    // SAFETY: an element of our own array, valid for the program's run;
+    // see the file comment for the order of the accesses.
+    unsafe {
+        let occupant = core::ptr::read_volatile(&(*e).cookie);
+        if occupant != 0 {
+            if occupant != cookie {
+                // Still open (a closing socket frees its slot): its
+                // translation moves to the LRU before it is overwritten.
+                peers::spill(occupant, &core::ptr::read_volatile(&(*e).peer));
+            }
+            core::ptr::write_volatile(&mut (*e).cookie, 0);
+        }
+        core::ptr::write_volatile(
+            &mut (*e).peer,
+            SockPeer {
+                backend,
+                frontend: t.frontend,
+                backend_port: port,
+                frontend_port: t.frontend_port,
+                service_id: t.service_id,
+                family: F::FAMILY,
+                pad: [0; 3],
+            },
+        );
+        core::ptr::write_volatile(&mut (*e).cookie, cookie);
+    }
+    true
+}
+
+/// The frontend this socket asked for when it was sent to `backend:port`,
+/// if its slot still holds it.
+#[inline(always)]
+pub fn get<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation> {
+    let e = slot_of(cookie);
+    if e.is_null() {
+        return None;
+    }
+    // SAFETY: as in `put`.
+    let p = unsafe {
+        if core::ptr::read_volatile(&(*e).cookie) != cookie {
+            return None;
+        }
+        let p = core::ptr::read_volatile(&(*e).peer);
+        if core::ptr::read_volatile(&(*e).cookie) != cookie {
+            return None;
+        }
+        p
+    };
+    (p.family == F::FAMILY && p.backend == backend && p.backend_port == port).then_some(
+        Translation {
+            frontend: p.frontend,
+            frontend_port: p.frontend_port,
+            service_id: p.service_id,
+        },
+    )
+}
+
+/// Frees the socket's slot if it still holds it; whether it did.
+#[inline(always)]
+pub fn release(cookie: u64) -> bool {
+    let e = slot_of(cookie);
+    if e.is_null() {
+        return false;
+    }
+    // SAFETY: as in `put`.
+    unsafe {
+        if core::ptr::read_volatile(&(*e).cookie) != cookie {
+            return false;
+        }
+        core::ptr::write_volatile(&mut (*e).cookie, 0);
+    }
+    true
+}
