@@ -75,9 +75,9 @@ pub const fn sock_filter_slot(address: u32, port: u16) -> u32 {
 /// `LB_SOCK_COOKIES`: one flag per slot of socket cookies, for the same
 /// LRU and for `LB_SOCK_TCP` (whose claims set it too). A direct connect to a backend that other sockets were translated
 /// to passes `LB_SOCK_FILTER` (its backend's slot is set), and the lookup
-/// it then made was a cold bucket of the 262 144-entry LRU: 250-300 ns of
-/// a close on an Intel Xeon, where the same lookup in a 4 096-entry LRU
-/// took about 100 (`lb-bench --profile quick --only connect` with
+/// it then made was a cold bucket of the 262 144-entry LRU: sock_release
+/// took 352-378 ns on such a close on an Intel Xeon, 169-183 ns with a
+/// 4 096-entry LRU (`lb-bench --profile quick --only connect` with
 /// `--map-size-sock-revnat`, 2026-12-02). So every LRU insert also sets
 /// its socket's cookie slot, and sock_release looks up only a socket whose
 /// slot is set, and clears the slot when it is done. Cookies are handed
@@ -85,15 +85,31 @@ pub const fn sock_filter_slot(address: u32, port: u16) -> u32 {
 /// slots of sockets made one after another share cache lines and pages,
 /// where the LRU's buckets are scattered by a hash.
 ///
-/// A clear slot says the socket has no entry, with one exception that
-/// costs nothing but memory: two sockets whose cookies are 2^18 apart, both
-/// open and translated, share a slot, and the first to close clears it; the
-/// other's entry then stays in the LRU until it is evicted, as entries did
-/// before sock_release deleted them. A slot is written whole (one byte),
-/// for the same reason as `LB_SOCK_FILTER`'s.
+/// A slot holds the tag of the socket that set it (`sock_cookie_tag`, the
+/// cookie's next bits), so a close clears only its own, and a socket whose
+/// slot holds another's tag is known to hold nothing. Sockets 2^18 cookies
+/// apart share a slot: a long-lived socket's with those made after it. The
+/// second to set a slot that holds another tag makes it `SOCK_COOKIE_SHARED`,
+/// which no close clears (it would forget the other), so a long-lived
+/// socket keeps its flag; such slots only cost the sockets that later fall
+/// on them a lookup. Without atomic instructions two sockets setting one
+/// slot at the same instant can lose one's tag: that socket's translation
+/// then outlives it, until a claim of its `LB_SOCK_TCP` slot moves it to
+/// the LRU and the LRU evicts it. A slot is written whole (one byte), for
+/// the same reason as `LB_SOCK_FILTER`'s.
 pub const SOCK_COOKIE_SLOTS_LOG2: u32 = 18;
 /// `LB_SOCK_COOKIES` entries.
 pub const SOCK_COOKIE_SLOTS: u32 = 1 << SOCK_COOKIE_SLOTS_LOG2;
+
+/// The tag a socket leaves in its `LB_SOCK_COOKIES` slot: the cookie's bits
+/// above the slot's, as 1..=254 (0 is a clear slot).
+#[inline(always)]
+pub const fn sock_cookie_tag(cookie: u64) -> u8 {
+    ((cookie >> SOCK_COOKIE_SLOTS_LOG2) % 254) as u8 + 1
+}
+
+/// An `LB_SOCK_COOKIES` slot two sockets with different tags set.
+pub const SOCK_COOKIE_SHARED: u8 = 255;
 
 /// The `LB_SOCK_COOKIES` slot of a socket cookie: its low bits, so that
 /// sockets made in sequence take neighbouring slots.
@@ -154,11 +170,13 @@ mod tests {
         // hash would scatter them over 64 lines).
         let (lo, hi) = (slots.iter().min().unwrap(), slots.iter().max().unwrap());
         assert_eq!(hi - lo, 63, "{slots:?}");
-        // The slots repeat only after 2^18 cookies.
+        // The slots repeat only after 2^18 cookies, with another tag.
+        let later = first + u64::from(SOCK_COOKIE_SLOTS);
         assert_ne!(sock_cookie_slot(first), sock_cookie_slot(first + 1_000));
-        assert_eq!(
-            sock_cookie_slot(first),
-            sock_cookie_slot(first + u64::from(SOCK_COOKIE_SLOTS))
-        );
+        assert_eq!(sock_cookie_slot(first), sock_cookie_slot(later));
+        assert_ne!(sock_cookie_tag(first), sock_cookie_tag(later));
+        for c in [0, first, later, u64::MAX] {
+            assert!((1..SOCK_COOKIE_SHARED).contains(&sock_cookie_tag(c)), "{c}");
+        }
     }
 }

@@ -96,7 +96,7 @@ pub struct UdpChoices {
 /// Why a table indexed by cookie and not only the `LB4/6_SOCK_REVNAT` LRU:
 /// an insert into the LRU lands in a bucket its hash scatters over a
 /// 262 144-entry map, a cache and TLB miss that made connect4 through a
-/// VIP take 470-600 ns on an Intel Xeon against 235-280 ns writing this
+/// VIP take 470-600 ns on an Intel Xeon against 235-330 ns writing this
 /// table (`lb-bench --profile quick --only connect`, 2026-12-02). Cookies
 /// are handed out in sequence (net/core/sock_diag.c, `__sock_gen_cookie`),
 /// so sockets made one after another write neighbouring slots. A slot is
@@ -126,10 +126,17 @@ pub const fn sock_tcp_slots(sock_revnat: u32) -> u32 {
     }
 }
 
-/// The `LB_SOCK_TCP` slot of a cookie in a table of `slots` (a power of two).
+/// The `LB_SOCK_TCP` slot of a cookie in a table of `slots` (a power of
+/// two): its low bits, shifted by a hash of the bits above the low 16.
+/// Within each 65 536 cookies in sequence the slots follow the cookie; the
+/// shift keeps two CPUs apart that draw cookies 65 536 apart at once (each
+/// CPU takes cookies in batches of its own, include/linux/cookie.h since
+/// Linux 5.12), which would otherwise claim the same slots at
+/// the same time.
 #[inline(always)]
 pub const fn sock_tcp_slot(cookie: u64, slots: u32) -> u32 {
-    (cookie as u32) & (slots - 1)
+    let shift = ((cookie >> 16) as u32).wrapping_mul(0x9e37_79b1);
+    (cookie as u32).wrapping_add(shift) & (slots - 1)
 }
 
 crate::user_pod!(SockPeer, SockPeers, UdpChoice, UdpChoices, SockTcpSlot);
@@ -154,9 +161,22 @@ mod tests {
         assert_eq!(sock_tcp_slots(256), 64);
         assert_eq!(sock_tcp_slots(1), 16);
         let slots = sock_tcp_slots(262_144);
-        assert_eq!(sock_tcp_slot(65_537, slots), 1);
-        assert_eq!(sock_tcp_slot(65_535, slots), 65_535);
-        assert_eq!(sock_tcp_slot(7, 16), 7);
-        assert_eq!(sock_tcp_slot(23, 16), 7);
+        // In sequence, neighbouring slots.
+        let base = 5 * 65_536 + 100;
+        for i in 0..1000u64 {
+            let (a, b) = (
+                sock_tcp_slot(base + i, slots),
+                sock_tcp_slot(base + i + 1, slots),
+            );
+            assert_eq!(b, (a + 1) % slots, "{i}");
+            assert!(a < slots);
+        }
+        // 65 536 apart (two CPUs' batches): not the same slot.
+        assert_ne!(
+            sock_tcp_slot(base, slots),
+            sock_tcp_slot(base + 65_536, slots)
+        );
+        assert_ne!(sock_tcp_slot(base, 16), sock_tcp_slot(base + 65_536, 16));
+        assert!(sock_tcp_slot(u64::MAX, 16) < 16);
     }
 }

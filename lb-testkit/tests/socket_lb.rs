@@ -278,6 +278,78 @@ fn closed_sockets_leave_the_shared_reverse_lru_and_open_ones_keep_their_entry() 
     assert_eq!(entries(), 0, "the held sockets' entries outlived them");
 }
 
+/// A ClusterIP DNS service (VIP:53 → both backends' 5353), servers up.
+fn dns_world(tag: &str) -> (World, Vec<Server>) {
+    let w = World::new(tag, 2);
+    let dns = w.udp_servers(5353, false);
+    let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
+    w.write_services(&format!(
+        "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
+    ));
+    (w, dns)
+}
+
+/// LB4_SOCK_REVNAT's keys, by cookie.
+fn lru_keys(w: &World) -> Vec<lb_common::revnat::SockRevNat4Key> {
+    use lb_common::revnat::{SockRevNat4Key, SockRevNat4Value};
+    let lru: aya::maps::HashMap<_, SockRevNat4Key, SockRevNat4Value> =
+        aya::maps::HashMap::try_from(
+            lb::maps::bpf::open_pinned(&w.pins.path, "LB4_SOCK_REVNAT").expect("LB4_SOCK_REVNAT"),
+        )
+        .unwrap();
+    let mut keys: Vec<_> = lru.keys().map(Result::unwrap).collect();
+    keys.sort_by_key(|k| k.cookie);
+    keys
+}
+
+fn filter_flags(w: &World, filter: &str) -> aya::maps::Array<aya::maps::MapData, u8> {
+    aya::maps::Array::try_from(lb::maps::bpf::open_pinned(&w.pins.path, filter).expect(filter))
+        .unwrap()
+}
+
+/// An LB_SOCK_COOKIES slot holds the tag of the socket that set it: a
+/// closing socket whose slot holds another socket's tag (one made 2^18
+/// cookies before or after it) has nothing to look up, and one whose slot
+/// is shared (both set it) looks up but leaves the slot for the other.
+#[test]
+fn a_cookie_slot_with_another_sockets_tag_spares_the_lookup_and_a_shared_one_is_never_cleared() {
+    use lb_common::filter::{sock_cookie_slot, sock_cookie_tag, SOCK_COOKIE_SHARED};
+    let (w, _dns) = dns_world("sock_cookie_tags");
+    let _agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
+    let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
+    let mut first = Held::start(cg, ns, &format!("{VIP}:53"));
+    let mut second = Held::start(cg, ns, &format!("{VIP}:53"));
+    assert!(first.ask().ok && second.ask().ok);
+    let keys = lru_keys(&w);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let (k1, k2) = (keys[0], keys[1]);
+    let other_tag = sock_cookie_tag(k1.cookie) % 254 + 1;
+    filter_flags(&w, "LB_SOCK_COOKIES")
+        .set(sock_cookie_slot(k1.cookie), other_tag, 0)
+        .unwrap();
+    filter_flags(&w, "LB_SOCK_COOKIES")
+        .set(sock_cookie_slot(k2.cookie), SOCK_COOKIE_SHARED, 0)
+        .unwrap();
+    drop(first);
+    drop(second);
+    assert_eq!(
+        lru_keys(&w),
+        [k1],
+        "the first (another's tag in its slot) must be skipped, the second (shared) looked up"
+    );
+    let flag = |k: &lb_common::revnat::SockRevNat4Key| {
+        filter_flags(&w, "LB_SOCK_COOKIES")
+            .get(&sock_cookie_slot(k.cookie), 0)
+            .unwrap()
+    };
+    assert_eq!(flag(&k1), other_tag, "a close cleared another socket's tag");
+    assert_eq!(
+        flag(&k2),
+        SOCK_COOKIE_SHARED,
+        "a close cleared a shared slot"
+    );
+}
+
 /// sock_release looks a closing socket up in the shared reverse LRU only
 /// when a socket was ever indexed under its backend (LB_SOCK_FILTER): the
 /// filter really spares the lookup, and the agent flags, at every start,
@@ -289,6 +361,7 @@ fn the_lru_filter_skips_unflagged_backends_and_an_agent_start_flags_the_entries_
         "sock_lru_filter",
         "LB_SOCK_FILTER",
         |k| lb_common::filter::sock_filter_slot(k.address, k.port),
+        |_| 1,
         false,
     );
 }
@@ -303,13 +376,14 @@ fn the_cookie_filter_skips_unflagged_sockets_an_agent_start_flags_the_entries_al
         "sock_cookie_filter",
         "LB_SOCK_COOKIES",
         |k| lb_common::filter::sock_cookie_slot(k.cookie),
+        |k| lb_common::filter::sock_cookie_tag(k.cookie),
         true,
     );
 }
 
 /// Two held connected UDP sockets through the VIP (a TCP socket's
-/// translation is in LB_SOCK_TCP, not the LRU); their flags in `filter` (the slot
-/// `slot_of` an LRU key) cleared by hand, as an older build leaves them:
+/// translation is in LB_SOCK_TCP, not the LRU); their flags in `filter`
+/// (`flag_of` an LRU key, in the slot `slot_of` it) cleared by hand, as an older build leaves them:
 /// the one closed now keeps its entry (the lookup was skipped), the one
 /// closed after the agent restarts loses it. `cleared_on_close`: the closed
 /// socket's flag is clear again afterwards.
@@ -317,31 +391,14 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
     tag: &str,
     filter: &str,
     slot_of: fn(&lb_common::revnat::SockRevNat4Key) -> u32,
+    flag_of: fn(&lb_common::revnat::SockRevNat4Key) -> u8,
     cleared_on_close: bool,
 ) {
-    use lb_common::revnat::{SockRevNat4Key, SockRevNat4Value};
-    let w = World::new(tag, 2);
-    let _dns = w.udp_servers(5353, false);
-    let (b1, b2) = (Topology::backend_ip(0), Topology::backend_ip(1));
-    w.write_services(&format!(
-        "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
-    ));
+    use lb_common::revnat::SockRevNat4Key;
+    let (w, _dns) = dns_world(tag);
     let mut agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
-    let keys = || -> Vec<SockRevNat4Key> {
-        let lru: aya::maps::HashMap<_, SockRevNat4Key, SockRevNat4Value> =
-            aya::maps::HashMap::try_from(
-                lb::maps::bpf::open_pinned(&w.pins.path, "LB4_SOCK_REVNAT")
-                    .expect("LB4_SOCK_REVNAT"),
-            )
-            .unwrap();
-        let mut keys: Vec<_> = lru.keys().map(Result::unwrap).collect();
-        keys.sort_by_key(|k| k.cookie);
-        keys
-    };
-    let flags = || -> aya::maps::Array<aya::maps::MapData, u8> {
-        aya::maps::Array::try_from(lb::maps::bpf::open_pinned(&w.pins.path, filter).expect(filter))
-            .unwrap()
-    };
+    let keys = || lru_keys(&w);
+    let flags = || filter_flags(&w, filter);
     let flag = |k: &SockRevNat4Key| flags().get(&slot_of(k), 0).unwrap();
     assert!(keys().is_empty(), "nothing translated yet");
 
@@ -356,7 +413,11 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
     let k2 = *all.iter().find(|k| **k != k1).unwrap();
     let both = all;
     for k in [&k1, &k2] {
-        assert_eq!(flag(k), 1, "connect4 did not set {filter}'s flag of {k:?}");
+        assert_eq!(
+            flag(k),
+            flag_of(k),
+            "connect4 did not set {filter}'s flag of {k:?}"
+        );
     }
 
     // As an older build leaves them: entries, no flags.
@@ -373,7 +434,7 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
     agent.restart();
     assert_eq!(
         (flag(&k1), flag(&k2)),
-        (1, 1),
+        (flag_of(&k1), flag_of(&k2)),
         "the agent's start did not flag the entries in the LRU"
     );
     let a = second.ask();
@@ -396,7 +457,8 @@ fn a_cleared_flag_spares_the_lookup_until_an_agent_start_flags_it_again(
 /// socket and 500 connects after it: every connect's getpeername() shows
 /// the VIP, the held socket's too (from the LRU) after its slot was taken,
 /// and the LRU holds that socket alone (the closed ones freed their slots,
-/// so no claim moved them there); its close takes it out.
+/// so no claim moved them there); its close takes it out. An agent restart
+/// before the churn keeps the held socket's slot.
 #[test]
 fn a_tcp_socket_that_outlives_its_slot_keeps_its_translation_in_the_lru_and_closed_ones_never_go_there(
 ) {
@@ -408,7 +470,7 @@ fn a_tcp_socket_that_outlives_its_slot_keeps_its_translation_in_the_lru_and_clos
         "services:\n  - name: mixed\n    clusterIPs: [{VIP}]\n    ports:\n      - {{name: web, port: 80, targetPort: 8080}}\n      - {{name: echo, port: 81, targetPort: 8081}}\n    backends: [{{address: {b1}}}, {{address: {b2}}}]\n"
     ));
     // LB_SOCK_TCP gets a quarter of this, at least 16 slots.
-    let _agent = Agent::start_with(
+    let mut agent = Agent::start_with(
         &w.services,
         &w.cgroup.path,
         &w.pins.path,
@@ -420,6 +482,15 @@ fn a_tcp_socket_that_outlives_its_slot_keeps_its_translation_in_the_lru_and_clos
     let a = held.ask();
     assert_eq!(a.peer.as_deref(), Some("10.96.0.10:81"), "{a:?}");
     assert_eq!((table(), lru_entries(&w)), (1, 0), "kept in its slot");
+    // The table is pinned: a restart keeps it, and the new programs read it.
+    agent.restart();
+    let a = held.ask();
+    assert_eq!(
+        a.peer.as_deref(),
+        Some("10.96.0.10:81"),
+        "after a restart: {a:?}"
+    );
+    assert_eq!((table(), lru_entries(&w)), (1, 0), "a restart moved it");
 
     let attempts = w.probe("tcp", "10.96.0.10:80", 500);
     assert!(attempts.iter().all(|a| a.ok), "a connect failed");

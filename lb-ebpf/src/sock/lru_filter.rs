@@ -3,7 +3,9 @@
 //! kept in `LB_SOCK_TCP`, so that a closing socket that was never
 //! translated skips both (see `lb_common::filter`).
 use aya_ebpf::maps::Array;
-use lb_common::filter::{fold6, sock_cookie_slot, sock_filter_slot};
+use lb_common::filter::{
+    fold6, sock_cookie_slot, sock_cookie_tag, sock_filter_slot, SOCK_COOKIE_SHARED,
+};
 
 use crate::maps::{LB_SOCK_COOKIES, LB_SOCK_FILTER};
 
@@ -31,24 +33,47 @@ pub fn may_hold(slot: u32) -> bool {
     is_set(&LB_SOCK_FILTER, slot)
 }
 
-/// Before a socket is indexed in the LRU or claims a `LB_SOCK_TCP` slot.
+/// Before a socket is indexed in the LRU or claims a `LB_SOCK_TCP` slot:
+/// its tag, or "shared" when another socket's tag is there.
 #[inline(always)]
 pub fn note_socket(cookie: u64) {
-    set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie), 1);
+    let tag = sock_cookie_tag(cookie);
+    if let Some(flag) = LB_SOCK_COOKIES.get_ptr_mut(sock_cookie_slot(cookie)) {
+        // SAFETY: as in `set`.
+        unsafe {
+            let now = *flag;
+            if now == 0 {
+                *flag = tag;
+            } else if now != tag && now != SOCK_COOKIE_SHARED {
+                *flag = SOCK_COOKIE_SHARED;
+            }
+        }
+    }
 }
 
 /// Whether the socket with this cookie may be indexed in the LRU or hold
 /// a `LB_SOCK_TCP` slot.
 #[inline(always)]
 pub fn socket_may_hold(cookie: u64) -> bool {
-    is_set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie))
+    let tag = sock_cookie_tag(cookie);
+    LB_SOCK_COOKIES
+        .get(sock_cookie_slot(cookie))
+        .is_none_or(|f| *f == tag || *f == SOCK_COOKIE_SHARED)
 }
 
 /// When a socket that may have been indexed has closed and its entries
 /// are gone.
 #[inline(always)]
 pub fn forget_socket(cookie: u64) {
-    set(&LB_SOCK_COOKIES, sock_cookie_slot(cookie), 0);
+    let tag = sock_cookie_tag(cookie);
+    if let Some(flag) = LB_SOCK_COOKIES.get_ptr_mut(sock_cookie_slot(cookie)) {
+        // SAFETY: as in `set`.
+        unsafe {
+            if *flag == tag {
+                *flag = 0;
+            }
+        }
+    }
 }
 
 /// Writes a flag only when it differs: a flag many sockets read stays a

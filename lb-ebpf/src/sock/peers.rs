@@ -129,11 +129,13 @@ pub enum Found {
 }
 
 /// The frontend this socket asked for when it was sent to `backend:port`.
+/// `tcp`: the socket is TCP (only those are in `LB_SOCK_TCP`).
 #[inline(always)]
 pub fn recall<F: SockFamily>(
     ctx: &SockAddrContext,
     backend: [u32; 4],
     port: u16,
+    tcp: bool,
 ) -> Option<(Translation, Found)> {
     // SAFETY: the context's socket; no storage is created.
     let peers = unsafe { LB_SOCK_PEERS.get_ptr_mut(ctx) };
@@ -155,8 +157,10 @@ pub fn recall<F: SockFamily>(
         }
     }
     let cookie = cookie(ctx);
-    if let Some(t) = tcp_table::get::<F>(cookie, backend, port) {
-        return Some((t, Found::Table(cookie)));
+    if tcp {
+        if let Some(t) = tcp_table::get::<F>(cookie, backend, port) {
+            return Some((t, Found::Table(cookie)));
+        }
     }
     F::lru_get(cookie, backend, port).map(|t| (t, Found::Shared(cookie)))
 }

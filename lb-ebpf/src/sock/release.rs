@@ -20,8 +20,8 @@
 //! misses: a socket the agent destroyed (the kernel's udp_abort clears its
 //! destination before the close), one that disconnected or connected again
 //! elsewhere. A TCP socket whose connect failed (tcp_disconnect clears its
-//! destination) keeps its slot until the next claim moves it to the LRU,
-//! which evicts it in time.
+//! destination) is found by its cookie alone: its slot is freed too (an
+//! entry it has in the LRU stays until evicted).
 //!
 //! Sockets of other protocols return before any lookup. A socket to a
 //! backend no socket was ever sent to skips the rest, and so does one whose
@@ -78,10 +78,18 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
     if protocol == proto::UDP as u32 {
         forget_stored(&ctx, &mut cookie);
     }
+    let tcp = protocol == proto::TCP as u32;
     if port != 0 {
         // Still connected (a UDP socket may have disconnected).
-        let tcp = protocol == proto::TCP as u32;
         forget_destination(sk, family, port, tcp, &mut cookie);
+    } else if tcp {
+        // A failed connect clears the destination (tcp_disconnect), not the
+        // socket's LB_SOCK_TCP slot; left, the next claim would move it to
+        // the LRU.
+        let c = cookie();
+        if lru_filter::socket_may_hold(c) {
+            tcp_table::release(c);
+        }
     }
     // The socket's entries are gone: its cookie slot is free for the
     // sockets made 2^18 cookies later.

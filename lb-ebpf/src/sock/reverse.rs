@@ -1,7 +1,7 @@
 //! cgroup/recvmsg4, recvmsg6, getpeername4, getpeername6: backend → service
 //! address, one body for both families (`reverse::<F>`).
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
-use lb_common::config::CNT_SOCK_REVERSE;
+use lb_common::{config::CNT_SOCK_REVERSE, proto};
 
 use super::{family::SockFamily, peers, v4_mapped, Dest, SockAddr, ALLOW};
 use crate::{
@@ -49,7 +49,8 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
 fn reverse<F: SockFamily>(ctx: &SockAddrContext, peer: [u32; 4], dest: Dest) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
     let port = sa.user_port();
-    let Some((t, found)) = peers::recall::<F>(ctx, peer, port) else {
+    let tcp = sa.protocol() == proto::TCP as u32;
+    let Some((t, found)) = peers::recall::<F>(ctx, peer, port, tcp) else {
         return ALLOW;
     };
     // Trust the socket's translation only while its service still has that

@@ -6,24 +6,32 @@
 //! compare-and-swap), so every access is volatile (in program order) and:
 //! * a claim writes `cookie` 0 first, then the translation, then its own
 //!   cookie;
+//! * a claim then reads the slot back, and when another claim of the same
+//!   slot was mixed into its own (two CPUs drawing cookies `slots` apart at
+//!   the same instant), frees it if it still holds its cookie and keeps its
+//!   translation in the LRU instead; a socket's getpeername() comes after
+//!   its connect4 returned, so it never sees the mix;
 //! * a read takes the cookie, the translation, then the cookie again, and
 //!   believes the translation only when both name its socket. With stores
 //!   and loads each kept in order, as x86 does, a translation read across a
-//!   claim is never believed.
+//!   claim is never believed (arm64 may reorder loads: there a read racing
+//!   the claim of its own slot could see a mix).
 //!
-//! What is left: a slot's occupant closing at the instant a socket
-//! `slots` cookies younger claims the slot can free the new socket's
-//! translation (sock_release reads its own cookie, the claim writes, then
-//! sock_release clears); that socket's getpeername() then shows the
-//! backend. It takes a socket that outlived `slots` newer cookies closing
-//! within the ~100 ns of that one claim.
-use lb_common::sock::{sock_tcp_slot, SockPeer, SockTcpSlot};
+//! What is left, each needing two sockets on one slot within the ~100 ns of
+//! a claim: the other socket of two mixed claims can lose its translation
+//! (its getpeername() then shows the backend); an occupant closing while a
+//! claim moves it leaves its translation in the LRU until evicted; and one
+//! closing as a claim writes can free the new socket's translation.
+use lb_common::{
+    drop::{Direction, DropReason},
+    sock::{sock_tcp_slot, SockPeer, SockTcpSlot},
+};
 
 use super::{
     family::{SockFamily, Translation},
     lru_filter, peers,
 };
-use crate::maps::LB_SOCK_TCP;
+use crate::{drop, maps::LB_SOCK_TCP};
 
 /// The table's size, a power of two: set by the agent at load
 /// (`sock_tcp_slots` of its `--map-size-sock-revnat`), as `LB_SOCK_TCP`'s
@@ -61,10 +69,12 @@ pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Transla
     unsafe {
         let occupant = core::ptr::read_volatile(&(*e).cookie);
         if occupant != 0 {
-            if occupant != cookie {
+            if occupant != cookie && !peers::spill(occupant, &core::ptr::read_volatile(&(*e).peer))
+            {
                 // Still open (a closing socket frees its slot): its
-                // translation moves to the LRU before it is overwritten.
-                peers::spill(occupant, &core::ptr::read_volatile(&(*e).peer));
+                // translation should have moved to the LRU before it is
+                // overwritten. Counted like any translation not kept.
+                drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
             }
             core::ptr::write_volatile(&mut (*e).cookie, 0);
         }
@@ -81,8 +91,24 @@ pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Transla
             },
         );
         core::ptr::write_volatile(&mut (*e).cookie, cookie);
+        // Read back, field by field (a copy would not fit the stack):
+        // another claim of this slot mixed into this one.
+        let q = &raw const (*e).peer;
+        if core::ptr::read_volatile(&(*e).cookie) == cookie
+            && core::ptr::read_volatile(&raw const (*q).backend) == backend
+            && core::ptr::read_volatile(&raw const (*q).frontend) == t.frontend
+            && core::ptr::read_volatile(&raw const (*q).backend_port) == port
+            && core::ptr::read_volatile(&raw const (*q).frontend_port) == t.frontend_port
+            && core::ptr::read_volatile(&raw const (*q).service_id) == t.service_id
+            && core::ptr::read_volatile(&raw const (*q).family) == F::FAMILY
+        {
+            return true;
+        }
+        if core::ptr::read_volatile(&(*e).cookie) == cookie {
+            core::ptr::write_volatile(&mut (*e).cookie, 0);
+        }
     }
-    true
+    F::lru_put(cookie, backend, port, t)
 }
 
 /// The frontend this socket asked for when it was sent to `backend:port`,

@@ -166,7 +166,11 @@ pub fn gather(pin_dir: &Path) -> Status {
             .iter()
             .map(|name| MapRow {
                 map: name,
-                entries: bpf::count_entries(pin_dir, name).ok().flatten(),
+                entries: if *name == lb_common::maps::LB_SOCK_TCP {
+                    bpf::count_tcp_table(pin_dir).ok()
+                } else {
+                    bpf::count_entries(pin_dir, name).ok().flatten()
+                },
                 capacity: bpf::max_entries(pin_dir, name).ok(),
                 memory: bpf::memory(pin_dir, name).ok(),
             })

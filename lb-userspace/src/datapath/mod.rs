@@ -59,18 +59,18 @@ pub enum HookKind {
     Sock,
 }
 
+/// In the order the agent swaps them: the readers of what connect and
+/// sendmsg record, and sock_release, before the writers, so that an upgrade
+/// never runs a new writer with an old reader (an older getpeername looks
+/// only in the LRU, not in `LB_SOCK_TCP`).
 pub const HOOKS: [Hook; 9] = [
+    // Frees a closing socket's LB_SOCK_TCP slot and takes its entries out of
+    // the reverse-translation LRU (lb-ebpf/src/sock/release.rs).
     Hook {
-        name: "connect4",
-        program: "lb_connect4",
-        attach_type: sysbpf::BPF_CGROUP_INET4_CONNECT,
-        kind: HookKind::SockAddr,
-    },
-    Hook {
-        name: "sendmsg4",
-        program: "lb_sendmsg4",
-        attach_type: sysbpf::BPF_CGROUP_UDP4_SENDMSG,
-        kind: HookKind::SockAddr,
+        name: "sock_release",
+        program: "lb_sock_release",
+        attach_type: sysbpf::BPF_CGROUP_INET_SOCK_RELEASE,
+        kind: HookKind::Sock,
     },
     Hook {
         name: "recvmsg4",
@@ -85,18 +85,6 @@ pub const HOOKS: [Hook; 9] = [
         kind: HookKind::SockAddr,
     },
     Hook {
-        name: "connect6",
-        program: "lb_connect6",
-        attach_type: sysbpf::BPF_CGROUP_INET6_CONNECT,
-        kind: HookKind::SockAddr,
-    },
-    Hook {
-        name: "sendmsg6",
-        program: "lb_sendmsg6",
-        attach_type: sysbpf::BPF_CGROUP_UDP6_SENDMSG,
-        kind: HookKind::SockAddr,
-    },
-    Hook {
         name: "recvmsg6",
         program: "lb_recvmsg6",
         attach_type: sysbpf::BPF_CGROUP_UDP6_RECVMSG,
@@ -108,13 +96,29 @@ pub const HOOKS: [Hook; 9] = [
         attach_type: sysbpf::BPF_CGROUP_INET6_GETPEERNAME,
         kind: HookKind::SockAddr,
     },
-    // Takes a closing socket's entry out of the reverse-translation LRU
-    // (lb-ebpf/src/sock/release.rs).
     Hook {
-        name: "sock_release",
-        program: "lb_sock_release",
-        attach_type: sysbpf::BPF_CGROUP_INET_SOCK_RELEASE,
-        kind: HookKind::Sock,
+        name: "connect4",
+        program: "lb_connect4",
+        attach_type: sysbpf::BPF_CGROUP_INET4_CONNECT,
+        kind: HookKind::SockAddr,
+    },
+    Hook {
+        name: "sendmsg4",
+        program: "lb_sendmsg4",
+        attach_type: sysbpf::BPF_CGROUP_UDP4_SENDMSG,
+        kind: HookKind::SockAddr,
+    },
+    Hook {
+        name: "connect6",
+        program: "lb_connect6",
+        attach_type: sysbpf::BPF_CGROUP_INET6_CONNECT,
+        kind: HookKind::SockAddr,
+    },
+    Hook {
+        name: "sendmsg6",
+        program: "lb_sendmsg6",
+        attach_type: sysbpf::BPF_CGROUP_UDP6_SENDMSG,
+        kind: HookKind::SockAddr,
     },
 ];
 
