@@ -17,48 +17,41 @@ const NOTES: &str = "\
 
 * **Connect through a VIP vs direct.** The gap is the connect4 program, which
   runs once per connect; the table gives its own run time from the kernel's
-  BPF statistics (measured in extra runs, since the statistics
-  slow every program). Through the VIP it was about 0.9-1.2 µs on the AMD
-  EPYC of 2026-12-01, of which about 0.2 µs is connect4's share of what
-  every connect pays (the `direct` figure: the service lookup that finds
-  nothing); the rest is the backend
-  choice and the reverse-translation entry that lets `getpeername()` show
-  the service address. That entry is most of it: without the LRU insert
-  connect4 took 0.36-0.48 µs per run, with it 0.8-1.0 µs, even with the
-  LRU kept nearly empty by sock_release and shrunk to 4096 entries (quick
-  runs, 2026-12-01), so the cost is the LRU update itself, not a full map.
-  Keeping that entry in socket storage instead measured 1.2-1.6 µs (the
-  storage is allocated per socket), so TCP keeps the LRU and UDP sockets,
-  whose every reply needs the translation, use socket storage
-  (lb-ebpf/src/sock/peers.rs). A preallocated plain hash in place of the
-  LRU (sock_release deletes the entries) measured no better either (1.06 µs
-  per run against 0.75-0.98 µs for the LRU in the run before it). Against a 26 µs
-  handshake to a backend in the next namespace that is 2-4%, below the
-  rounds' noise (±5% here); against a real network round trip it is noise.
-  The cost does not grow with the number of services (the flat row).
-  On the Intel Xeon of 2026-12-02 (quick runs): connect4 0.53-0.60 µs per
-  run through the VIP, of which the LRU insert is 0.30-0.35 µs (0.24-0.25
-  µs without it).
+  BPF statistics (measured in extra runs, since the statistics slow every
+  program). Most of it was the reverse-translation entry that lets
+  `getpeername()` show the service address: an insert into the 262 144-entry
+  `LB4_SOCK_REVNAT` LRU lands in a bucket its hash scatters, a cache and TLB
+  miss. On the Intel Xeon (quick runs, 2026-12-02) connect4 took 468-580
+  ns through the VIP with the default LRU and 275-308 ns with a 4 096-entry
+  one; socket storage measured worse (607-1 031 ns: two allocations per
+  socket), as it did on the AMD EPYC (1.2-1.6 µs against 0.94). Since
+  2026-12-02 a TCP socket's translation goes to `LB_SOCK_TCP`, an array
+  indexed by the low bits of the socket's cookie: cookies come in sequence,
+  so consecutive sockets write neighbouring slots. connect4 through the VIP
+  then took 235-330 ns, against 136-155 ns for a connect to no service in
+  the same runs. A socket that outlives its slot (65 536 newer cookies)
+  moves to the LRU when the slot is claimed again, so long-lived
+  connections keep their translation. The rates' ratio still moves by
+  more than the 2% target from round to round (each verdict gives the
+  rounds' middle half). The cost does not grow with the number of
+  services (the flat row).
 * **What every other connect pays.** The connects/s ratio of `direct,
-  hooks attached` moves by more than the 2% target from round to round
-  (each verdict gives the rounds' middle half), so the table also sums our
-  programs' own run time per direct connect from the kernel's BPF
-  statistics. That leaves out the kernel's work around the programs and
-  their cache effects on the rest of the connect, so it is a floor. Most
-  of it was sock_release, not connect4: looking the closing socket up in
-  the 262 144-entry reverse LRU touches a cold bucket. On the Intel Xeon
-  of 2026-12-02 (quick runs), sock_release took 0.44-0.59 µs per direct
-  connect when it deleted straight away (the delete takes the bucket's
-  spinlock even for a socket never translated), 0.34-0.53 µs looking up
-  first, and about 0.1 µs with no lookup. Now a filter of the backends
-  sockets were ever indexed under (`LB_SOCK_FILTER`, flagged by every LRU
-  insert and seeded by the agent at start) spares the lookup for a connect
-  to anything else. In the full run of 2026-12-02 sock_release then took
-  83-105 ns, and our programs together 170-245 ns, 0.86-1.15% of a
-  connect; since then sock_release takes the socket's cookie (which makes
-  one) only past the filter: 74-82 ns in a quick run. A direct connect to
-  a backend that sockets were translated to (the `direct` rows) still
-  pays the lookup: 1.8-2.3% of a connect.
+  hooks attached` moves by more than the 2% target from round to round,
+  so the table also sums our programs' own run time per direct connect
+  from the kernel's BPF statistics. That leaves out the kernel's work
+  around the programs and their cache effects on the rest of the connect,
+  so it is a floor. A perf profile of a connect loop (`lb-bench
+  profile-connect`, 2026-12-02; the VM has no PMU, so cpu-clock samples)
+  put connect4 and sock_release with their helpers near 1% of the
+  machine's time, under noise from the servers' accept locking. Most of
+  our time was sock_release, not connect4: looking the closing socket up
+  in the reverse LRU touched a cold bucket (0.34-0.59 µs). Two filters now
+  spare it: `LB_SOCK_FILTER` (backends sockets were ever sent to) for a
+  connect to anything else, and `LB_SOCK_COOKIES` (a byte per slot of
+  socket cookies, in sequence like the cookies) for a direct connect to a
+  backend other sockets were sent to: sock_release on such a connect went
+  from 352-378 ns to 103-114 ns (quick runs, 2026-12-02), our programs
+  from 1.7-2.2% of the connect to 0.9%.
 * **Full sync of 10 000 × 10.** About a third is our own computation (the
   in-memory column: desired state, diff, mirror), the rest is the kernel
   inserting 230 000 hash-map elements. The second table of section 2
