@@ -29,7 +29,7 @@ const NOTES: &str = "\
   indexed by the low bits of the socket's cookie: cookies come in sequence,
   so consecutive sockets write neighbouring slots. connect4 through the VIP
   then took 235-330 ns, against 136-155 ns for a connect to no service in
-  the same runs. A socket that outlives its slot (65 536 newer cookies)
+  the same runs. A socket that outlives its slot (about 65 536 newer cookies)
   moves to the LRU when the slot is claimed again, so long-lived
   connections keep their translation. The rates' ratio still moves by
   more than the 2% target from round to round (each verdict gives the

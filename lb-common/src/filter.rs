@@ -86,16 +86,23 @@ pub const fn sock_filter_slot(address: u32, port: u16) -> u32 {
 /// where the LRU's buckets are scattered by a hash.
 ///
 /// A slot holds the tag of the socket that set it (`sock_cookie_tag`, the
-/// cookie's next bits), so a close clears only its own, and a socket whose
-/// slot holds another's tag is known to hold nothing. Sockets 2^18 cookies
+/// cookie's next bits, which repeat every 254 × 2^18 cookies), so a close
+/// clears only its own tag, and a socket whose slot holds another's tag is
+/// known to hold nothing. Sockets 2^18 cookies
 /// apart share a slot: a long-lived socket's with those made after it. The
 /// second to set a slot that holds another tag makes it `SOCK_COOKIE_SHARED`,
 /// which no close clears (it would forget the other), so a long-lived
 /// socket keeps its flag; such slots only cost the sockets that later fall
-/// on them a lookup. Without atomic instructions two sockets setting one
-/// slot at the same instant can lose one's tag: that socket's translation
-/// then outlives it, until a claim of its `LB_SOCK_TCP` slot moves it to
-/// the LRU and the LRU evicts it. A slot is written whole (one byte), for
+/// on them a lookup, and they add up over time (nothing clears them, as
+/// nothing clears `LB_SOCK_FILTER`). A flag can still be lost, and the
+/// socket's translation then outlives it, until a claim of its
+/// `LB_SOCK_TCP` slot moves it to the LRU and the LRU evicts it: without
+/// atomic instructions, when two sockets set one slot at the same instant,
+/// or a close clears its tag as another socket marks the slot shared, or
+/// the agent's seed rewrites a slot as a program sets it; and when a socket
+/// 254 × 2^18 cookies younger, with the same tag, closes first. None of
+/// these can show a socket another's translation: the readers check the
+/// translation itself, not the flag. A slot is written whole (one byte), for
 /// the same reason as `LB_SOCK_FILTER`'s.
 pub const SOCK_COOKIE_SLOTS_LOG2: u32 = 18;
 /// `LB_SOCK_COOKIES` entries.

@@ -100,11 +100,11 @@ pub struct UdpChoices {
 /// table (`lb-bench --profile quick --only connect`, 2026-12-02). Cookies
 /// are handed out in sequence (net/core/sock_diag.c, `__sock_gen_cookie`),
 /// so sockets made one after another write neighbouring slots. A slot is
-/// claimed again by the socket `slots` cookies later; if its occupant is
-/// still open then (sock_release frees a closing socket's slot), the
-/// occupant's translation moves to the LRU first, so a long-lived socket
-/// keeps it as before: only sockets that outlive that many newer cookies
-/// pay the LRU insert, once.
+/// claimed again by a socket about `slots` cookies later (1 to 2 × `slots`:
+/// see `sock_tcp_slot`); if its occupant is still open then (sock_release
+/// frees a closing socket's slot), the occupant's translation moves to the
+/// LRU first, so a long-lived socket keeps it as before: only sockets that
+/// outlive that many newer cookies pay the LRU insert, once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockTcpSlot {
@@ -116,7 +116,8 @@ pub struct SockTcpSlot {
 /// `LB_SOCK_TCP`'s size for a `--map-size-sock-revnat`: a quarter of the
 /// LRU's, a power of two (the slot is the cookie's low bits), at least 16.
 /// At the default 262 144 that is 65 536 slots of 56 bytes, 3.5 MiB, and a
-/// TCP socket moves to the LRU once 65 536 newer sockets have a cookie.
+/// TCP socket moves to the LRU once about 65 536 newer sockets have a
+/// cookie.
 pub const fn sock_tcp_slots(sock_revnat: u32) -> u32 {
     let quarter = (sock_revnat / 4).next_power_of_two();
     if quarter < 16 {
@@ -127,15 +128,20 @@ pub const fn sock_tcp_slots(sock_revnat: u32) -> u32 {
 }
 
 /// The `LB_SOCK_TCP` slot of a cookie in a table of `slots` (a power of
-/// two): its low bits, shifted by a hash of the bits above the low 16.
-/// Within each 65 536 cookies in sequence the slots follow the cookie; the
-/// shift keeps two CPUs apart that draw cookies 65 536 apart at once (each
-/// CPU takes cookies in batches of its own, include/linux/cookie.h since
-/// Linux 5.12), which would otherwise claim the same slots at
-/// the same time.
+/// two): its low bits, shifted by a hash of the bits above them (the
+/// cookie ÷ `slots`). Within each run of `slots` cookies the slots follow
+/// the cookie; the shift keeps two CPUs apart that draw cookies a multiple
+/// of `slots` apart at once (each CPU takes cookies in batches of its own,
+/// include/linux/cookie.h since Linux 5.12), which would otherwise claim
+/// the same slots at the same time. The price: the next run's shift is
+/// another, so a slot is claimed again after 1 to 2 × `slots` cookies,
+/// `slots` on average.
 #[inline(always)]
 pub const fn sock_tcp_slot(cookie: u64, slots: u32) -> u32 {
-    let shift = ((cookie >> 16) as u32).wrapping_mul(0x9e37_79b1);
+    // Never a division by zero (`slots` is at least 16): the `if` lets the
+    // compiler see it, so no panic path reaches the BPF program.
+    let run = cookie / if slots == 0 { 1 } else { slots as u64 };
+    let shift = (run as u32).wrapping_mul(0x9e37_79b1);
     (cookie as u32).wrapping_add(shift) & (slots - 1)
 }
 
@@ -171,12 +177,13 @@ mod tests {
             assert_eq!(b, (a + 1) % slots, "{i}");
             assert!(a < slots);
         }
-        // 65 536 apart (two CPUs' batches): not the same slot.
-        assert_ne!(
-            sock_tcp_slot(base, slots),
-            sock_tcp_slot(base + 65_536, slots)
-        );
-        assert_ne!(sock_tcp_slot(base, 16), sock_tcp_slot(base + 65_536, 16));
+        // A multiple of the table apart (two CPUs' batches): not the same slot.
+        for n in [16u32, 1024, slots] {
+            for k in 1..4u64 {
+                let apart = base + k * u64::from(n);
+                assert_ne!(sock_tcp_slot(base, n), sock_tcp_slot(apart, n), "{n} {k}");
+            }
+        }
         assert!(sock_tcp_slot(u64::MAX, 16) < 16);
     }
 }

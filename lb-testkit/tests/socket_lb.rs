@@ -520,6 +520,38 @@ fn a_tcp_socket_that_outlives_its_slot_keeps_its_translation_in_the_lru_and_clos
     assert_eq!(lru_entries(&w), 0, "the held socket's entry outlived it");
 }
 
+/// A TCP connect through a VIP that the backend refuses (RST) frees its
+/// LB_SOCK_TCP slot at close, whether non-blocking (the socket keeps its
+/// destination) or blocking (the kernel's tcp_disconnect clears the
+/// destination, so sock_release finds the slot by cookie alone): otherwise
+/// every refused connect would leave a slot that the next claim moves into
+/// the LRU.
+#[test]
+fn a_refused_tcp_connect_blocking_or_not_frees_its_slot_at_close() {
+    let w = World::new("sock_tcp_refused", 1);
+    let b1 = Topology::backend_ip(0);
+    // Nothing listens on 8082.
+    w.write_services(&format!(
+        "services:\n  - name: closed\n    clusterIPs: [{VIP}]\n    ports: [{{port: 82, targetPort: 8082}}]\n    backends: [{{address: {b1}}}]\n"
+    ));
+    let _agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
+    for mode in ["tcp", "tcp-blocking"] {
+        let attempts = w.probe(mode, "10.96.0.10:82", 20);
+        assert!(
+            attempts.iter().all(|a| !a.ok),
+            "{mode}: a connect to a port nothing listens on succeeded: {attempts:?}"
+        );
+        assert_eq!(
+            (
+                lb::maps::bpf::count_tcp_table(&w.pins.path).unwrap(),
+                lru_entries(&w)
+            ),
+            (0, 0),
+            "{mode}: refused sockets left their translation behind (table slots, LRU entries)"
+        );
+    }
+}
+
 /// Socket LB keeps a UDP socket's translation in the socket's own storage
 /// (LB_SOCK_PEERS), not only in the shared LB4_SOCK_REVNAT LRU: sockets
 /// opened far beyond that LRU's size (256 here) must not make an idle,

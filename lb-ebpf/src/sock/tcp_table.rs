@@ -4,10 +4,10 @@
 //! Writers and readers run on any CPU at once without a lock, and these
 //! programs have no atomic instructions (Rust's BPF target has no
 //! compare-and-swap), so every access is volatile (in program order) and:
-//! * a claim writes `cookie` 0 first, then the translation, then its own
-//!   cookie;
+//! * a claim writes `cookie` 0 first (even over a slot it found free),
+//!   then the translation, then its own cookie;
 //! * a claim then reads the slot back, and when another claim of the same
-//!   slot was mixed into its own (two CPUs drawing cookies `slots` apart at
+//!   slot was mixed into its own (two CPUs drawing cookies a multiple of `slots` apart at
 //!   the same instant), frees it if it still holds its cookie and keeps its
 //!   translation in the LRU instead; a socket's getpeername() comes after
 //!   its connect4 returned, so it never sees the mix;
@@ -68,16 +68,18 @@ pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Transla
     // see the file comment for the order of the accesses.
     unsafe {
         let occupant = core::ptr::read_volatile(&(*e).cookie);
-        if occupant != 0 {
-            if occupant != cookie && !peers::spill(occupant, &core::ptr::read_volatile(&(*e).peer))
-            {
-                // Still open (a closing socket frees its slot): its
-                // translation should have moved to the LRU before it is
-                // overwritten. Counted like any translation not kept.
-                drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
-            }
-            core::ptr::write_volatile(&mut (*e).cookie, 0);
+        if occupant != 0
+            && occupant != cookie
+            && !peers::spill(occupant, &core::ptr::read_volatile(&(*e).peer))
+        {
+            // Still open (a closing socket frees its slot): its
+            // translation should have moved to the LRU before it is
+            // overwritten. Counted like any translation not kept.
+            drop::count(DropReason::RevNatUpdateFailed, Direction::Egress);
         }
+        // Always, even over a free slot: another claim may have filled it
+        // since, and its socket must not read this translation as its own.
+        core::ptr::write_volatile(&mut (*e).cookie, 0);
         core::ptr::write_volatile(
             &mut (*e).peer,
             SockPeer {

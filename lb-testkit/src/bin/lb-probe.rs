@@ -27,7 +27,7 @@ use lb_testkit::probe::Attempt;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: lb-probe --cgroup DIR --netns NAME tcp|udp|udp-connected ADDR:PORT [COUNT]";
+    let usage = "usage: lb-probe --cgroup DIR --netns NAME tcp|tcp-blocking|udp|udp-connected ADDR:PORT [COUNT]";
     if args.len() < 7 || args[1] != "--cgroup" || args[3] != "--netns" {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -73,6 +73,7 @@ fn main() {
     for _ in 0..count {
         let attempt = match mode {
             "tcp" => tcp(target),
+            "tcp-blocking" => tcp_blocking(target),
             "udp" => udp(target, false),
             "udp-connected" => udp(target, true),
             _ => {
@@ -81,6 +82,21 @@ fn main() {
             }
         };
         writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
+    }
+}
+
+/// A blocking connect() and nothing else: when it fails, the kernel
+/// disconnects the socket (net/ipv4/af_inet.c, `__inet_stream_connect`
+/// calls tcp_disconnect), which clears its destination; a connect with a
+/// timeout (non-blocking) leaves it.
+fn tcp_blocking(target: SocketAddr) -> Attempt {
+    match TcpStream::connect(target) {
+        Ok(c) => Attempt {
+            ok: true,
+            peer: c.peer_addr().ok().map(|a| a.to_string()),
+            ..Default::default()
+        },
+        Err(e) => failed(e),
     }
 }
 
