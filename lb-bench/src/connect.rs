@@ -188,6 +188,62 @@ fn start_server(netns: &str, addr: SocketAddrV4) {
         .expect("server ready");
 }
 
+/// The world of the connect rows: two backends serving TARGET_PORT, a
+/// server no service sends to (a backend's host, another port: what most
+/// connects that are not to a service reach), and two client cgroups, one
+/// with our programs and one without.
+struct Bed {
+    topo: Topology,
+    backends: Vec<SocketAddrV4>,
+    elsewhere: SocketAddrV4,
+    lb_cgroup: ChildCgroup,
+    plain_cgroup: ChildCgroup,
+    services_file: std::path::PathBuf,
+}
+
+impl Bed {
+    fn new(tag: &str) -> Self {
+        let topo = Topology::new(tag, 2);
+        let backends: Vec<SocketAddrV4> = (0..2)
+            .map(|i| SocketAddrV4::new(Topology::backend_ip(i), TARGET_PORT))
+            .collect();
+        for (i, b) in backends.iter().enumerate() {
+            start_server(&topo.backends[i].name, *b);
+        }
+        let elsewhere = SocketAddrV4::new(Topology::backend_ip(0), ELSEWHERE_PORT);
+        start_server(&topo.backends[0].name, elsewhere);
+        Self {
+            topo,
+            backends,
+            elsewhere,
+            lb_cgroup: ChildCgroup::create(&format!("{tag}-lb")),
+            plain_cgroup: ChildCgroup::create(&format!("{tag}-plain")),
+            services_file: std::env::temp_dir().join(format!("lb-services-{tag}.yaml")),
+        }
+    }
+}
+
+/// Our agent on the services file, sized for `n` services, its maps
+/// pinned apart under `pin_tag`.
+fn start_agent(
+    services_file: &std::path::Path,
+    cgroup: &ChildCgroup,
+    n: usize,
+    pin_tag: &str,
+) -> (Agent, PinDir) {
+    let pins = PinDir::create(pin_tag);
+    let sizes = agent_map_args(n);
+    let args: Vec<&str> = sizes.iter().map(String::as_str).collect();
+    let agent = Agent::start_slow(
+        services_file,
+        &cgroup.path,
+        &pins.path,
+        &args,
+        Duration::from_secs(600),
+    );
+    (agent, pins)
+}
+
 /// A client namespace where the service range is routed on-link, as in a
 /// cluster: kube-proxy's rules DNAT after the route lookup, which must succeed.
 fn kube_proxy_client(topo: &mut Topology, tag: &str) -> String {
@@ -211,22 +267,16 @@ fn kube_proxy_client(topo: &mut Topology, tag: &str) -> String {
 
 pub fn run(p: &Profile) -> Vec<Scale> {
     let tag = unique("bench-connect");
-    let mut topo = Topology::new(&tag, 2);
-    let backends: Vec<SocketAddrV4> = (0..2)
-        .map(|i| SocketAddrV4::new(Topology::backend_ip(i), TARGET_PORT))
-        .collect();
-    for (i, b) in backends.iter().enumerate() {
-        start_server(&topo.backends[i].name, *b);
-    }
-    // A server no service sends to (a backend's host, another port): what
-    // most connects that are not to a service reach.
-    let elsewhere = SocketAddrV4::new(Topology::backend_ip(0), ELSEWHERE_PORT);
-    start_server(&topo.backends[0].name, elsewhere);
+    let Bed {
+        mut topo,
+        backends,
+        elsewhere,
+        lb_cgroup,
+        plain_cgroup,
+        services_file,
+    } = Bed::new(&tag);
     let ipt_ns = kube_proxy_client(&mut topo, &format!("{tag}i"));
     let nft_ns = kube_proxy_client(&mut topo, &format!("{tag}n"));
-    let lb_cgroup = ChildCgroup::create(&format!("{tag}-lb"));
-    let plain_cgroup = ChildCgroup::create(&format!("{tag}-plain"));
-    let services_file = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
 
     let mut scales = Vec::new();
     for &n in &p.connect_services {
@@ -235,17 +285,8 @@ pub fn run(p: &Profile) -> Vec<Scale> {
         let vip = SocketAddr::from((w.last().vip, w.last().port));
 
         std::fs::write(&services_file, w.services_yaml()).unwrap();
-        let pins = PinDir::create(&format!("{tag}-{n}"));
-        let sizes = agent_map_args(n);
-        let args: Vec<&str> = sizes.iter().map(String::as_str).collect();
         let t = Instant::now();
-        let agent = Agent::start_slow(
-            &services_file,
-            &lb_cgroup.path,
-            &pins.path,
-            &args,
-            Duration::from_secs(600),
-        );
+        let (agent, pins) = start_agent(&services_file, &lb_cgroup, n, &format!("{tag}-{n}"));
         let setup_lb = t.elapsed();
         let mut variants = vec![Variant::Direct, Variant::DirectHooked, Variant::Lb];
         let setup_iptables = (n <= p.iptables_max_services).then(|| {
@@ -463,30 +504,17 @@ fn hook_costs(
 /// service uses, hooks attached) or `vip` (the service address).
 pub fn profile(dial: &str, services: usize, seconds: u64) {
     let tag = unique("bench-prof");
-    let topo = Topology::new(&tag, 2);
-    let backends: Vec<SocketAddrV4> = (0..2)
-        .map(|i| SocketAddrV4::new(Topology::backend_ip(i), TARGET_PORT))
-        .collect();
-    for (i, b) in backends.iter().enumerate() {
-        start_server(&topo.backends[i].name, *b);
-    }
-    let elsewhere = SocketAddrV4::new(Topology::backend_ip(0), ELSEWHERE_PORT);
-    start_server(&topo.backends[0].name, elsewhere);
-    let lb_cgroup = ChildCgroup::create(&format!("{tag}-lb"));
-    let plain_cgroup = ChildCgroup::create(&format!("{tag}-plain"));
-    let services_file = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
+    let Bed {
+        topo,
+        backends,
+        elsewhere,
+        lb_cgroup,
+        plain_cgroup,
+        services_file,
+    } = Bed::new(&tag);
     let w = Workload::new(services, 2, &backends);
     std::fs::write(&services_file, w.services_yaml()).unwrap();
-    let pins = PinDir::create(&tag);
-    let sizes = agent_map_args(services);
-    let args: Vec<&str> = sizes.iter().map(String::as_str).collect();
-    let agent = Agent::start_slow(
-        &services_file,
-        &lb_cgroup.path,
-        &pins.path,
-        &args,
-        Duration::from_secs(600),
-    );
+    let (agent, _pins) = start_agent(&services_file, &lb_cgroup, services, &tag);
     let direct: Vec<SocketAddr> = backends.iter().map(|b| SocketAddr::from(*b)).collect();
     let (cg, addr) = match dial {
         "plain" => (&plain_cgroup.path, direct),

@@ -7,6 +7,7 @@ use lb_common::{
     backend::{Backend4, Backend6},
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
     service::{Service4Key, Service6Key, SCOPE_ALL},
+    sock::SockPeer,
 };
 
 use super::{bytes_to_words, lru_filter, words_to_bytes};
@@ -21,6 +22,23 @@ pub struct Translation {
     pub frontend: [u32; 4],
     pub frontend_port: u16,
     pub service_id: u32,
+}
+
+impl Translation {
+    /// As a socket's storage and `LB_SOCK_TCP` keep it: with the backend
+    /// `backend:port` of family `family` it was sent to.
+    #[inline(always)]
+    pub fn peer(&self, family: u8, backend: [u32; 4], port: u16) -> SockPeer {
+        SockPeer {
+            backend,
+            frontend: self.frontend,
+            backend_port: port,
+            frontend_port: self.frontend_port,
+            service_id: self.service_id,
+            family,
+            pad: [0; 3],
+        }
+    }
 }
 
 pub trait SockFamily: ServiceFamily {

@@ -81,15 +81,7 @@ pub fn remember<F: SockFamily>(
     }
     // SAFETY: this socket's storage, valid for the program's run.
     let peers = unsafe { &mut *peers };
-    let entry = SockPeer {
-        backend,
-        frontend: t.frontend,
-        backend_port: port,
-        frontend_port: t.frontend_port,
-        service_id: t.service_id,
-        family: F::FAMILY,
-        pad: [0; 3],
-    };
+    let entry = t.peer(F::FAMILY, backend, port);
     let mut free = SOCK_PEERS;
     let mut i = 0;
     while i < SOCK_PEERS {

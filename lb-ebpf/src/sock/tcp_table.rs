@@ -24,7 +24,7 @@
 //! closing as a claim writes can free the new socket's translation.
 use lb_common::{
     drop::{Direction, DropReason},
-    sock::{sock_tcp_slot, SockPeer, SockTcpSlot},
+    sock::{sock_tcp_slot, SockTcpSlot},
 };
 
 use super::{
@@ -80,18 +80,7 @@ pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Transla
         // Always, even over a free slot: another claim may have filled it
         // since, and its socket must not read this translation as its own.
         core::ptr::write_volatile(&mut (*e).cookie, 0);
-        core::ptr::write_volatile(
-            &mut (*e).peer,
-            SockPeer {
-                backend,
-                frontend: t.frontend,
-                backend_port: port,
-                frontend_port: t.frontend_port,
-                service_id: t.service_id,
-                family: F::FAMILY,
-                pad: [0; 3],
-            },
-        );
+        core::ptr::write_volatile(&mut (*e).peer, t.peer(F::FAMILY, backend, port));
         core::ptr::write_volatile(&mut (*e).cookie, cookie);
         // Read back, field by field (a copy would not fit the stack):
         // another claim of this slot mixed into this one.
