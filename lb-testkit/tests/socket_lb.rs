@@ -350,6 +350,40 @@ fn a_cookie_slot_with_another_sockets_tag_spares_the_lookup_and_a_shared_one_is_
     );
 }
 
+/// The agent's seed at start writes the tags of the LRU's entries the way
+/// the programs do: a slot that holds another socket's tag becomes shared
+/// (not overwritten, which would forget that socket), and the socket whose
+/// entry it found is then looked up and taken out at its close.
+#[test]
+fn an_agent_start_marks_a_cookie_slot_holding_another_tag_shared_and_the_socket_still_leaves_the_lru(
+) {
+    use lb_common::filter::{sock_cookie_slot, sock_cookie_tag, SOCK_COOKIE_SHARED};
+    let (w, _dns) = dns_world("sock_cookie_seed");
+    let mut agent = Agent::start(&w.services, &w.cgroup.path, &w.pins.path);
+    let (cg, ns) = (&w.cgroup.path, w.topo.client.name.as_str());
+    let mut held = Held::start(cg, ns, &format!("{VIP}:53"));
+    assert!(held.ask().ok);
+    let keys = lru_keys(&w);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let slot = sock_cookie_slot(keys[0].cookie);
+    let other_tag = sock_cookie_tag(keys[0].cookie) % 254 + 1;
+    // Another socket's tag, as one 2^18 cookies away leaves it.
+    filter_flags(&w, "LB_SOCK_COOKIES")
+        .set(slot, other_tag, 0)
+        .unwrap();
+    agent.restart();
+    assert_eq!(
+        filter_flags(&w, "LB_SOCK_COOKIES").get(&slot, 0).unwrap(),
+        SOCK_COOKIE_SHARED,
+        "the seed must mark a slot of two tags shared"
+    );
+    drop(held);
+    assert!(
+        lru_keys(&w).is_empty(),
+        "the held socket's entry outlived it"
+    );
+}
+
 /// sock_release looks a closing socket up in the shared reverse LRU only
 /// when a socket was ever indexed under its backend (LB_SOCK_FILTER): the
 /// filter really spares the lookup, and the agent flags, at every start,
