@@ -504,24 +504,17 @@ fn hook_costs(
 /// service uses, hooks attached) or `vip` (the service address).
 pub fn profile(dial: &str, services: usize, seconds: u64) {
     let tag = unique("bench-prof");
-    let Bed {
-        topo,
-        backends,
-        elsewhere,
-        lb_cgroup,
-        plain_cgroup,
-        services_file,
-    } = Bed::new(&tag);
-    let w = Workload::new(services, 2, &backends);
-    std::fs::write(&services_file, w.services_yaml()).unwrap();
-    let (agent, _pins) = start_agent(&services_file, &lb_cgroup, services, &tag);
-    let direct: Vec<SocketAddr> = backends.iter().map(|b| SocketAddr::from(*b)).collect();
+    let bed = Bed::new(&tag);
+    let w = Workload::new(services, 2, &bed.backends);
+    std::fs::write(&bed.services_file, w.services_yaml()).unwrap();
+    let (agent, _pins) = start_agent(&bed.services_file, &bed.lb_cgroup, services, &tag);
+    let direct: Vec<SocketAddr> = bed.backends.iter().map(|b| SocketAddr::from(*b)).collect();
     let (cg, addr) = match dial {
-        "plain" => (&plain_cgroup.path, direct),
-        "backend" => (&lb_cgroup.path, direct),
-        "elsewhere" => (&lb_cgroup.path, vec![SocketAddr::from(elsewhere)]),
+        "plain" => (&bed.plain_cgroup.path, direct),
+        "backend" => (&bed.lb_cgroup.path, direct),
+        "elsewhere" => (&bed.lb_cgroup.path, vec![SocketAddr::from(bed.elsewhere)]),
         "vip" => (
-            &lb_cgroup.path,
+            &bed.lb_cgroup.path,
             vec![SocketAddr::from((w.last().vip, w.last().port))],
         ),
         other => panic!("--dial {other}: expected plain, backend, elsewhere or vip"),
@@ -531,7 +524,7 @@ pub fn profile(dial: &str, services: usize, seconds: u64) {
         agent.pid()
     );
     for _ in 0..seconds {
-        let s = client::run(cg, &topo.client.name, &addr, 10_000_000, 1_000);
+        let s = client::run(cg, &bed.topo.client.name, &addr, 10_000_000, 1_000);
         let n = s.latencies_ns.len();
         eprintln!(
             "{dial}: {:.0} connects/s, {} failed",
@@ -540,5 +533,5 @@ pub fn profile(dial: &str, services: usize, seconds: u64) {
         );
     }
     drop(agent);
-    let _ = std::fs::remove_file(&services_file);
+    let _ = std::fs::remove_file(&bed.services_file);
 }

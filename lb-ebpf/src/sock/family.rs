@@ -25,6 +25,16 @@ pub struct Translation {
 }
 
 impl Translation {
+    /// The translation a socket's storage or `LB_SOCK_TCP` entry holds.
+    #[inline(always)]
+    pub fn of(p: &SockPeer) -> Self {
+        Self {
+            frontend: p.frontend,
+            frontend_port: p.frontend_port,
+            service_id: p.service_id,
+        }
+    }
+
     /// As a socket's storage and `LB_SOCK_TCP` keep it: with the backend
     /// `backend:port` of family `family` it was sent to.
     #[inline(always)]

@@ -52,11 +52,7 @@ pub fn cookie(ctx: &SockAddrContext) -> u64 {
 /// `LB_SOCK_TCP` slot, into the shared LRU.
 #[inline(always)]
 pub fn spill(cookie: u64, e: &SockPeer) -> bool {
-    let t = Translation {
-        frontend: e.frontend,
-        frontend_port: e.frontend_port,
-        service_id: e.service_id,
-    };
+    let t = Translation::of(e);
     match e.family {
         4 => V4::lru_put(cookie, e.backend, e.backend_port, &t),
         6 => V6::lru_put(cookie, e.backend, e.backend_port, &t),
@@ -138,12 +134,7 @@ pub fn recall<F: SockFamily>(
         while i < SOCK_PEERS {
             let e = &peers.entries[i];
             if e.family == F::FAMILY && e.backend == backend && e.backend_port == port {
-                let t = Translation {
-                    frontend: e.frontend,
-                    frontend_port: e.frontend_port,
-                    service_id: e.service_id,
-                };
-                return Some((t, Found::Storage(i)));
+                return Some((Translation::of(e), Found::Storage(i)));
             }
             i += 1;
         }

@@ -121,13 +121,8 @@ pub fn get<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16) -> Option<T
         }
         p
     };
-    (p.family == F::FAMILY && p.backend == backend && p.backend_port == port).then_some(
-        Translation {
-            frontend: p.frontend,
-            frontend_port: p.frontend_port,
-            service_id: p.service_id,
-        },
-    )
+    (p.family == F::FAMILY && p.backend == backend && p.backend_port == port)
+        .then(|| Translation::of(&p))
 }
 
 /// Frees the socket's slot if it still holds it; whether it did.
