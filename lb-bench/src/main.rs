@@ -17,6 +17,7 @@ mod map_writes;
 mod memory;
 mod northsouth;
 mod packet;
+mod packet_per_run;
 mod profile;
 mod propagation;
 mod report;

@@ -24,10 +24,10 @@
 //!
 //! A new flow cannot be repeated (the first run creates its conntrack
 //! entry): those are timed one packet per run, each with a new source port,
-//! so they include the timer's own overhead. Remote backends (FIB lookup,
-//! SNAT, redirect) are not timed here: a repeated run would decrement the
-//! TTL and allocate a new SNAT port each time; the north-south section
-//! measures them with real traffic.
+//! the median run taken. Remote backends (FIB lookup, SNAT, DSR, redirect)
+//! and replies through reverse NAT cannot be repeated either (the rewritten
+//! packet is not one the path would take again): `packet_per_run` times
+//! them one packet per run, with the rows that calibrate that method.
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
@@ -47,8 +47,9 @@ use lb_testkit::{
 };
 
 use crate::{
+    packet_per_run::{self, Extra},
     profile::Profile,
-    workload::{map_size, service, Svc, Workload},
+    workload::{map_size, Workload},
 };
 
 #[derive(Clone, Debug)]
@@ -56,8 +57,26 @@ pub struct PacketResult {
     pub services: usize,
     pub program: &'static str,
     pub path: &'static str,
+    pub timing: Timing,
     pub ns_per_packet: f64,
 }
+
+/// How a row was timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// `repeat` runs on one buffer, the kernel's mean.
+    Repeated,
+    /// One fresh packet per run, the median run (includes a clock read
+    /// pair and colder caches: see `packet_per_run`).
+    PerRun,
+}
+
+pub const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing nothing)";
+pub const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
+pub const MISS: &str = "not a service (passes)";
+pub const EMPTY: &str = "empty program (returns at once), same packet";
+pub const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
+pub const MISS6: &str = "IPv6 not a service (passes)";
 
 /// LoadBalancer addresses 198.18.0.1, ... (the benchmarking range, RFC 2544).
 fn lb_ip(i: usize) -> Ipv4Addr {
@@ -81,6 +100,7 @@ struct Prepared {
     ping: Vec<u8>,
     ping6: Vec<u8>,
     miss6: Vec<u8>,
+    extra: Extra,
 }
 
 fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
@@ -93,21 +113,16 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         ping,
         ping6,
         miss6,
+        extra,
     } = prepare(n, new_flows);
     // The kernel reports the mean per run.
     let row = |program, path, per_run: Duration| PacketResult {
         services: n,
         program,
         path,
+        timing: Timing::Repeated,
         ns_per_packet: per_run.as_nanos() as f64,
     };
-    const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing nothing)";
-    const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
-    const MISS: &str = "not a service (passes)";
-    const EMPTY: &str = "empty program (returns at once), same packet";
-    const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
-    const MISS6: &str = "IPv6 not a service (passes)";
-
     let mut out = vec![
         row("tc", ESTABLISHED, dp.tc_ingress_timed(&established, repeat)),
         row("XDP", ESTABLISHED, dp.xdp_timed(&established, repeat)),
@@ -120,37 +135,59 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         row("tc", MISS6, dp.tc_ingress_timed(&miss6, repeat)),
         row("XDP", MISS6, dp.xdp_timed(&miss6, repeat)),
     ];
-    // The floor: a program that only returns, on the same packet.
+    // The floor: a program that only returns, on the same packet, timed
+    // both ways.
+    let mut empty_per_run = Vec::new();
     for (program, xdp) in [("tc", false), ("XDP", true)] {
         let empty = lb_testkit::empty_program::load(xdp).expect("loading an empty program");
-        let t = lb_testkit::empty_program::timed(&empty, &miss, repeat)
-            .expect("running the empty program");
-        out.push(row(program, EMPTY, t));
+        let timed = |repeat| {
+            lb_testkit::empty_program::timed(&empty, &miss, repeat)
+                .expect("running the empty program")
+        };
+        out.push(row(program, EMPTY, timed(repeat)));
+        empty_per_run.push((program, median((0..new_flows).map(|_| timed(1)))));
     }
+    let per_run = |(program, path, timing, t): packet_per_run::Row| PacketResult {
+        timing,
+        ..row(program, path, t)
+    };
     // New flows to a service with two real (other) backends: service lookup,
     // random choice, conntrack insert, DNAT. One run each.
     let target = w.services[0].vip;
     for (program, xdp) in [("tc", false), ("XDP", true)] {
-        let mut total = Duration::ZERO;
-        for i in 0..new_flows {
+        let runs = (0..new_flows).map(|i| {
             let sport = 1024 + (i % 60_000) as u16;
             let src = Ipv4Addr::from(
                 u32::from(CLIENT_IP) + ((i / 60_000) as u32 + if xdp { 100 } else { 0 }),
             );
             let pkt = packets::tcp(CLIENT_MAC, EXT0_MAC, src, target, sport, 80, SYN, b"");
-            total += if xdp {
+            if xdp {
                 dp.xdp_timed(&pkt, 1)
             } else {
                 dp.tc_ingress_timed(&pkt, 1)
-            };
-        }
-        out.push(row(
+            }
+        });
+        out.push(per_run((
             program,
             "new flow (lookup, choice, conntrack insert, DNAT)",
-            total / new_flows as u32,
-        ));
+            Timing::PerRun,
+            median(runs),
+        )));
     }
+    out.extend(
+        packet_per_run::rows(&dp, &extra, new_flows, &empty_per_run)
+            .into_iter()
+            .map(per_run),
+    );
     out
+}
+
+/// The median of some runs' times.
+pub fn median(runs: impl Iterator<Item = Duration>) -> Duration {
+    let mut v: Vec<Duration> = runs.collect();
+    assert!(!v.is_empty(), "no runs to take the median of");
+    v.sort_unstable();
+    v[v.len() / 2]
 }
 
 fn prepare(n: usize, new_flows: usize) -> Prepared {
@@ -170,52 +207,29 @@ fn prepare(n: usize, new_flows: usize) -> Prepared {
     }
     let mut model = w.model(FrontendKind::LoadBalancer);
     let last = w.last().clone();
-    let mut svc = service(&last, FrontendKind::LoadBalancer);
-    svc.frontends[0].backends = vec![Backend {
-        address: last.vip.into(),
-        port: last.port,
-        state: BackendState::Active,
-        local: true,
-        weight: 1,
-    }];
-    model
-        .services
-        .insert(ServiceName::new("default", &last.name), svc);
-    // The pair that forwards to each other, on two more addresses.
+    model.services.insert(
+        ServiceName::new("default", &last.name),
+        one_backend(last.vip.into(), last.port, last.vip.into(), last.port, true),
+    );
+    // The pair that forwards to each other, on two more addresses, and the
+    // same pair over IPv6.
     let (a, b) = (lb_ip(n), lb_ip(n + 1));
-    for (name, from, from_port, to, to_port) in [("ping", a, 80, b, 8080), ("pong", b, 8080, a, 80)]
-    {
-        let spec = Svc {
-            name: name.to_string(),
-            vip: from,
-            port: from_port,
-            endpoints: Vec::new(),
-        };
-        let mut svc = service(&spec, FrontendKind::LoadBalancer);
-        svc.frontends[0].backends = vec![Backend {
-            address: to.into(),
-            port: to_port,
-            state: BackendState::Active,
-            local: true,
-            weight: 1,
-        }];
-        model
-            .services
-            .insert(ServiceName::new("default", name), svc);
-    }
-    // The same pair over IPv6.
     let (a6, b6): (Ipv6Addr, Ipv6Addr) = (
         "2001:db8:18::a".parse().unwrap(),
         "2001:db8:18::b".parse().unwrap(),
     );
-    for (name, from, from_port, to, to_port) in
-        [("ping6", a6, 80, b6, 8080), ("pong6", b6, 8080, a6, 80)]
-    {
+    for (name, from, from_port, to, to_port) in [
+        ("ping", IpAddr::V4(a), 80, IpAddr::V4(b), 8080),
+        ("pong", b.into(), 8080, a.into(), 80),
+        ("ping6", a6.into(), 80, b6.into(), 8080),
+        ("pong6", b6.into(), 8080, a6.into(), 80),
+    ] {
         model.services.insert(
             ServiceName::new("default", name),
-            lb6(from, from_port, to, to_port),
+            one_backend(from, from_port, to, to_port, true),
         );
     }
+    let extra = Extra::add(&mut model, lb_ip(n + 2), lb_ip(n + 3));
     dp.apply(&model);
 
     let established = packets::tcp(
@@ -282,15 +296,16 @@ fn prepare(n: usize, new_flows: usize) -> Prepared {
         ping,
         ping6,
         miss6,
+        extra,
     }
 }
 
-/// An IPv6 LoadBalancer service `from`:`from_port` with one node-local
-/// backend `to`:`to_port`.
-fn lb6(from: Ipv6Addr, from_port: u16, to: Ipv6Addr, to_port: u16) -> Service {
+/// A LoadBalancer service `from`:`from_port` with one backend `to`:`to_port`,
+/// on this node or not.
+pub fn one_backend(from: IpAddr, from_port: u16, to: IpAddr, to_port: u16, local: bool) -> Service {
     Service {
         frontends: vec![Frontend {
-            address: IpAddr::V6(from),
+            address: from,
             port: from_port,
             port_index: 0,
             protocol: Protocol::Tcp,
@@ -301,10 +316,10 @@ fn lb6(from: Ipv6Addr, from_port: u16, to: Ipv6Addr, to_port: u16) -> Service {
             external_traffic_local: false,
             source_ranges: Vec::new(),
             backends: vec![Backend {
-                address: IpAddr::V6(to),
+                address: to,
                 port: to_port,
                 state: BackendState::Active,
-                local: true,
+                local,
                 weight: 1,
             }],
         }],
@@ -314,16 +329,59 @@ fn lb6(from: Ipv6Addr, from_port: u16, to: Ipv6Addr, to_port: u16) -> Service {
 
 #[cfg(test)]
 mod tests {
+    use lb_testkit::{
+        dataplane::{CLIENT_IP, CLIENT_IP6, CLIENT_MAC, EXT0_MAC},
+        packets::{self, ACK},
+    };
+
     /// Not a test: one established-flow row run long enough to profile
     /// (`perf record -a` beside it), at 100 000 services. Root only.
-    /// LB_PROFILE_ROW: xdp (default), tc, or xdp-same (the backend is the
-    /// frontend: nothing rewritten).
+    /// LB_PROFILE_ROW: xdp (default), tc, xdp-same (the backend is the
+    /// frontend: nothing rewritten), or far / far6 (XDP, a remote backend
+    /// with SNAT, one packet per run).
     #[test]
     #[ignore]
     fn profile_established_flows() {
         let row = std::env::var("LB_PROFILE_ROW").unwrap_or_else(|_| "xdp".into());
         std::thread::spawn(move || {
             let p = super::prepare(100_000, 1);
+            if let Some(v6) = match row.as_str() {
+                "far" => Some(false),
+                "far6" => Some(true),
+                _ => None,
+            } {
+                // One packet per run (the path cannot be repeated), for as
+                // many runs as a profile needs.
+                let _ = super::packet_per_run::rows(&p.dp, &p.extra, 1, &[]);
+                let pkt = if v6 {
+                    packets::tcp6(
+                        CLIENT_MAC,
+                        EXT0_MAC,
+                        CLIENT_IP6,
+                        p.extra.far6,
+                        40_022,
+                        80,
+                        ACK,
+                        b"",
+                    )
+                } else {
+                    packets::tcp(
+                        CLIENT_MAC,
+                        EXT0_MAC,
+                        CLIENT_IP,
+                        p.extra.far,
+                        40_021,
+                        80,
+                        ACK,
+                        b"",
+                    )
+                };
+                for _ in 0..3 {
+                    let t = super::median((0..10_000_000).map(|_| p.dp.xdp_timed(&pkt, 1)));
+                    eprintln!("{row}: {t:?} per packet, one per run");
+                }
+                return;
+            }
             for _ in 0..3 {
                 let t = match row.as_str() {
                     "tc" => p.dp.tc_ingress_timed(&p.ping, 20_000_000),

@@ -388,6 +388,10 @@ impl Dataplane {
         self.run_tc(datapath::TC_INGRESS, packet, repeat).2
     }
 
+    pub fn tc_egress_timed(&self, packet: &[u8], repeat: u32) -> Duration {
+        self.run_tc(datapath::TC_EGRESS, packet, repeat).2
+    }
+
     pub fn xdp(&self, packet: &[u8]) -> (u32, Vec<u8>) {
         let (rc, out, _) = self.run_xdp(packet, 1);
         (rc, out)
