@@ -97,10 +97,14 @@ pub const CNT_SNAT_REUSED: u32 = 14;
 /// fragments are not followed, unlike IPv4's): a fragmented datagram to a
 /// frontend reaches the node's own stack instead of a backend.
 pub const CNT_IPV6_FRAGMENTS_PASSED: u32 = 15;
+/// FIB lookups (bpf_fib_lookup) for packets routed to or from remote
+/// backends: a flow's first packet on a CPU, then about one a second, and
+/// every packet the per-CPU route cache could not answer.
+pub const CNT_FIB_LOOKUPS: u32 = 16;
 
 pub const COUNTER_SLOTS: u32 = 32;
 
-pub const COUNTER_NAMES: [(u32, &str); 15] = [
+pub const COUNTER_NAMES: [(u32, &str); 17] = [
     (CNT_EVENTS_SENT, "events_sent"),
     (CNT_EVENTS_RATE_LIMITED, "events_rate_limited"),
     (CNT_EVENTS_LOST, "events_lost"),
@@ -116,6 +120,8 @@ pub const COUNTER_NAMES: [(u32, &str); 15] = [
     (CNT_XDP_PUNTED, "xdp_punted_to_tc"),
     (CNT_FRAGMENTS, "fragments_followed"),
     (CNT_SNAT_REUSED, "snat_ports_reused"),
+    (CNT_IPV6_FRAGMENTS_PASSED, "ipv6_fragments_passed"),
+    (CNT_FIB_LOOKUPS, "fib_lookups"),
 ];
 
 /// Per-CPU token bucket of the event rate limiter (`LB_EVENT_RATE`).

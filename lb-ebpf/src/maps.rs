@@ -185,3 +185,13 @@ pub static LB_SCRATCH: PerCpuArray<crate::packet::Scratch<crate::select::V4>> =
 #[map]
 pub static LB_SCRATCH6: PerCpuArray<crate::packet::Scratch<crate::select::V6>> =
     PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU route caches of the tc and XDP programs (`packet::route_cache`;
+/// not pinned: a cache, empty after every load).
+#[map]
+pub static LB_ROUTES4: PerCpuArray<crate::packet::route_cache::CachedRoute<u32>> =
+    PerCpuArray::with_max_entries(crate::packet::route_cache::ROUTE_CACHE_SLOTS, 0);
+
+#[map]
+pub static LB_ROUTES6: PerCpuArray<crate::packet::route_cache::CachedRoute<[u32; 4]>> =
+    PerCpuArray::with_max_entries(crate::packet::route_cache::ROUTE_CACHE_SLOTS, 0);

@@ -18,7 +18,7 @@
 //!   our own DSR header (`dsr.rs`).
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_sock_tuple},
-    maps::LruHashMap,
+    maps::{LruHashMap, PerCpuArray},
 };
 use lb_common::{
     affinity::CLIENT_IS_ADDRESS,
@@ -28,11 +28,11 @@ use lb_common::{
     sock::{bytes_to_words, words_to_bytes},
 };
 
-use super::{access::Pkt, parse, parse::Flow, Parsed, Scratch};
+use super::{access::Pkt, parse, parse::Flow, route_cache::CachedRoute, Parsed, Scratch};
 use crate::{
     maps::{
         LB4_BACKENDS, LB4_CT, LB4_SRC_RANGES, LB6_BACKENDS, LB6_CT, LB6_DEVICES, LB6_SRC_RANGES,
-        LB_DEVICES, LB_SCRATCH, LB_SCRATCH6,
+        LB_DEVICES, LB_ROUTES4, LB_ROUTES6, LB_SCRATCH, LB_SCRATCH6,
     },
     select::{ServiceFamily, V4, V6},
 };
@@ -64,6 +64,7 @@ pub trait Ip: ServiceFamily + Sized + 'static {
 
     fn word(a: Self::Addr, i: usize) -> u32;
     fn scratch() -> Option<*mut Scratch<Self>>;
+    fn route_cache() -> &'static PerCpuArray<CachedRoute<Self::Addr>>;
     fn ct() -> &'static LruHashMap<CtKey<Self::Addr>, CtValue<Self::Addr>>;
     fn parse<P: Pkt>(p: &P, f: &mut Flow<Self>) -> Parsed;
     fn service_key(addr: Self::Addr, port: u16, proto: u8, scope: u8) -> Self::Key;
@@ -113,6 +114,10 @@ impl Ip for V4 {
     #[inline(always)]
     fn scratch() -> Option<*mut Scratch<V4>> {
         LB_SCRATCH.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn route_cache() -> &'static PerCpuArray<CachedRoute<u32>> {
+        &LB_ROUTES4
     }
     #[inline(always)]
     fn ct() -> &'static LruHashMap<CtKey<u32>, CtValue<u32>> {
@@ -223,6 +228,10 @@ impl Ip for V6 {
     #[inline(always)]
     fn scratch() -> Option<*mut Scratch<V6>> {
         LB_SCRATCH6.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn route_cache() -> &'static PerCpuArray<CachedRoute<[u32; 4]>> {
+        &LB_ROUTES6
     }
     #[inline(always)]
     fn ct() -> &'static LruHashMap<CtKey<[u32; 4]>, CtValue<[u32; 4]>> {

@@ -31,7 +31,13 @@ pub enum Route {
     NoNeigh(u32),
     /// The packet does not fit: the path's MTU.
     TooBig(u16),
-    None,
+    /// No route: the lookup's return code (BPF_FIB_LKUP_RET_*), or
+    /// `u32::MAX` when no lookup ran. Every variant carries a value on
+    /// purpose: a payload-less one gives LLVM an undefined payload to pack
+    /// into the returned word, and it has filled that from a register that
+    /// held a pointer, which the verifier refuses ("pointer arithmetic with
+    /// <<= operator prohibited").
+    Failed(#[allow(dead_code)] u32),
 }
 
 /// FIB lookup from `saddr` toward `daddr` for the packet `f` grown by
@@ -46,7 +52,7 @@ pub fn lookup<C: Hook, I: Ip>(
     extra: u16,
 ) -> Route {
     let Some(s) = scratch::<I>() else {
-        return Route::None;
+        return Route::Failed(u32::MAX);
     };
     // SAFETY: per-CPU scratch, used by this program run only.
     let p = unsafe { &mut (*s).fib };
@@ -59,12 +65,13 @@ pub fn lookup<C: Hook, I: Ip>(
     p.__bindgen_anon_1.tot_len = ctx.wire_len(f).saturating_add(extra);
     p.ifindex = ctx.ingress_ifindex();
     I::set_fib_addrs(p, *saddr, *daddr);
+    crate::runtime::bump(lb_common::config::CNT_FIB_LOOKUPS);
     match ctx.fib_lookup(p) {
         BPF_FIB_LKUP_RET_SUCCESS => Route::Resolved(p.ifindex),
         BPF_FIB_LKUP_RET_NO_NEIGH => Route::NoNeigh(p.ifindex),
         // SAFETY: as above (tot_len and mtu_result share the union).
         BPF_FIB_LKUP_RET_FRAG_NEEDED => Route::TooBig(unsafe { p.__bindgen_anon_1.mtu_result }),
-        _ => Route::None,
+        rc => Route::Failed(rc as u32),
     }
 }
 

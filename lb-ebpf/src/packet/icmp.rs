@@ -464,7 +464,7 @@ fn to_backend<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
 #[inline(always)]
 fn forward_error<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, saddr: &I::Addr, daddr: &I::Addr) -> Action {
     let route = fib::lookup(ctx, saddr, daddr, f, 0);
-    if let fib::Route::None | fib::Route::TooBig(_) = route {
+    if let fib::Route::Failed(_) | fib::Route::TooBig(_) = route {
         record_drop(ctx, f, DropReason::FibLookupFailed, 0);
         return Action::DROP;
     }

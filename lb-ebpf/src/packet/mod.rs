@@ -51,6 +51,7 @@ pub mod icmp;
 pub mod icmp6;
 pub mod nat;
 pub mod parse;
+pub mod route_cache;
 pub mod snat;
 pub mod tc;
 pub mod xdp;
@@ -98,9 +99,10 @@ pub struct Scratch<I: Ip> {
     /// Conntrack values being built for a new flow (forward and reverse).
     pub ct: CtValue<I::Addr>,
     pub rct: CtValue<I::Addr>,
-    /// Conntrack keys being written for a new flow: the forward one
-    /// (`new_local`, `new_remote`) and the reverse one (`snat::alloc`'s
-    /// port search). Here rather than on the stack: an IPv6 key is 40
+    /// Conntrack keys: the packet's own (`known_flow`, `snat_reply`, and
+    /// the forward one of a new flow in `new_local`, `new_remote`), which
+    /// is also what the route cache is looked up by; and the reverse one
+    /// of a new flow (`snat::alloc`'s port search). Here rather than on the stack: an IPv6 key is 40
     /// bytes, and the remote path's call chain (new_remote → snat::alloc →
     /// socket_holds) would not fit the 512-byte stack with them.
     pub fkey: CtKey<I::Addr>,
@@ -551,8 +553,14 @@ fn backends_gen() -> u16 {
 /// A reply to a SNATed flow, addressed to our SNAT port (NEXT: not one).
 #[inline(never)]
 fn snat_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
-    let key = f.ct_key(CT_REVERSE);
-    let Hit::Live(ct) = ct::lookup::<I>(&key, f.proto, f.tcp_flags) else {
+    let Some(sp) = scratch::<I>() else {
+        return Action::DROP;
+    };
+    // SAFETY: per-CPU scratch. The reply's own key, where the route cache
+    // looks for it (`known_flow` is done with the forward one).
+    let key = unsafe { &mut (*sp).fkey };
+    *key = f.ct_key(CT_REVERSE);
+    let Hit::Live(ct) = ct::lookup::<I>(key, f.proto, f.tcp_flags) else {
         return Action::NEXT;
     };
     if ct.flags & CT_F_SNAT == 0 {
@@ -829,12 +837,16 @@ fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
     let (service_id, baddr, bport) = (ct.service_id, ct.addr, ct.port);
     let extra = if needs_option { I::DSR_LEN } else { 0 };
-    // The route to the backend decides the egress device and its address.
-    let route = fib::lookup(ctx, &f.saddr, &baddr, f, extra);
+    // SAFETY: per-CPU scratch; distinct fields (snat::alloc is done with rkey).
+    let (fkey, rkey) = unsafe { (&mut (*sp).fkey, &mut (*sp).rkey) };
+    *fkey = f.ct_key(CT_SERVICE);
+    // The route to the backend decides the egress device and its address
+    // (cached for the flow's next packets).
+    let route = route_cache::lookup(ctx, &f.saddr, &baddr, f, extra);
     let egress = match route {
         Route::Resolved(ifindex) | Route::NoNeigh(ifindex) => ifindex,
         Route::TooBig(mtu) => return icmp_too_big(ctx, f, mtu.saturating_sub(extra), service_id),
-        Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id),
+        Route::Failed(_) => return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id),
     };
     if matches!(route, Route::NoNeigh(..)) && C::IS_XDP {
         return Action::PUNT;
@@ -862,9 +874,6 @@ fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
             return drop_packet(ctx, f, DropReason::SnatPortsExhausted, service_id);
         }
     }
-    // SAFETY: per-CPU scratch; distinct fields (snat::alloc is done with rkey).
-    let (fkey, rkey) = unsafe { (&mut (*sp).fkey, &mut (*sp).rkey) };
-    *fkey = f.ct_key(CT_SERVICE);
     if !ct::put::<I>(fkey, ct) {
         if ct.flags & CT_F_SNAT != 0 {
             // Give the port back at once.
@@ -938,9 +947,10 @@ fn forward_known<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) ->
         return Action::PUNT;
     }
     let extra = if needs_option { I::DSR_LEN } else { 0 };
-    let route = fib::lookup(ctx, &f.saddr, baddr, f, extra);
+    // `known_flow` left the flow's key in the scratch map.
+    let route = route_cache::lookup(ctx, &f.saddr, baddr, f, extra);
     match route {
-        Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
+        Route::Failed(_) => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
         Route::TooBig(mtu) => {
             return icmp_too_big(ctx, f, mtu.saturating_sub(extra), ct.service_id)
         }
@@ -1006,7 +1016,7 @@ pub fn finish_redirect<C: Hook, I: Ip>(ctx: &C, route: Route) -> Action {
             Action::redirect(ifindex)
         }
         Route::NoNeigh(ifindex) => Action::redirect_neigh::<I>(ifindex),
-        Route::TooBig(_) | Route::None => Action::DROP,
+        Route::TooBig(_) | Route::Failed(_) => Action::DROP,
     }
 }
 
@@ -1014,10 +1024,12 @@ pub fn finish_redirect<C: Hook, I: Ip>(ctx: &C, route: Route) -> Action {
 /// frontend.
 #[inline(never)]
 fn reverse_snat<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -> Action {
+    // (`snat_reply` left this reply's conntrack key in the scratch map,
+    // where the route cache looks.)
     // ct: addr/port = the frontend, nat_addr/nat_port = the client.
-    let route = fib::lookup(ctx, &ct.addr, &ct.nat_addr, f, 0);
+    let route = route_cache::lookup(ctx, &ct.addr, &ct.nat_addr, f, 0);
     match route {
-        Route::None => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
+        Route::Failed(_) => return drop_packet(ctx, f, DropReason::FibLookupFailed, ct.service_id),
         // Answered to the backend: it sent what does not fit toward the client.
         Route::TooBig(mtu) => return icmp_too_big(ctx, f, mtu, ct.service_id),
         Route::NoNeigh(..) if C::IS_XDP => return Action::PUNT,

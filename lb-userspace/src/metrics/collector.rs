@@ -98,6 +98,11 @@ impl Collector for BpfCollector {
                     "IPv6 fragments left to the stack untranslated (IPv6 fragments are not followed)",
                     CNT_IPV6_FRAGMENTS_PASSED,
                 ),
+                (
+                    "fib_lookups",
+                    "FIB lookups for packets to and from remote backends (the others were answered by the per-CPU route cache)",
+                    CNT_FIB_LOOKUPS,
+                ),
             ] {
                 let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                 ConstCounter::new(get(i)).encode(e)?;
