@@ -502,14 +502,16 @@ impl Report {
         if let Some(max) = self.packet.iter().map(|p| p.services).max() {
             // Every path of an established flow, both directions.
             for r in self.packet.iter().filter(|p| {
-                p.services == max && (p.path.contains("established") || p.path.contains("reply"))
+                p.services == max
+                    && (p.path.contains("established") || p.path.contains("reply"))
+                    && !(p.timing == Timing::PerRun && p.path == crate::packet_per_run::LOCAL)
             }) {
                 let Some(ns) = self.packet_estimate(r) else {
                     continue;
                 };
                 let how = match r.timing {
                     Timing::Repeated => "",
-                    Timing::PerRun => " (estimated from one packet per run)",
+                    Timing::PerRun => " (one packet per run, anchored estimate)",
                 };
                 rows.push([
                     format!(
@@ -818,12 +820,12 @@ impl Report {
              their rewrite turns the packet into one the path would not take again (to a remote backend:\n\
              FIB lookup, SNAT or DSR, redirect; replies through reverse NAT; new flows, whose first run\n\
              creates the conntrack entry). One run brackets the program with a clock read pair that\n\
-             `repeat` spreads over many runs, after a syscall that leaves colder caches; the estimate\n\
-             takes off the empty program timed the same way and adds back the empty program's repeated\n\
-             time. A local backend's established flow is timed both ways to show how far the estimate\n\
-             lands from a repeated measurement of the same work. The reply rows run tc on ingress (a\n\
-             remote backend's reply, back to the client) or on egress (a local pod's reply; DSR: on the\n\
-             backend's node).\n\n\
+             `repeat` spreads over many runs, after a syscall that leaves colder caches. The estimate is\n\
+             anchored on a local backend's established flow, timed both ways: a row's time less that\n\
+             flow's per-run time plus its repeated time (\"real DNAT\" above), on the same hook. What\n\
+             only a row's own path touches (route cache, SNAT fields) stays as cold as one run leaves\n\
+             it, so the estimate errs high. The reply rows run tc on ingress (a remote backend's reply,\n\
+             back to the client) or on egress (a local pod's reply; DSR: on the backend's node).\n\n\
              | Services | Program | Path | ns, one run (median) | estimate |\n|---:|---|---|---:|---:|\n",
         );
         for r in self.packet.iter().filter(|r| r.timing == Timing::PerRun) {
@@ -838,28 +840,20 @@ impl Report {
         }
         for services in self.packet_scales() {
             for program in ["tc", "XDP"] {
-                let find = |path: &str, timing| {
-                    self.packet.iter().find(|p| {
-                        p.services == services
-                            && p.program == program
-                            && p.path == path
-                            && p.timing == timing
-                    })
-                };
-                if let (Some(once), Some(repeated)) = (
-                    find(crate::packet_per_run::LOCAL, Timing::PerRun),
-                    find(crate::packet::REWRITE, Timing::Repeated),
+                if let (Some((once, repeated)), Some((empty_once, empty_repeated))) = (
+                    self.packet_anchor(services, program),
+                    self.packet_floor(services, program),
                 ) {
-                    if let Some(est) = self.packet_estimate(once) {
-                        let _ = writeln!(
-                            o,
-                            "\nCalibration, {program}, {services} services: a local backend's established flow is \
-                             estimated at {est:.0} ns from one packet per run and measured at {:.0} ns repeated \
-                             ({:+.0} ns).",
-                            repeated.ns_per_packet,
-                            est - repeated.ns_per_packet
-                        );
-                    }
+                    let by_floor = once - empty_once + empty_repeated;
+                    let _ = writeln!(
+                        o,
+                        "\nCalibration, {program}, {services} services: the local backend's established flow \
+                         takes {once:.0} ns one packet per run and {repeated:.0} ns repeated. Taking off only \
+                         the empty program's per-run time ({empty_once:.0} ns, {empty_repeated:.0} ns \
+                         repeated) would estimate it at {by_floor:.0} ns ({:+.0} ns): the colder caches of a \
+                         single run, which the anchored estimate takes off as well.",
+                        by_floor - repeated
+                    );
                 }
             }
         }
@@ -904,27 +898,59 @@ impl Report {
     }
 
     /// A row's ns per packet as a repeated run would measure it: repeated
-    /// rows as they are; one-packet-per-run rows less the empty program
-    /// timed the same way, plus the empty program's repeated time (both on
-    /// the same hook, at the same scale). None when a floor is missing.
+    /// rows as they are. A one-packet-per-run row is anchored on the local
+    /// backend's established flow, which is timed both ways: its time less
+    /// that flow's per-run time, plus that flow's repeated time (same hook,
+    /// same scale). That takes off what every per-run row pays alike (the
+    /// clock read pair, the syscall's colder caches for the conntrack
+    /// lookup and the packet); what only the row's own path touches stays
+    /// as cold as a single run leaves it, so the estimate errs high. None
+    /// when the anchor is missing.
     fn packet_estimate(&self, r: &PacketResult) -> Option<f64> {
         if r.timing == Timing::Repeated {
             return Some(r.ns_per_packet);
         }
-        // tc on egress is the same program type as on ingress.
-        let hook = if r.program == "XDP" { "XDP" } else { "tc" };
-        let floor = |timing| {
+        let (per_run, repeated) = self.packet_anchor(r.services, r.program)?;
+        Some(r.ns_per_packet - per_run + repeated)
+    }
+
+    /// The local backend's established flow on `program`'s hook (tc on
+    /// egress is the same program type as on ingress) at `services`: its
+    /// per-run and its repeated time.
+    fn packet_anchor(&self, services: usize, program: &str) -> Option<(f64, f64)> {
+        let hook = if program == "XDP" { "XDP" } else { "tc" };
+        let find = |path: &str, timing| {
             self.packet
                 .iter()
                 .find(|p| {
-                    p.services == r.services
+                    p.services == services
+                        && p.program == hook
+                        && p.path == path
+                        && p.timing == timing
+                })
+                .map(|p| p.ns_per_packet)
+        };
+        Some((
+            find(crate::packet_per_run::LOCAL, Timing::PerRun)?,
+            find(crate::packet::REWRITE, Timing::Repeated)?,
+        ))
+    }
+
+    /// The empty program's per-run and repeated time on `program`'s hook.
+    fn packet_floor(&self, services: usize, program: &str) -> Option<(f64, f64)> {
+        let hook = if program == "XDP" { "XDP" } else { "tc" };
+        let find = |timing| {
+            self.packet
+                .iter()
+                .find(|p| {
+                    p.services == services
                         && p.program == hook
                         && p.timing == timing
                         && p.path.starts_with("empty program")
                 })
                 .map(|p| p.ns_per_packet)
         };
-        Some(r.ns_per_packet - floor(Timing::PerRun)? + floor(Timing::Repeated)?)
+        Some((find(Timing::PerRun)?, find(Timing::Repeated)?))
     }
 
     fn maglev_section(&self, o: &mut String) {
