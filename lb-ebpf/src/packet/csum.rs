@@ -71,19 +71,16 @@ pub fn manual_csum_l3<P: Pkt>(p: &P, old: u32, new: u32, size: u64) -> bool {
     }
 }
 
+/// The XDP way for the L4 checksum at `off`: `d`, the one's complement
+/// partial sum of the changes of the fields it covers, applied to the field.
 #[inline(always)]
-pub fn manual_csum_l4<P: Pkt>(p: &P, off: usize, old: u32, new: u32, size: u64, udp: bool) -> bool {
+pub fn manual_csum_l4<P: Pkt>(p: &P, off: usize, d: u32, udp: bool) -> bool {
     let Some(check) = load::<u16, P>(p, off) else {
         return false;
     };
     if udp && check == 0 {
         return true; // no UDP checksum (allowed for IPv4): keep none
     }
-    let d = if size == 4 {
-        diff32(old, new)
-    } else {
-        diff16(old as u16, new as u16)
-    };
     let mut c = csum_apply(check, d);
     if udp && c == 0 {
         c = 0xffff; // RFC 768: a computed zero is sent as all ones

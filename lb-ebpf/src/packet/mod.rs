@@ -212,21 +212,21 @@ pub trait Hook: Pkt {
     fn fib_lookup(&self, params: &mut bpf_fib_lookup) -> i64;
     /// Fixes the IPv4 header checksum for a field that changed (`size` 2 or 4).
     fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool;
-    /// Fixes the L4 checksum at `check_off` for a field that changed; `size`
-    /// 2 or 4; `pseudo`: the field is part of the pseudo-header (an address).
-    fn csum_l4(
+    /// Fixes the L4 checksum at `check_off` for several fields at once:
+    /// `pseudo`, the summed change of pseudo-header fields (addresses);
+    /// `plain`, that of the others (ports). Each is None when nothing of
+    /// its kind changed.
+    fn csum_l4_sums(
         &self,
         check_off: usize,
-        old: u32,
-        new: u32,
-        size: u64,
-        pseudo: bool,
+        pseudo: Option<u32>,
+        plain: Option<u32>,
         udp: bool,
     ) -> bool;
     /// Keeps skb->csum of a CHECKSUM_COMPLETE skb in step with a change
     /// that no checksum in the packet balances: `diff` (new − old, one's
     /// complement) is added to it. Uses: after an IPv6 address rewrite, to
-    /// undo what `csum_l4` with `pseudo` did to skb->csum (the helper
+    /// undo what `csum_l4_sums` with `pseudo` did to skb->csum (the helper
     /// assumes IPv4, whose header checksum cancels the L4 one's change;
     /// Linux 6.16 added BPF_F_IPV6 for this, in diff mode only); after the
     /// hop limit's decrement (IPv6 has no header checksum); after a DSR
@@ -356,8 +356,21 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
         }
         return dsr::learn(ctx, f);
     }
-    let mut a = known_flow(ctx, f);
+    // A packet to a port of the SNAT range is, on the busy path, a
+    // backend's reply to a SNATed flow: its reverse entry is looked up
+    // first, which spares that packet the forward lookup's miss. (Only a
+    // tuple with both a forward and a reverse entry would find another
+    // answer than in the usual order; the SNAT range is kept clear of the
+    // node's own ports and of NodePorts.)
+    let reply_first = in_snat_ports(f.dport);
+    let mut a = Action::NEXT;
+    if reply_first {
+        a = snat_reply(ctx, f);
+    }
     if a == Action::NEXT {
+        a = known_flow(ctx, f);
+    }
+    if a == Action::NEXT && !reply_first {
         a = snat_reply(ctx, f);
     }
     if a == Action::NEXT {
@@ -447,9 +460,18 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
     if filter_has(daddr, dport) {
         return false;
     }
-    // Every SNAT range used since install (the agent records the current
-    // one there too): flows SNATed before a restart live on. Without a
-    // record (programs driven by hand), the current range.
+    if in_snat_ports(dport) {
+        return false;
+    }
+    !filter_has(daddr, 0)
+}
+
+/// Whether `port` (network byte order) is in a SNAT range used since
+/// install (the agent records the current one there too): flows SNATed
+/// before a restart live on. Without a record (programs driven by hand),
+/// the current range.
+#[inline(always)]
+fn in_snat_ports(port: u16) -> bool {
     let ever = runtime::config(CFG_SNAT_PORTS_EVER);
     let (low, high) = if ever != 0 {
         (ever >> 16, ever & 0xffff)
@@ -459,11 +481,8 @@ fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
             runtime::config(CFG_SNAT_PORT_MAX),
         )
     };
-    let port = u16::from_be(dport) as u32;
-    if port >= low && port <= high {
-        return false;
-    }
-    !filter_has(daddr, 0)
+    let port = u16::from_be(port) as u32;
+    port >= low && port <= high
 }
 
 #[inline(always)]

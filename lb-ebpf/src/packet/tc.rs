@@ -150,34 +150,41 @@ impl Hook for Tc<'_> {
     /// CHECKSUM_PARTIAL packets (from a local socket, over veth), changes
     /// only what the offload will not recompute: states a tc program
     /// cannot read.
+    ///
+    /// Diff mode (size 0 in the flags: `to` is a precomputed one's
+    /// complement difference, `from` must be 0; net/core/filter.c,
+    /// inet_proto_csum_replace_by_diff): the same effect as one call per
+    /// field, with two calls at most. Pseudo-header and other changes stay
+    /// apart: a CHECKSUM_PARTIAL packet's field takes only the former.
     #[inline(always)]
-    fn csum_l4(
+    fn csum_l4_sums(
         &self,
         check_off: usize,
-        old: u32,
-        new: u32,
-        size: u64,
-        pseudo: bool,
+        pseudo: Option<u32>,
+        plain: Option<u32>,
         udp: bool,
     ) -> bool {
-        let mut flags = size;
-        if pseudo {
-            flags |= BPF_F_PSEUDO_HDR;
+        let mangled = if udp { BPF_F_MARK_MANGLED_0 } else { 0 };
+        for (diff, flags) in [(pseudo, BPF_F_PSEUDO_HDR | mangled), (plain, mangled)] {
+            let Some(diff) = diff else {
+                continue;
+            };
+            // SAFETY: the skb of this run; the helper checks the offset
+            // against the packet.
+            let rc = unsafe {
+                bpf_l4_csum_replace(
+                    self.ctx.as_ptr().cast(),
+                    check_off as u32,
+                    0,
+                    u64::from(diff),
+                    flags,
+                )
+            };
+            if rc != 0 {
+                return false;
+            }
         }
-        if udp {
-            flags |= BPF_F_MARK_MANGLED_0;
-        }
-        // SAFETY: the skb of this run; the helper checks the offset against
-        // the packet.
-        unsafe {
-            bpf_l4_csum_replace(
-                self.ctx.as_ptr().cast(),
-                check_off as u32,
-                old as u64,
-                new as u64,
-                flags,
-            ) == 0
-        }
+        true
     }
 }
 

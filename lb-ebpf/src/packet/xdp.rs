@@ -109,16 +109,20 @@ impl Hook for Xdp<'_> {
     #[inline(always)]
     fn csum_complete_fixup(&self, _diff: u32) {}
     #[inline(always)]
-    fn csum_l4(
+    fn csum_l4_sums(
         &self,
         check_off: usize,
-        old: u32,
-        new: u32,
-        size: u64,
-        _pseudo: bool,
+        pseudo: Option<u32>,
+        plain: Option<u32>,
         udp: bool,
     ) -> bool {
-        manual_csum_l4(self, check_off, old, new, size, udp)
+        // No skb state: both kinds of change go into the field alike.
+        manual_csum_l4(
+            self,
+            check_off,
+            pseudo.unwrap_or(0) + plain.unwrap_or(0),
+            udp,
+        )
     }
 }
 
