@@ -338,16 +338,18 @@ mod tests {
     /// (`perf record -a` beside it), at 100 000 services. Root only.
     /// LB_PROFILE_ROW: xdp (default), tc, xdp-same (the backend is the
     /// frontend: nothing rewritten), or far / far6 (XDP, a remote backend
-    /// with SNAT, one packet per run).
+    /// with SNAT, one packet per run) and far-tc / far6-tc (the same in tc).
     #[test]
     #[ignore]
     fn profile_established_flows() {
         let row = std::env::var("LB_PROFILE_ROW").unwrap_or_else(|_| "xdp".into());
         std::thread::spawn(move || {
             let p = super::prepare(100_000, 1);
-            if let Some(v6) = match row.as_str() {
-                "far" => Some(false),
-                "far6" => Some(true),
+            if let Some((v6, tc)) = match row.as_str() {
+                "far" => Some((false, false)),
+                "far6" => Some((true, false)),
+                "far-tc" => Some((false, true)),
+                "far6-tc" => Some((true, true)),
                 _ => None,
             } {
                 // One packet per run (the path cannot be repeated), for as
@@ -377,7 +379,13 @@ mod tests {
                     )
                 };
                 for _ in 0..3 {
-                    let t = super::median((0..10_000_000).map(|_| p.dp.xdp_timed(&pkt, 1)));
+                    let t = super::median((0..10_000_000).map(|_| {
+                        if tc {
+                            p.dp.tc_ingress_timed(&pkt, 1)
+                        } else {
+                            p.dp.xdp_timed(&pkt, 1)
+                        }
+                    }));
                     eprintln!("{row}: {t:?} per packet, one per run");
                 }
                 return;

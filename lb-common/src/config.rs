@@ -139,6 +139,21 @@ crate::user_pod!(RateState);
 mod tests {
     use super::*;
 
+    /// The agent reads (and exports) only the counters named here: every
+    /// index up to the last one the programs bump has its name, once.
+    #[test]
+    fn every_counter_the_programs_bump_has_a_name_the_agent_reads() {
+        for (i, (index, name)) in COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(*index, i as u32, "{name}: names in index order, no gaps");
+        }
+        assert_eq!(
+            COUNTER_NAMES.len() as u32,
+            CNT_FIB_LOOKUPS + 1,
+            "the last counter"
+        );
+        assert!(COUNTER_NAMES.len() as u32 <= COUNTER_SLOTS);
+    }
+
     #[test]
     fn the_snat_ports_ever_used_only_widen() {
         let r = snat_ports_ever(0, 32768, 65535);

@@ -166,6 +166,9 @@ fn dsr_backend_sees_the_client_and_its_reply_skips_node_a() {
         metric(&c.a, "lb_nodeport_packets_total{direction=\"reverse\"}"),
         0.0
     );
+    // Node A routed the requests to node B: at least the first packet of
+    // a flow took a FIB lookup (later ones mostly the route cache).
+    assert!(metric(&c.a, "lb_fib_lookups_total") >= 1.0);
 }
 
 /// One sample from a node agent's /metrics, by its exact name and labels.
