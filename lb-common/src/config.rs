@@ -97,9 +97,10 @@ pub const CNT_SNAT_REUSED: u32 = 14;
 /// fragments are not followed, unlike IPv4's): a fragmented datagram to a
 /// frontend reaches the node's own stack instead of a backend.
 pub const CNT_IPV6_FRAGMENTS_PASSED: u32 = 15;
-/// FIB lookups (bpf_fib_lookup) for packets routed to or from remote
-/// backends: a flow's first packet on a CPU, then about one a second, and
-/// every packet the per-CPU route cache could not answer.
+/// FIB lookups (bpf_fib_lookup) of the tc and XDP programs: for packets
+/// routed to or from remote backends (a flow's first packet on a CPU, then
+/// about one a second, and every packet the per-CPU route cache could not
+/// answer) and for the ICMP errors they forward.
 pub const CNT_FIB_LOOKUPS: u32 = 16;
 
 pub const COUNTER_SLOTS: u32 = 32;

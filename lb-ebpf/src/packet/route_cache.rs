@@ -13,8 +13,10 @@
 //! `LB_ROUTES6`, not pinned: a new load starts empty) of the last answer
 //! for a flow's conntrack key: egress device, MACs and the route's MTU.
 //! An entry is trusted only
-//! - for the same key (all of it: a slot is shared by whatever hashes to it)
-//!   and the same ingress device;
+//! - for the same key (all of it: a slot is shared by whatever hashes to it),
+//!   the same source and destination looked up (a key can be bound to
+//!   another backend, or a reply's to another client, within a second) and
+//!   the same ingress device;
 //! - within the clock epoch (2^30 ns, about 1.07 s) it was resolved in:
 //!   a route, nexthop or neighbour change reaches a flow at most that late,
 //!   as the kernel's own dst caches lag until their next check;
@@ -32,8 +34,8 @@ use lb_common::nodeport::CtKey;
 
 use super::{family::Ip, fib, fib::Route, parse::Flow, scratch, Hook};
 
-/// Slots per CPU and family: a power of two. 1 024 × 44 bytes (IPv4) and
-/// × 68 bytes (IPv6): 114 KiB per CPU. A CPU forwarding more flows than
+/// Slots per CPU and family: a power of two. 1 024 × 52 bytes (IPv4) and
+/// × 100 bytes (IPv6): 152 KiB per CPU. A CPU forwarding more flows than
 /// that at once keeps fewer of them cached; none is ever wrong.
 pub const ROUTE_CACHE_SLOTS: u32 = 1024;
 const SLOT_BITS: u32 = ROUTE_CACHE_SLOTS.trailing_zeros();
@@ -44,6 +46,12 @@ const EPOCH_SHIFT: u32 = 30;
 #[repr(C)]
 pub struct CachedRoute<A> {
     pub key: CtKey<A>,
+    /// What was looked up: a flow's key can be bound to another backend
+    /// (a reused tuple, a deleted backend, an expired entry) or a reply's
+    /// to another client and frontend (a SNAT port given to a new flow)
+    /// within one epoch.
+    pub saddr: A,
+    pub daddr: A,
     /// `ct::now() >> EPOCH_SHIFT` at the lookup; 0 = empty.
     pub epoch: u32,
     pub ingress_ifindex: u32,
@@ -97,7 +105,13 @@ pub fn lookup<C: Hook, I: Ip>(
     let now = epoch();
     let iif = ctx.ingress_ifindex();
     let len = ctx.wire_len(f).saturating_add(extra);
-    if c.epoch == now && c.ingress_ifindex == iif && len <= c.mtu && c.key == *key {
+    if c.epoch == now
+        && c.ingress_ifindex == iif
+        && len <= c.mtu
+        && c.key == *key
+        && c.daddr == *daddr
+        && c.saddr == *saddr
+    {
         // SAFETY: as above.
         unsafe {
             (*s).fib.dmac = c.dmac;
@@ -110,6 +124,8 @@ pub fn lookup<C: Hook, I: Ip>(
         // SAFETY: as above; the lookup left its answer in the parameters.
         let p = unsafe { &(*s).fib };
         c.key = *key;
+        c.saddr = *saddr;
+        c.daddr = *daddr;
         c.epoch = now;
         c.ingress_ifindex = iif;
         c.ifindex = ifindex;
