@@ -7,14 +7,21 @@
 //! service, not from a backend).
 //!
 //! These are timed one packet per run, the same packet handed in fresh each
-//! time, and the median run taken. One run brackets the program with a
-//! clock read pair that `repeat` spreads over a million runs, and the
-//! syscall around it leaves colder caches, so the raw numbers are not
-//! comparable with the repeated rows. Two rows calibrate them: an empty
-//! program timed the same way (the per-run floor), and a conntrack hit to a
-//! local backend timed both ways. The report subtracts the per-run floor and
-//! adds the repeated floor back (`estimate`), and shows how far that
-//! estimate lands from the repeated measurement of the same local path.
+//! time (the kernel copies it in for every run), and the median run taken.
+//! One run brackets the program with a clock read pair that `repeat`
+//! spreads over a million runs, and the syscall around it leaves colder
+//! caches, so the raw numbers are not comparable with the repeated rows.
+//! Each row's runs alternate with runs of an anchor: the local backend's
+//! established flow on the same hook, which the repeated rows also time
+//! (their "real DNAT" row). The report estimates a row as its median less
+//! the anchor's median in the same runs plus the anchor's repeated time,
+//! and checks the method on hold-outs: repeated rows timed this way too.
+//!
+//! Every timed run is checked with the programs' counters: each run of a
+//! row and of the anchor forwarded (or reverse-translated) one packet, and
+//! the route cache answered (or, in the row that times a FIB lookup, did
+//! not). All rows time one hot flow again and again: a best case for the
+//! caches, as the repeated rows are.
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
@@ -22,7 +29,7 @@ use std::{
 
 use lb::model::{Model, ServiceName};
 use lb_common::{
-    config::CFG_LB_MODE,
+    config::{CFG_LB_MODE, CNT_FIB_LOOKUPS, CNT_NP_FORWARD, CNT_NP_REVERSE},
     nodeport::{MODE_DSR, MODE_SNAT},
 };
 use lb_testkit::{
@@ -33,7 +40,7 @@ use lb_testkit::{
     packets::{self, ACK},
 };
 
-use crate::packet::{median, one_backend, Timing};
+use crate::packet::{median, one_backend};
 
 /// The services these rows use, beside the bench's N: a LoadBalancer
 /// address with a backend on node B (10.244.2.0/24 and fd00:244:2::/64
@@ -68,23 +75,17 @@ impl Extra {
     }
 }
 
-/// One row: the program, the path, and the median run.
-pub type Row = (&'static str, &'static str, Timing, Duration);
-
-/// Times each path `runs` times, one packet per run. Checks first (one
-/// run each) that every packet takes the path its row names, so a change
-/// in the programs cannot quietly time something else.
+/// Times each path `runs` times, one packet per run, and the `holdouts`
+/// (repeated rows' paths and packets) the same way. Checks first (one run
+/// each) that every packet takes the path its row names, then counts what
+/// the timed runs did.
 pub fn rows(
     dp: &Dataplane,
     e: &Extra,
     runs: usize,
     empty: &[(&'static str, Duration)],
-) -> Vec<Row> {
-    let median = |f: &dyn Fn() -> Duration| median((0..runs.max(1)).map(|_| f()));
-    let mut out: Vec<Row> = empty
-        .iter()
-        .map(|&(program, t)| (program, EMPTY, Timing::PerRun, t))
-        .collect();
+    holdouts: &[(&'static str, &[u8])],
+) -> Vec<PerRun> {
     dp.config(CFG_LB_MODE, MODE_SNAT);
 
     // A local backend: the same work as the repeated "real DNAT" row.
@@ -94,7 +95,13 @@ pub fn rows(
     let (rc, once) = dp.tc_ingress(&near);
     assert_eq!(rc, TC_ACT_OK, "local backend: the stack delivers");
     assert_eq!(packets::inspect(&once).daddr, NEAR_BACKEND);
-    assert_eq!(dp.xdp(&near).0, XDP_PASS);
+    let (rc, once) = dp.xdp(&near);
+    assert_eq!(rc, XDP_PASS);
+    assert_eq!(
+        packets::inspect(&once).daddr,
+        NEAR_BACKEND,
+        "XDP: DNAT, the stack delivers"
+    );
     // Its reply, on the way out: reverse DNAT on tc egress.
     let near_reply = packets::tcp(
         [0; 6],
@@ -177,35 +184,54 @@ pub fn rows(
     assert_eq!(dp.xdp(&far6).0, XDP_TX);
     assert_eq!(dp.xdp(&far6_reply).0, XDP_TX);
 
-    for (program, xdp) in [("tc", false), ("XDP", true)] {
-        let run = |p: &[u8]| {
-            if xdp {
-                dp.xdp_timed(p, 1)
+    let t = Timer {
+        dp,
+        runs: runs.max(1),
+        anchor: &near,
+    };
+    let mut out: Vec<PerRun> = empty
+        .iter()
+        .map(|&(program, ns)| PerRun {
+            program,
+            path: EMPTY,
+            ns,
+            anchor: None,
+        })
+        .collect();
+    for hook in [Hook::Tc, Hook::Xdp] {
+        // The anchor alone.
+        let (ns, _) = t.paired(hook, &near, Kind::Anchor, Route::None);
+        out.push(PerRun {
+            program: hook.name(),
+            path: LOCAL,
+            ns,
+            anchor: None,
+        });
+        for (path, packet, kind, route) in [
+            (SNAT, &far, Kind::Forward, Route::Cached),
+            (SNAT, &far, Kind::Forward, Route::Looked),
+            (SNAT_REPLY, &far_reply, Kind::Reverse, Route::Cached),
+            (SNAT6, &far6, Kind::Forward, Route::Cached),
+            (SNAT6_REPLY, &far6_reply, Kind::Reverse, Route::Cached),
+        ] {
+            let path = if route == Route::Looked {
+                SNAT_FIB
             } else {
-                dp.tc_ingress_timed(p, 1)
-            }
-        };
-        out.push((program, LOCAL, Timing::PerRun, median(&|| run(&near))));
-        out.push((program, SNAT, Timing::PerRun, median(&|| run(&far))));
-        out.push((
-            program,
-            SNAT_REPLY,
-            Timing::PerRun,
-            median(&|| run(&far_reply)),
-        ));
-        out.push((program, SNAT6, Timing::PerRun, median(&|| run(&far6))));
-        out.push((
-            program,
-            SNAT6_REPLY,
-            Timing::PerRun,
-            median(&|| run(&far6_reply)),
-        ));
+                path
+            };
+            out.push(t.row(hook, path, packet, kind, route));
+        }
+        // Hold-outs: paths the repeated rows measure, timed this way too.
+        for &(path, packet) in holdouts {
+            out.push(t.row(hook, path, packet, Kind::Forward, Route::None));
+        }
     }
-    out.push((
-        "tc egress",
+    out.push(t.row(
+        Hook::TcEgress,
         LOCAL_REPLY,
-        Timing::PerRun,
-        median(&|| dp.tc_egress_timed(&near_reply, 1)),
+        &near_reply,
+        Kind::Reverse,
+        Route::None,
     ));
 
     // DSR: the client's address kept, the service named in an IP option on
@@ -238,6 +264,9 @@ pub fn rows(
         (CLIENT_IP, FAR_BACKEND, 0),
         "DSR: client address kept, no option after the first packet"
     );
+    let (rc, once) = dp.xdp(&dsr);
+    assert_eq!(rc, XDP_TX, "XDP forwards an established DSR flow");
+    assert_eq!(packets::inspect(&once).saddr, CLIENT_IP);
     // The backend's node (this program again) learns the service from the
     // option; its pod's reply leaves from the service.
     assert_eq!(dp.tc_ingress(&with_option).0, TC_ACT_OK);
@@ -254,39 +283,179 @@ pub fn rows(
     let (rc, back) = dp.tc_egress(&dsr_reply);
     assert_eq!(rc, TC_ACT_OK);
     assert_eq!(packets::inspect(&back).saddr, e.far);
-    let (xdp_rc, _) = dp.xdp(&dsr);
-    out.push((
-        "tc",
-        DSR,
-        Timing::PerRun,
-        median(&|| dp.tc_ingress_timed(&dsr, 1)),
-    ));
-    if xdp_rc == XDP_TX {
-        out.push((
-            "XDP",
-            DSR,
-            Timing::PerRun,
-            median(&|| dp.xdp_timed(&dsr, 1)),
-        ));
-    } else {
-        assert_eq!(xdp_rc, XDP_PASS, "XDP leaves DSR flows to tc");
+    for hook in [Hook::Tc, Hook::Xdp] {
+        out.push(t.row(hook, DSR, &dsr, Kind::Forward, Route::Cached));
     }
-    out.push((
-        "tc egress",
+    out.push(t.row(
+        Hook::TcEgress,
         DSR_REPLY,
-        Timing::PerRun,
-        median(&|| dp.tc_egress_timed(&dsr_reply, 1)),
+        &dsr_reply,
+        Kind::Reverse,
+        Route::None,
     ));
     dp.config(CFG_LB_MODE, MODE_SNAT);
     out
 }
 
+/// A one-packet-per-run row: the median run, and the median run of the
+/// anchor in the same runs (None for the anchor and the empty program).
+pub struct PerRun {
+    pub program: &'static str,
+    pub path: &'static str,
+    pub ns: Duration,
+    pub anchor: Option<Duration>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    Tc,
+    Xdp,
+    TcEgress,
+}
+
+impl Hook {
+    fn name(self) -> &'static str {
+        match self {
+            Hook::Tc => "tc",
+            Hook::Xdp => "XDP",
+            Hook::TcEgress => "tc egress",
+        }
+    }
+}
+
+/// What one run of a row does, as the counters see it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The anchor itself: one packet forwarded.
+    Anchor,
+    /// One packet forwarded (to a backend).
+    Forward,
+    /// One packet translated back (a reply).
+    Reverse,
+}
+
+/// What the route cache must have done across a row's runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Not a routed path: no FIB lookup at all.
+    None,
+    /// Answered from the cache: a lookup at most when the clock's epoch
+    /// turns.
+    Cached,
+    /// A FIB lookup every run: the runs alternate the ingress device
+    /// between ext0 and its veth peer, and the cache answers only for the
+    /// device it looked up for.
+    Looked,
+}
+
+struct Timer<'a> {
+    dp: &'a Dataplane,
+    runs: usize,
+    /// The local backend's established flow.
+    anchor: &'a [u8],
+}
+
+impl Timer<'_> {
+    fn row(
+        &self,
+        hook: Hook,
+        path: &'static str,
+        packet: &[u8],
+        kind: Kind,
+        route: Route,
+    ) -> PerRun {
+        let (ns, anchor) = self.paired(hook, packet, kind, route);
+        PerRun {
+            program: hook.name(),
+            path,
+            ns,
+            anchor: Some(anchor),
+        }
+    }
+
+    /// `runs` runs of `packet` on `hook`, each followed by one of the
+    /// anchor on the same program type (tc ingress for both tc hooks): the
+    /// medians of both. Panics when the counters say a run took another
+    /// path.
+    fn paired(&self, hook: Hook, packet: &[u8], kind: Kind, route: Route) -> (Duration, Duration) {
+        let dp = self.dp;
+        let peer = lb::sys::netdev::ifindex("ext0p").expect("ext0p");
+        let counters = || {
+            (
+                dp.counter(CNT_NP_FORWARD),
+                dp.counter(CNT_NP_REVERSE),
+                dp.counter(CNT_FIB_LOOKUPS),
+            )
+        };
+        let before = counters();
+        let mut row = Vec::with_capacity(self.runs);
+        let mut anchor = Vec::with_capacity(self.runs);
+        for i in 0..self.runs {
+            let ingress = if route == Route::Looked && i % 2 == 1 {
+                peer
+            } else {
+                dp.ifindex
+            };
+            row.push(match hook {
+                Hook::Tc => dp.tc_ingress_timed_on(ingress, packet, 1),
+                Hook::Xdp => dp.xdp_timed_on(ingress, packet, 1),
+                Hook::TcEgress => dp.tc_egress_timed(packet, 1),
+            });
+            if kind != Kind::Anchor {
+                anchor.push(if hook == Hook::Xdp {
+                    dp.xdp_timed(self.anchor, 1)
+                } else {
+                    dp.tc_ingress_timed(self.anchor, 1)
+                });
+            }
+        }
+        let after = counters();
+        let runs = self.runs as u64;
+        let (forward, reverse) = match kind {
+            Kind::Anchor => (runs, 0),
+            Kind::Forward => (2 * runs, 0),
+            Kind::Reverse => (runs, runs),
+        };
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (forward, reverse),
+            "{}: every run (and the anchor's) forwarded or translated back one packet",
+            hook.name()
+        );
+        let lookups = after.2 - before.2;
+        match route {
+            Route::None => assert_eq!(lookups, 0, "{}: no FIB lookup", hook.name()),
+            Route::Cached => assert!(
+                lookups <= 3 + runs / 1000,
+                "{}: {lookups} FIB lookups in {runs} runs of a cached route",
+                hook.name()
+            ),
+            // (The first run may still find the previous row's answer.)
+            Route::Looked => assert!(
+                lookups + 1 >= runs,
+                "{}: {lookups} FIB lookups in {runs} runs that should each look up",
+                hook.name()
+            ),
+        }
+        let anchor = if anchor.is_empty() {
+            Duration::ZERO
+        } else {
+            median(anchor.into_iter())
+        };
+        (median(row.into_iter()), anchor)
+    }
+}
+
 pub const EMPTY: &str = "empty program (returns at once)";
 pub const LOCAL: &str = "established flow, local backend (conntrack hit, DNAT)";
 pub const LOCAL_REPLY: &str = "reply from a local backend (reverse DNAT)";
-pub const SNAT: &str = "established flow, remote backend (conntrack hit, DNAT, SNAT, FIB)";
-pub const SNAT_REPLY: &str = "reply from a remote backend (reverse SNAT and DNAT, FIB)";
-pub const SNAT6: &str = "IPv6 established flow, remote backend (conntrack hit, DNAT, SNAT, FIB)";
-pub const SNAT6_REPLY: &str = "IPv6 reply from a remote backend (reverse SNAT and DNAT, FIB)";
-pub const DSR: &str = "established flow, remote backend, DSR (conntrack hit, DNAT, FIB)";
+pub const SNAT: &str = "established flow, remote backend (conntrack hit, DNAT, SNAT, cached route)";
+pub const SNAT_FIB: &str =
+    "established flow, remote backend, route cache missed (conntrack hit, DNAT, SNAT, FIB lookup)";
+pub const SNAT_REPLY: &str = "reply from a remote backend (reverse SNAT and DNAT, cached route)";
+pub const SNAT6: &str =
+    "IPv6 established flow, remote backend (conntrack hit, DNAT, SNAT, cached route)";
+pub const SNAT6_REPLY: &str =
+    "IPv6 reply from a remote backend (reverse SNAT and DNAT, cached route)";
+pub const DSR: &str = "established flow, remote backend, DSR (conntrack hit, DNAT, cached route)";
 pub const DSR_REPLY: &str = "DSR reply on the backend's node (reverse DNAT)";

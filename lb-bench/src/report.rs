@@ -501,26 +501,29 @@ impl Report {
         }
         if let Some(max) = self.packet.iter().map(|p| p.services).max() {
             // Every path of an established flow, both directions.
+            // Per-run rows that have a repeated twin (hold-outs) count as
+            // the twin; the route-cache-miss row is the exception path.
             for r in self.packet.iter().filter(|p| {
                 p.services == max
                     && (p.path.contains("established") || p.path.contains("reply"))
-                    && !(p.timing == Timing::PerRun && p.path == crate::packet_per_run::LOCAL)
+                    && !(p.timing == Timing::PerRun && self.packet_twin(p).is_some())
+                    && p.path != crate::packet_per_run::SNAT_FIB
             }) {
                 let Some(ns) = self.packet_estimate(r) else {
                     continue;
                 };
-                let how = match r.timing {
-                    Timing::Repeated => "",
-                    Timing::PerRun => " (one packet per run, anchored estimate)",
+                let (value, detail) = match r.timing {
+                    Timing::Repeated => (format!("{ns:.0} ns"), format!("{ns:.0}% of the budget")),
+                    Timing::PerRun => (
+                        format!("≈ {ns:.0} ns (estimate)"),
+                        format!("by estimate from one packet per run, {ns:.0}% of the budget"),
+                    ),
                 };
                 rows.push([
-                    format!(
-                        "{} per packet, {} services, {}{how}",
-                        r.program, max, r.path
-                    ),
-                    format!("{ns:.0} ns"),
+                    format!("{} per packet, {} services, {}", r.program, max, r.path),
+                    value,
                     "≤ 100 ns".into(),
-                    verdict(ns <= 100.0, format!("{ns:.0}% of the budget")),
+                    verdict(ns <= 100.0, detail),
                 ]);
             }
         }
@@ -818,25 +821,57 @@ impl Report {
         o.push_str(
             "\nOne packet per run, the median of the runs: the paths a repeated run cannot time, because\n\
              their rewrite turns the packet into one the path would not take again (to a remote backend:\n\
-             FIB lookup, SNAT or DSR, redirect; replies through reverse NAT; new flows, whose first run\n\
+             route, TTL, SNAT or DSR, redirect; replies through reverse NAT; new flows, whose first run\n\
              creates the conntrack entry). One run brackets the program with a clock read pair that\n\
-             `repeat` spreads over many runs, after a syscall that leaves colder caches. The estimate is\n\
-             anchored on a local backend's established flow, timed both ways: a row's time less that\n\
-             flow's per-run time plus its repeated time (\"real DNAT\" above), on the same hook. What\n\
-             only a row's own path touches (route cache, SNAT fields) stays as cold as one run leaves\n\
-             it, so the estimate errs high. The reply rows run tc on ingress (a remote backend's reply,\n\
-             back to the client) or on egress (a local pod's reply; DSR: on the backend's node).\n\n\
-             | Services | Program | Path | ns, one run (median) | estimate |\n|---:|---|---|---:|---:|\n",
+             `repeat` spreads over many runs, after a syscall that leaves colder caches. Each row's runs\n\
+             alternate with runs of an anchor, the local backend's established flow on the same program\n\
+             type, whose repeated time is the \"real DNAT\" row above (two services forwarding to each\n\
+             other: the same code on other entries). Estimate: the row's median less the anchor's median\n\
+             in the same runs, plus the anchor's repeated time. Rows for paths the repeated table also\n\
+             measures are hold-outs: their estimate set beside their repeated time shows the method's\n\
+             error. The counters check every timed run: each forwarded or translated back one packet, and\n\
+             the route cache answered (\"cached route\") or, in the \"route cache missed\" row, a FIB lookup\n\
+             ran every time (its runs alternate the ingress device, for which the cache keeps one answer).\n\
+             All rows time one hot flow, a best case for the caches, as the repeated rows do. Reply rows\n\
+             run tc on ingress (a remote backend's reply, back to the client) or on egress (a local pod's\n\
+             reply; DSR: on the backend's node). New flows: the median and the mean of the runs (reports\n\
+             before 2026-12-02 gave only the mean), not estimated.\n\n\
+             | Services | Program | Path | ns, one run (median) | anchor, same runs | estimate |\n\
+             |---:|---|---|---:|---:|---:|\n",
         );
         for r in self.packet.iter().filter(|r| r.timing == Timing::PerRun) {
             let estimate = self
                 .packet_estimate(r)
                 .map_or("—".to_string(), |ns| format!("{ns:.0}"));
+            let anchor = r.anchor_ns.map_or("—".to_string(), |ns| format!("{ns:.0}"));
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.0} | {estimate} |",
+                "| {} | {} | {} | {:.0} | {anchor} | {estimate} |",
                 r.services, r.program, r.path, r.ns_per_packet
             );
+        }
+        // The hold-outs: the estimate against the repeated measurement.
+        let holdouts: Vec<String> = self
+            .packet
+            .iter()
+            .filter(|r| r.timing == Timing::PerRun)
+            .filter_map(|r| {
+                let est = self.packet_estimate(r)?;
+                let repeated = self.packet_twin(r)?;
+                Some(format!(
+                    "{} services, {}, {}: estimated {est:.0} ns, measured {repeated:.0} ns ({:+.0})",
+                    r.services,
+                    r.program,
+                    r.path,
+                    est - repeated
+                ))
+            })
+            .collect();
+        if !holdouts.is_empty() {
+            o.push_str("\nHold-outs (the estimate of a path the repeated table measures):\n\n");
+            for h in holdouts {
+                let _ = writeln!(o, "* {h}");
+            }
         }
         for services in self.packet_scales() {
             for program in ["tc", "XDP"] {
@@ -844,15 +879,13 @@ impl Report {
                     self.packet_anchor(services, program),
                     self.packet_floor(services, program),
                 ) {
-                    let by_floor = once - empty_once + empty_repeated;
                     let _ = writeln!(
                         o,
-                        "\nCalibration, {program}, {services} services: the local backend's established flow \
-                         takes {once:.0} ns one packet per run and {repeated:.0} ns repeated. Taking off only \
-                         the empty program's per-run time ({empty_once:.0} ns, {empty_repeated:.0} ns \
-                         repeated) would estimate it at {by_floor:.0} ns ({:+.0} ns): the colder caches of a \
-                         single run, which the anchored estimate takes off as well.",
-                        by_floor - repeated
+                        "\nWhat one run adds, {program}, {services} services: the anchor takes {once:.0} ns one \
+                         packet per run and {repeated:.0} ns repeated; the empty program {empty_once:.0} ns and \
+                         {empty_repeated:.0} ns. Beyond the clock read pair a single run leaves the anchor's \
+                         lookups {:+.0} ns colder, which the anchored estimate takes off.",
+                        (once - repeated) - (empty_once - empty_repeated)
                     );
                 }
             }
@@ -898,20 +931,33 @@ impl Report {
     }
 
     /// A row's ns per packet as a repeated run would measure it: repeated
-    /// rows as they are. A one-packet-per-run row is anchored on the local
-    /// backend's established flow, which is timed both ways: its time less
-    /// that flow's per-run time, plus that flow's repeated time (same hook,
-    /// same scale). That takes off what every per-run row pays alike (the
-    /// clock read pair, the syscall's colder caches for the conntrack
-    /// lookup and the packet); what only the row's own path touches stays
-    /// as cold as a single run leaves it, so the estimate errs high. None
-    /// when the anchor is missing.
+    /// rows as they are; a one-packet-per-run row as its median less its
+    /// anchor's median in the same runs, plus the anchor's repeated time
+    /// (the "real DNAT" row on the same program type, same scale). That
+    /// takes off what every per-run row pays alike (the clock read pair,
+    /// the syscall's colder caches for the conntrack lookup and the
+    /// packet); the hold-outs show how far that lands. None for rows
+    /// without an anchor (the anchor itself, the empty program, new flows).
     fn packet_estimate(&self, r: &PacketResult) -> Option<f64> {
         if r.timing == Timing::Repeated {
             return Some(r.ns_per_packet);
         }
-        let (per_run, repeated) = self.packet_anchor(r.services, r.program)?;
-        Some(r.ns_per_packet - per_run + repeated)
+        let (_, repeated) = self.packet_anchor(r.services, r.program)?;
+        Some(r.ns_per_packet - r.anchor_ns? + repeated)
+    }
+
+    /// The repeated row of the same program and path as a per-run row (a
+    /// hold-out), if any.
+    fn packet_twin(&self, r: &PacketResult) -> Option<f64> {
+        self.packet
+            .iter()
+            .find(|p| {
+                p.timing == Timing::Repeated
+                    && p.services == r.services
+                    && p.program == r.program
+                    && p.path == r.path
+            })
+            .map(|p| p.ns_per_packet)
     }
 
     /// The local backend's established flow on `program`'s hook (tc on

@@ -290,18 +290,33 @@ impl Dataplane {
     }
 
     fn skb_ctx(&self) -> Vec<u8> {
+        self.skb_ctx_on(self.ifindex)
+    }
+
+    /// A packet that came in on `ingress` (the program still runs on ext0).
+    fn skb_ctx_on(&self, ingress: u32) -> Vec<u8> {
         // struct __sk_buff: ingress_ifindex at 36, ifindex at 40; the kernel
         // accepts those (and a few others) from user space and rejects the rest.
         let mut ctx = vec![0u8; 192];
-        ctx[36..40].copy_from_slice(&self.ifindex.to_ne_bytes());
+        ctx[36..40].copy_from_slice(&ingress.to_ne_bytes());
         ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
         ctx
     }
 
     fn run_tc(&self, name: &str, packet: &[u8], repeat: u32) -> (u32, Vec<u8>, Duration) {
+        self.run_tc_on(self.ifindex, name, packet, repeat)
+    }
+
+    fn run_tc_on(
+        &self,
+        ingress: u32,
+        name: &str,
+        packet: &[u8],
+        repeat: u32,
+    ) -> (u32, Vec<u8>, Duration) {
         let p: &SchedClassifier = self.ebpf.program(name).unwrap().try_into().unwrap();
         let mut out = vec![0u8; packet.len() + 64];
-        let ctx = self.skb_ctx();
+        let ctx = self.skb_ctx_on(ingress);
         let r = p
             .test_run(TestRunOptions {
                 data_in: Some(packet),
@@ -388,20 +403,31 @@ impl Dataplane {
         self.run_tc(datapath::TC_INGRESS, packet, repeat).2
     }
 
+    /// `tc_ingress_timed` for a packet that came in on device `ingress`.
+    pub fn tc_ingress_timed_on(&self, ingress: u32, packet: &[u8], repeat: u32) -> Duration {
+        self.run_tc_on(ingress, datapath::TC_INGRESS, packet, repeat)
+            .2
+    }
+
     pub fn tc_egress_timed(&self, packet: &[u8], repeat: u32) -> Duration {
         self.run_tc(datapath::TC_EGRESS, packet, repeat).2
     }
 
     pub fn xdp(&self, packet: &[u8]) -> (u32, Vec<u8>) {
-        let (rc, out, _) = self.run_xdp(packet, 1);
+        let (rc, out, _) = self.run_xdp(self.ifindex, packet, 1);
         (rc, out)
     }
 
     pub fn xdp_timed(&self, packet: &[u8], repeat: u32) -> Duration {
-        self.run_xdp(packet, repeat).2
+        self.run_xdp(self.ifindex, packet, repeat).2
     }
 
-    fn run_xdp(&self, packet: &[u8], repeat: u32) -> (u32, Vec<u8>, Duration) {
+    /// `xdp_timed` for a frame received on device `ingress`.
+    pub fn xdp_timed_on(&self, ingress: u32, packet: &[u8], repeat: u32) -> Duration {
+        self.run_xdp(ingress, packet, repeat).2
+    }
+
+    fn run_xdp(&self, ingress: u32, packet: &[u8], repeat: u32) -> (u32, Vec<u8>, Duration) {
         let p: &Xdp = self
             .ebpf
             .program(datapath::XDP)
@@ -412,7 +438,7 @@ impl Dataplane {
         // struct xdp_md: data 0, data_end = length, data_meta 0, ingress_ifindex.
         let mut ctx = vec![0u8; 24];
         ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
-        ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
+        ctx[12..16].copy_from_slice(&ingress.to_ne_bytes());
         let r = p
             .test_run(TestRunOptions {
                 data_in: Some(packet),
