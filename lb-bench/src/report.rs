@@ -107,6 +107,29 @@ const NOTES: &str = "\
   program. That suggests the calls and returns were much of the gap, but
   the two CPUs differ in more than the mitigation; the EPYC was not
   measured with it off.
+* **Remote backends and replies, 100 ns.** Timed one packet per run and
+  estimated (section 3; the hold-outs put the estimate within about ±15 ns
+  of a repeated measurement). A profile of the IPv6 SNAT path in XDP
+  (`profile_established_flows` with `LB_PROFILE_ROW=far6`, 2026-12-02)
+  put about half of the program's time in `bpf_fib_lookup` (FIB walk,
+  nexthop, neighbour, MTU) and the 64-byte clear of its parameters. Since
+  then an established flow's route comes from a per-CPU cache
+  (`LB_ROUTES4`, `LB_ROUTES6`: the answer for the flow's conntrack key,
+  the addresses looked up and the ingress device, trusted for one 2^30 ns
+  epoch and packets within the route's MTU; `lb_fib_lookups_total` counts
+  what remains): the \"route cache missed\" row shows what a lookup costs
+  on top (about 75 ns for IPv4). A rewrite updates each checksum once
+  (tc: `bpf_l4_csum_replace` in diff mode, at most two calls, where an
+  IPv6 SNAT made ten; XDP: one read-modify-write), and a packet to a port
+  of the SNAT range looks for its reverse entry first (a reply no longer
+  pays the forward lookup's miss). Quick runs, same machine: XDP IPv4
+  SNAT 141 → 85 ns, its reply 160 → 94, IPv6 238 → 114; tc IPv4 186 →
+  112, IPv6 298 → 132. What is left in tc over XDP: the skb's checksum
+  helpers and a larger context; in IPv6, 40-byte conntrack keys. Not tried
+  yet: `allows-misaligned-mem-access` (LLVM 22's BPF backend: packet
+  fields at 2-byte offsets are read and written byte by byte now), which
+  merged stack stores past their alignment and failed the verifier
+  (`misaligned stack access`) when turned on for the whole object.
 * **Maglev at the default size.** With one size for all, the default
   (16 381, Cilium's) moves 2.3× the ideal share of flows when one of 100
   backends goes; a service that needs less asks for its own size (131 071:
