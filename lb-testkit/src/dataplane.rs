@@ -335,6 +335,12 @@ impl Dataplane {
         (rc, out)
     }
 
+    /// `tc_ingress` for a packet that came in on device `ingress`.
+    pub fn tc_ingress_on(&self, ingress: u32, packet: &[u8]) -> (u32, Vec<u8>) {
+        let (rc, out, _) = self.run_tc_on(ingress, datapath::TC_INGRESS, packet, 1);
+        (rc, out)
+    }
+
     /// The pod-facing program: a packet as it leaves a pod on this node.
     pub fn pod_ingress(&self, packet: &[u8]) -> (u32, Vec<u8>) {
         let (rc, out, _) = self.run_tc(datapath::pods::TC_POD_INGRESS, packet, 1);
@@ -415,6 +421,12 @@ impl Dataplane {
 
     pub fn xdp(&self, packet: &[u8]) -> (u32, Vec<u8>) {
         let (rc, out, _) = self.run_xdp(self.ifindex, packet, 1);
+        (rc, out)
+    }
+
+    /// `xdp` for a frame received on device `ingress`.
+    pub fn xdp_on(&self, ingress: u32, packet: &[u8]) -> (u32, Vec<u8>) {
+        let (rc, out, _) = self.run_xdp(ingress, packet, 1);
         (rc, out)
     }
 

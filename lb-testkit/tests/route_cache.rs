@@ -280,3 +280,59 @@ fn a_flow_whose_backend_moves_to_another_node_is_routed_there_at_once() {
         "XDP: the same"
     );
 }
+
+/// Routing can depend on the device a packet came in on (policy routing:
+/// `ip rule add iif ...`). The same flow arriving on another device is
+/// routed for that device, not from the answer cached for the first.
+#[test]
+fn a_cached_route_answers_only_for_the_device_the_packet_came_in_on() {
+    let dp = dataplane("rc_iif");
+    // Packets that come in on ext0's peer device use table 100, where the
+    // pods of node B are reached through node C.
+    for args in [
+        &[
+            "neigh",
+            "add",
+            "192.168.50.4",
+            "lladdr",
+            "02:00:00:00:00:04",
+            "dev",
+            "ext0",
+            "nud",
+            "permanent",
+        ][..],
+        &[
+            "route",
+            "add",
+            "10.244.2.0/24",
+            "via",
+            "192.168.50.4",
+            "dev",
+            "ext0",
+            "table",
+            "100",
+        ][..],
+        &["rule", "add", "iif", "ext0p", "lookup", "100"][..],
+    ] {
+        dp.netns.ip(args);
+    }
+    let peer = lb::sys::netdev::ifindex("ext0p").expect("ext0p");
+    let (rc, out) = dp.tc_ingress(&to_nodeport(30002, 42300, SYN, 0));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(inspect(&out).eth_dst, NODE_B_MAC);
+    let ack = to_nodeport(30002, 42300, ACK, 100);
+    assert_eq!(inspect(&dp.tc_ingress(&ack).1).eth_dst, NODE_B_MAC);
+    assert_eq!(inspect(&dp.xdp(&ack).1).eth_dst, NODE_B_MAC);
+
+    let (rc, out) = dp.tc_ingress_on(peer, &ack);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(
+        inspect(&out).eth_dst,
+        NODE_C_MAC,
+        "tc: in on ext0p, routed by table 100"
+    );
+    let (_, out) = dp.xdp_on(peer, &ack);
+    assert_eq!(inspect(&out).eth_dst, NODE_C_MAC, "XDP: the same");
+    // And back on ext0: the main table again.
+    assert_eq!(inspect(&dp.tc_ingress(&ack).1).eth_dst, NODE_B_MAC);
+}
