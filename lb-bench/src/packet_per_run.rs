@@ -89,9 +89,7 @@ pub fn rows(
     dp.config(CFG_LB_MODE, MODE_SNAT);
 
     // A local backend: the same work as the repeated "real DNAT" row.
-    let near = packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, e.near, 40_020, 80, ACK, b"",
-    );
+    let near = from_client(e.near, 40_020, ACK);
     let (rc, once) = dp.tc_ingress(&near);
     assert_eq!(rc, TC_ACT_OK, "local backend: the stack delivers");
     assert_eq!(packets::inspect(&once).daddr, NEAR_BACKEND);
@@ -103,16 +101,7 @@ pub fn rows(
         "XDP: DNAT, the stack delivers"
     );
     // Its reply, on the way out: reverse DNAT on tc egress.
-    let near_reply = packets::tcp(
-        [0; 6],
-        CLIENT_MAC,
-        NEAR_BACKEND,
-        CLIENT_IP,
-        BACKEND_PORT,
-        40_020,
-        ACK,
-        b"",
-    );
+    let near_reply = from_pod(NEAR_BACKEND, 40_020);
     let (rc, back) = dp.tc_egress(&near_reply);
     assert_eq!(rc, TC_ACT_OK);
     let v = packets::inspect(&back);
@@ -123,7 +112,7 @@ pub fn rows(
     );
 
     // A remote backend, SNAT: FIB lookup, DNAT, SNAT, redirect.
-    let far = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, e.far, 40_021, 80, ACK, b"");
+    let far = from_client(e.far, 40_021, ACK);
     let (rc, once) = dp.tc_ingress(&far);
     assert_eq!(rc, TC_ACT_REDIRECT, "remote backend: redirected");
     let v = packets::inspect(&once);
@@ -238,16 +227,7 @@ pub fn rows(
     // the first packet; later packets follow conntrack. Last: the mode is a
     // node-wide setting.
     dp.config(CFG_LB_MODE, MODE_DSR);
-    let syn = packets::tcp(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP,
-        e.far,
-        40_023,
-        80,
-        packets::SYN,
-        b"",
-    );
+    let syn = from_client(e.far, 40_023, packets::SYN);
     let (rc, with_option) = dp.tc_ingress(&syn);
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(
@@ -255,7 +235,7 @@ pub fn rows(
         8,
         "DSR option"
     );
-    let dsr = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, e.far, 40_023, 80, ACK, b"");
+    let dsr = from_client(e.far, 40_023, ACK);
     let (rc, once) = dp.tc_ingress(&dsr);
     assert_eq!(rc, TC_ACT_REDIRECT);
     let v = packets::inspect(&once);
@@ -270,16 +250,7 @@ pub fn rows(
     // The backend's node (this program again) learns the service from the
     // option; its pod's reply leaves from the service.
     assert_eq!(dp.tc_ingress(&with_option).0, TC_ACT_OK);
-    let dsr_reply = packets::tcp(
-        [0; 6],
-        CLIENT_MAC,
-        FAR_BACKEND,
-        CLIENT_IP,
-        BACKEND_PORT,
-        40_023,
-        ACK,
-        b"",
-    );
+    let dsr_reply = from_pod(FAR_BACKEND, 40_023);
     let (rc, back) = dp.tc_egress(&dsr_reply);
     assert_eq!(rc, TC_ACT_OK);
     assert_eq!(packets::inspect(&back).saddr, e.far);
@@ -295,6 +266,26 @@ pub fn rows(
     ));
     dp.config(CFG_LB_MODE, MODE_SNAT);
     out
+}
+
+/// A client's TCP packet to `vip`, port 80.
+fn from_client(vip: Ipv4Addr, sport: u16, flags: u8) -> Vec<u8> {
+    packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, vip, sport, 80, flags, b"")
+}
+
+/// A pod's reply on this node (`backend`:8080 to the client's `cport`), as
+/// it leaves for the client: what tc egress sees.
+fn from_pod(backend: Ipv4Addr, cport: u16) -> Vec<u8> {
+    packets::tcp(
+        [0; 6],
+        CLIENT_MAC,
+        backend,
+        CLIENT_IP,
+        BACKEND_PORT,
+        cport,
+        ACK,
+        b"",
+    )
 }
 
 /// A one-packet-per-run row: the median run, and the median run of the

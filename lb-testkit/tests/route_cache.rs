@@ -35,6 +35,21 @@ fn pin_to_this_cpu() {
     }
 }
 
+/// Node C, 192.168.50.4 (`NODE_C_MAC`), a neighbour on ext0.
+fn add_node_c(dp: &Dataplane) {
+    dp.netns.ip(&[
+        "neigh",
+        "add",
+        "192.168.50.4",
+        "lladdr",
+        "02:00:00:00:00:04",
+        "dev",
+        "ext0",
+        "nud",
+        "permanent",
+    ]);
+}
+
 /// A TCP packet from the client to NodePort `dport` with `payload` bytes.
 fn to_nodeport(dport: u16, sport: u16, flags: u8, payload: usize) -> Vec<u8> {
     packets::tcp(
@@ -220,18 +235,8 @@ fn a_cached_route_is_used_only_by_its_own_flow_when_others_take_its_slot() {
 #[test]
 fn a_flow_whose_backend_moves_to_another_node_is_routed_there_at_once() {
     let mut dp = dataplane("rc_moved");
-    // Node C, 192.168.50.4, holds the pods of 10.244.4.0/24.
-    dp.netns.ip(&[
-        "neigh",
-        "add",
-        "192.168.50.4",
-        "lladdr",
-        "02:00:00:00:00:04",
-        "dev",
-        "ext0",
-        "nud",
-        "permanent",
-    ]);
+    // Node C holds the pods of 10.244.4.0/24.
+    add_node_c(&dp);
     dp.netns.ip(&[
         "route",
         "add",
@@ -289,18 +294,8 @@ fn a_cached_route_answers_only_for_the_device_the_packet_came_in_on() {
     let dp = dataplane("rc_iif");
     // Packets that come in on ext0's peer device use table 100, where the
     // pods of node B are reached through node C.
+    add_node_c(&dp);
     for args in [
-        &[
-            "neigh",
-            "add",
-            "192.168.50.4",
-            "lladdr",
-            "02:00:00:00:00:04",
-            "dev",
-            "ext0",
-            "nud",
-            "permanent",
-        ][..],
         &[
             "route",
             "add",
