@@ -29,7 +29,11 @@ pub enum Route {
     /// Egress ifindex, neighbour not resolved yet (the next hop is in the
     /// scratch FIB parameters).
     NoNeigh(u32),
-    /// The packet does not fit: the path's MTU.
+    /// The packet does not fit: the path's MTU. (Widening this to u32, so
+    /// that no variant leaves payload bits undefined, made rustc return
+    /// Route through a pointer argument: a sixth argument for
+    /// `route_cache::lookup`, which BPF calls cannot take. As it is, the
+    /// verifier accepts the packed word.)
     TooBig(u16),
     /// No route: the lookup's return code (BPF_FIB_LKUP_RET_*), or
     /// `u32::MAX` when no lookup ran. Every variant carries a value on

@@ -18,9 +18,10 @@
 //!   another backend, or a reply's to another client, within a second) and
 //!   the same ingress device;
 //! - within the clock epoch (2^30 ns, about 1.07 s) it was resolved in:
-//!   a route, nexthop or neighbour change reaches a flow at most that late
-//!   (the kernel's own forwarding sees it at once: this is the price of
-//!   skipping the lookup);
+//!   a change of routing, neighbour or device state (a route, a nexthop, a
+//!   MAC, a device going down, forwarding turned off, a lower path MTU)
+//!   reaches a flow at most that late (the kernel's own forwarding sees it
+//!   at once: this is the price of skipping the lookup);
 //! - for a packet no longer than the route's MTU: anything bigger takes the
 //!   FIB lookup, which answers FRAG_NEEDED as before.
 //!
