@@ -983,43 +983,44 @@ impl Report {
             .map(|p| p.ns_per_packet)
     }
 
-    /// The local backend's established flow on `program`'s hook (tc on
-    /// egress is the same program type as on ingress) at `services`: its
-    /// per-run and its repeated time.
-    fn packet_anchor(&self, services: usize, program: &str) -> Option<(f64, f64)> {
+    /// The ns of the row at `services` on `program`'s hook (tc on egress is
+    /// the same program type as on ingress), timed `timing`, whose path is
+    /// `path`.
+    fn packet_ns(&self, services: usize, program: &str, path: &str, timing: Timing) -> Option<f64> {
         let hook = if program == "XDP" { "XDP" } else { "tc" };
-        let find = |path: &str, timing| {
-            self.packet
-                .iter()
-                .find(|p| {
-                    p.services == services
-                        && p.program == hook
-                        && p.path == path
-                        && p.timing == timing
-                })
-                .map(|p| p.ns_per_packet)
-        };
+        self.packet
+            .iter()
+            .find(|p| {
+                p.services == services && p.program == hook && p.path == path && p.timing == timing
+            })
+            .map(|p| p.ns_per_packet)
+    }
+
+    /// The local backend's established flow on `program`'s hook at
+    /// `services`: its per-run and its repeated time.
+    fn packet_anchor(&self, services: usize, program: &str) -> Option<(f64, f64)> {
         Some((
-            find(crate::packet_per_run::LOCAL, Timing::PerRun)?,
-            find(crate::packet::REWRITE, Timing::Repeated)?,
+            self.packet_ns(
+                services,
+                program,
+                crate::packet_per_run::LOCAL,
+                Timing::PerRun,
+            )?,
+            self.packet_ns(services, program, crate::packet::REWRITE, Timing::Repeated)?,
         ))
     }
 
     /// The empty program's per-run and repeated time on `program`'s hook.
     fn packet_floor(&self, services: usize, program: &str) -> Option<(f64, f64)> {
-        let hook = if program == "XDP" { "XDP" } else { "tc" };
-        let find = |timing| {
-            self.packet
-                .iter()
-                .find(|p| {
-                    p.services == services
-                        && p.program == hook
-                        && p.timing == timing
-                        && p.path.starts_with("empty program")
-                })
-                .map(|p| p.ns_per_packet)
-        };
-        Some((find(Timing::PerRun)?, find(Timing::Repeated)?))
+        Some((
+            self.packet_ns(
+                services,
+                program,
+                crate::packet_per_run::EMPTY,
+                Timing::PerRun,
+            )?,
+            self.packet_ns(services, program, crate::packet::EMPTY, Timing::Repeated)?,
+        ))
     }
 
     fn maglev_section(&self, o: &mut String) {
