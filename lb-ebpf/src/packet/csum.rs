@@ -3,7 +3,7 @@
 //! Checksums are updated with RFC 1624 (eqn. 3): HC' = ~(~HC + ~m + m'),
 //! on values exactly as they sit in memory: the one's complement sum does not
 //! depend on byte order (RFC 1071 §2(B)), so no conversion is needed.
-use super::access::{load, store, Pkt, ETH_HLEN, IP_CHECK};
+use super::access::{load, store, Pkt};
 
 /// ~m + m' for a 32-bit field, as a one's complement partial sum.
 #[inline(always)]
@@ -55,22 +55,6 @@ pub fn ipv4_csum<P: Pkt>(p: &P, ip: usize, len: usize) -> Option<u16> {
     sum_words(p, ip, len / 2, 5).map(|s| !fold(s))
 }
 
-/// The XDP way: RFC 1624 on the checksum fields themselves (there is no
-/// skb checksum state to keep in step). `size` 2 or 4.
-#[inline(always)]
-pub fn manual_csum_l3<P: Pkt>(p: &P, old: u32, new: u32, size: u64) -> bool {
-    let off = ETH_HLEN + IP_CHECK;
-    let d = if size == 4 {
-        diff32(old, new)
-    } else {
-        diff16(old as u16, new as u16)
-    };
-    match load::<u16, P>(p, off) {
-        Some(c) => store(p, off, csum_apply(c, d)),
-        None => false,
-    }
-}
-
 /// The XDP way for the L4 checksum at `off`: `d`, the one's complement
 /// partial sum of the changes of the fields it covers, applied to the field.
 #[inline(always)]
@@ -88,9 +72,13 @@ pub fn manual_csum_l4<P: Pkt>(p: &P, off: usize, d: u32, udp: bool) -> bool {
     store(p, off, c)
 }
 
-/// Updates a checksum field in the packet (no skb state: for fields inside
-/// an ICMP message, whose checksum has no pseudo-header) by the change of
-/// one 16- or 32-bit word.
+/// Updates a checksum field in the packet by a change `d` (no skb state:
+/// the IPv4 header checksum, and fields inside an ICMP message, whose
+/// checksum has no pseudo-header). tc writes the IPv4 header checksum this
+/// way too: bpf_l3_csum_replace does no more (net/core/filter.c: the field
+/// only, after making the header writable, which our direct stores have
+/// already), and the header's one's-complement sum does not change, so
+/// neither does skb->csum of a CHECKSUM_COMPLETE packet.
 #[inline(always)]
 pub fn update_field<P: Pkt>(p: &P, check_off: usize, d: u32) -> bool {
     match load::<u16, P>(p, check_off) {

@@ -12,8 +12,8 @@
 use lb_common::drop::DropReason;
 
 use super::{
-    access::{store, ETH_HLEN},
-    csum::diff16,
+    access::{store, ETH_HLEN, IP_CHECK},
+    csum::{diff16, update_field},
     family::Ip,
     parse::Flow,
     scratch, Hook,
@@ -103,7 +103,7 @@ pub fn decrement_ttl<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Result<(), DropRea
     // TTL and protocol form one 16-bit word of the header checksum.
     let old = u16::from_ne_bytes([f.ttl, f.proto]);
     let new = u16::from_ne_bytes([f.ttl - 1, f.proto]);
-    if !store(ctx, off, f.ttl - 1) || !ctx.csum_l3(old as u32, new as u32, 2) {
+    if !store(ctx, off, f.ttl - 1) || !update_field(ctx, ETH_HLEN + IP_CHECK, diff16(old, new)) {
         return Err(DropReason::InvalidPacket);
     }
     Ok(())

@@ -373,7 +373,7 @@ fn outer_addr<C: Hook, I: Ip>(
     if I::IS_V6 {
         update_field(ctx, f.l4() + ICMP_CHECK, addr_diff::<I>(old, new))
     } else {
-        ctx.csum_l3(I::word(*old, 0), I::word(*new, 0), 4)
+        update_field(ctx, ETH_HLEN + IP_CHECK, addr_diff::<I>(old, new))
     }
 }
 

@@ -210,8 +210,6 @@ pub trait Hook: Pkt {
     /// Trims (or grows) the packet to `len` bytes.
     fn change_tail(&self, len: u32) -> bool;
     fn fib_lookup(&self, params: &mut bpf_fib_lookup) -> i64;
-    /// Fixes the IPv4 header checksum for a field that changed (`size` 2 or 4).
-    fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool;
     /// Fixes the L4 checksum at `check_off` for several fields at once:
     /// `pseudo`, the summed change of pseudo-header fields (addresses);
     /// `plain`, that of the others (ports). Each is None when nothing of

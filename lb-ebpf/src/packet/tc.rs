@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use lb_common::event::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_POD_EGRESS, HOOK_TC_POD_INGRESS};
 
-use super::{access::Pkt, csum::manual_csum_l3, family::Ip, parse::Flow, Action, Hook, Verdict};
+use super::{access::Pkt, family::Ip, parse::Flow, Action, Hook, Verdict};
 
 const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
 const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
@@ -126,16 +126,6 @@ impl Hook for Tc<'_> {
                 0,
             )
         }
-    }
-    /// The IPv4 header checksum, written here as XDP writes it (RFC 1624):
-    /// bpf_l3_csum_replace does no more than that (net/core/filter.c: the
-    /// field only, after making the header writable, which our direct
-    /// stores have already). The header's one's-complement sum does not
-    /// change, so neither does skb->csum of a CHECKSUM_COMPLETE packet. A
-    /// helper call (and its return) less per rewritten address.
-    #[inline(always)]
-    fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool {
-        manual_csum_l3(self, old, new, size)
     }
     #[inline(always)]
     fn csum_complete_fixup(&self, diff: u32) {

@@ -19,13 +19,7 @@ use aya_ebpf::{
 };
 use lb_common::{config::CNT_XDP_PUNTED, event::HOOK_XDP};
 
-use super::{
-    access::Pkt,
-    csum::{manual_csum_l3, manual_csum_l4},
-    family::Ip,
-    parse::Flow,
-    Hook, Verdict,
-};
+use super::{access::Pkt, csum::manual_csum_l4, family::Ip, parse::Flow, Hook, Verdict};
 use crate::runtime::bump;
 
 struct Xdp<'a> {
@@ -101,10 +95,6 @@ impl Hook for Xdp<'_> {
                 0,
             )
         }
-    }
-    #[inline(always)]
-    fn csum_l3(&self, old: u32, new: u32, size: u64) -> bool {
-        manual_csum_l3(self, old, new, size)
     }
     #[inline(always)]
     fn csum_complete_fixup(&self, _diff: u32) {}
