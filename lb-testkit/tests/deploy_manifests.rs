@@ -224,6 +224,7 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "bpf.pinDir=/sys/fs/bpf/lb-prod",
             "cgroup.attachTo=/sys/fs/cgroup/unified/kubepods",
             "healthz.address=off",
+            "externalIPs.inCluster=owned-only",
             "extraEnv[0].name=LB_CT_TIMEOUT_TCP",
             "extraEnv[0].value=2h",
         ],
@@ -419,12 +420,18 @@ fn helm_values_reach_the_agent_as_settings_it_knows() {
         ("LB_PIN_DIR", "/sys/fs/bpf/lb-prod"),
         ("LB_CGROUP", "/sys/fs/cgroup/unified/kubepods"),
         ("LB_HEALTHZ_ADDRESS", "off"),
+        ("LB_EXTERNAL_IPS_IN_CLUSTER", "owned-only"),
     ] {
         assert_eq!(data[key], want, "{key}");
     }
     assert!(
         data.get("LB_MAP_SIZE_BACKENDS").is_none(),
         "unset sizes stay the agent's"
+    );
+    assert_eq!(
+        of_kind(&rendered(VALUE_SETS[0].1), "ConfigMap")["data"]["LB_EXTERNAL_IPS_IN_CLUSTER"],
+        "translate",
+        "external IPs are translated for pods by default, as with kube-proxy"
     );
     assert!(
         of_kind(&rendered(VALUE_SETS[0].1), "ConfigMap")["data"]
@@ -480,6 +487,10 @@ fn helm_refuses_bad_values_naming_the_field() {
         (
             &["k8sServiceHost=a", "nodePort.addresses={eth0}"][..],
             "addresses",
+        ),
+        (
+            &["k8sServiceHost=a", "externalIPs.inCluster=owned"][..],
+            "inCluster",
         ),
         (&["k8sServiceHost=https://api:6443"][..], "k8sServiceHost"),
         (

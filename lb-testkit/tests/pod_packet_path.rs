@@ -273,43 +273,61 @@ fn a_pod_that_is_its_own_backend_reaches_itself_through_the_clusterip() {
     }
 }
 
-/// CVE-2020-8554: whoever may edit a Service writes its externalIPs. An
-/// external IP this node does not own must stay the real address it looks
-/// like, for the node's sockets and for pods' packets alike (Cilium's
-/// `sock4_skip_xlate`), while one the node owns is served. An address the
-/// node gains or loses later is picked up (the agent reads its addresses
-/// every round, at least every 10 s).
-#[test]
-fn external_ip_the_node_does_not_own_reaches_its_real_owner_from_host_sockets_and_pods_while_owned_ones_are_translated_cve_2020_8554(
-) {
-    let n = PodNode::new(&unique("foreign_extip"), 3, true);
-    let (backend, foreign) = (n.ip_of(1), n.ip_of(2));
-    let _servers = [
-        servers::tcp(&n.pods[1].name, SocketAddr::from((backend, 8080)), "b1"),
-        // The real owner of the address a tenant wrote into externalIPs.
-        servers::tcp(&n.pods[2].name, SocketAddr::from((foreign, 8080)), "real"),
-    ];
-    // An address the node owns now and gives up later.
-    let owned = "192.168.70.50";
-    n.node
-        .ip(&["addr", "add", &format!("{owned}/32"), "dev", "lo"]);
-    std::fs::write(
-        &n.services,
-        format!(
-            "services:\n  - name: ext\n    clusterIPs: [10.96.0.81]\n    externalIPs: [{owned}, {foreign}]\n    ports: [{{port: 8080}}]\n    backends: [{{address: {backend}, local: true}}]\n"
-        ),
-    )
-    .unwrap();
-    let agent = Agent::start_in_netns(
-        &n.node.name,
-        &n.services,
-        &n.cgroup.path,
-        &n.pins.path,
-        &MESH_SAFE,
-    );
-    // From a host socket (socket LB) and from a pod (the pod's veth).
-    let answers = |netns: &str, target: &str| -> Vec<String> {
-        probe::run(&n.cgroup.path, netns, "tcp", target, 5)
+/// An external IP no node holds, for the node's sockets and pods: with
+/// the default `--external-ips-in-cluster translate` it leads to the Service
+/// (kube-proxy's semantics; the upstream test "should be possible to connect
+/// to a service via ExternalIP when the external IP is not assigned to a
+/// node"); with `owned-only` it reaches the real address it names
+/// (CVE-2020-8554, Cilium's `sock4_skip_xlate`). In both, an external IP the
+/// node holds is served and tc keeps serving the address from outside.
+struct ExternalIps {
+    n: PodNode,
+    _servers: [servers::Server; 2],
+    agent: Agent,
+    /// An address the node holds (on its lo) when the agent starts.
+    owned: &'static str,
+    /// The address of the third pod, "the real owner" a tenant wrote into
+    /// the Service's externalIPs.
+    foreign: std::net::Ipv4Addr,
+}
+
+impl ExternalIps {
+    fn start(tag: &str, agent_args: &[&str]) -> Self {
+        let n = PodNode::new(&unique(tag), 3, true);
+        let (backend, foreign) = (n.ip_of(1), n.ip_of(2));
+        let _servers = [
+            servers::tcp(&n.pods[1].name, SocketAddr::from((backend, 8080)), "b1"),
+            servers::tcp(&n.pods[2].name, SocketAddr::from((foreign, 8080)), "real"),
+        ];
+        let owned = "192.168.70.50";
+        n.node
+            .ip(&["addr", "add", &format!("{owned}/32"), "dev", "lo"]);
+        std::fs::write(
+            &n.services,
+            format!(
+                "services:\n  - name: ext\n    clusterIPs: [10.96.0.81]\n    externalIPs: [{owned}, {foreign}]\n    ports: [{{port: 8080}}]\n    backends: [{{address: {backend}, local: true}}]\n"
+            ),
+        )
+        .unwrap();
+        let agent = Agent::start_in_netns(
+            &n.node.name,
+            &n.services,
+            &n.cgroup.path,
+            &n.pins.path,
+            agent_args,
+        );
+        Self {
+            n,
+            _servers,
+            agent,
+            owned,
+            foreign,
+        }
+    }
+
+    /// Who answers 5 connects from `netns` to `target`: a backend's name or "failed".
+    fn answers(&self, netns: &str, target: &str) -> Vec<String> {
+        probe::run(&self.n.cgroup.path, netns, "tcp", target, 5)
             .iter()
             .map(|a| {
                 if a.ok {
@@ -319,41 +337,87 @@ fn external_ip_the_node_does_not_own_reaches_its_real_owner_from_host_sockets_an
                 }
             })
             .collect()
-    };
-    let (host, pod) = (n.node.name.clone(), n.pods[0].name.clone());
-    for from in [&host, &pod] {
-        assert_eq!(
-            answers(from, &format!("{foreign}:8080")),
-            ["real"; 5],
-            "from {from}: a foreign external IP was redirected\n{}",
-            agent.log_text()
-        );
-        assert_eq!(
-            answers(from, &format!("{owned}:8080")),
-            ["b1"; 5],
-            "from {from}: the node's own external IP is served"
+    }
+
+    /// The node's own namespace (host sockets) and the first pod.
+    fn clients(&self) -> [String; 2] {
+        [self.n.node.name.clone(), self.n.pods[0].name.clone()]
+    }
+
+    /// Both external IPs, from the host and from the pod, reach `foreign_answer`
+    /// and the service's backend.
+    fn check(&self, foreign_answer: &str, why: &str) {
+        for from in self.clients() {
+            assert_eq!(
+                self.answers(&from, &format!("{}:8080", self.foreign)),
+                [foreign_answer; 5],
+                "from {from}: {why}\n{}",
+                self.agent.log_text()
+            );
+            assert_eq!(
+                self.answers(&from, &format!("{}:8080", self.owned)),
+                ["b1"; 5],
+                "from {from}: the node's own external IP is served"
+            );
+        }
+        let list = self.agent.lbctl(&["service", "list"]);
+        assert!(
+            list.contains(&format!("{}:8080/TCP", self.foreign)),
+            "tc still serves it from outside:\n{list}"
         );
     }
-    let list = agent.lbctl(&["service", "list"]);
-    assert!(
-        list.contains(&format!("{foreign}:8080/TCP")),
-        "tc still serves it from outside:\n{list}"
+}
+
+#[test]
+fn by_default_an_external_ip_no_node_holds_leads_host_sockets_and_pods_to_the_service_as_with_kube_proxy(
+) {
+    // Pods' sockets through the socket hooks.
+    let w = ExternalIps::start("extip_translate", &[]);
+    w.check(
+        "b1",
+        "an external IP is the Service's for in-cluster clients",
     );
+    let list = w.agent.lbctl(&["service", "list"]);
+    assert!(!list.contains("not this node's"), "{list}");
+    drop(w);
+    // Pods' packets through tc on their veths.
+    let w = ExternalIps::start("extip_translate_tc", &MESH_SAFE);
+    w.check(
+        "b1",
+        "an external IP is the Service's for pods' packets too",
+    );
+}
+
+/// CVE-2020-8554 (`--external-ips-in-cluster owned-only`): whoever may edit
+/// a Service writes its externalIPs. An external IP this node does not own
+/// stays the real address it looks like, for the node's sockets and for
+/// pods' packets alike, while one the node owns is served. An address the
+/// node gains or loses later is picked up (the agent reads its addresses
+/// every round, at least every 10 s).
+#[test]
+fn owned_only_an_external_ip_the_node_does_not_own_reaches_its_real_owner_from_host_sockets_and_pods_cve_2020_8554(
+) {
+    let mut args = MESH_SAFE.to_vec();
+    args.extend(["--external-ips-in-cluster", "owned-only"]);
+    let w = ExternalIps::start("foreign_extip", &args);
+    w.check("real", "a foreign external IP was redirected");
+    let list = w.agent.lbctl(&["service", "list"]);
+    assert!(list.contains("not this node's"), "{list}");
 
     // The node gives the address up: it is foreign now, nobody answers there.
-    n.node
-        .ip(&["addr", "del", &format!("{owned}/32"), "dev", "lo"]);
+    let [host, pod] = w.clients();
+    w.n.node
+        .ip(&["addr", "del", &format!("{}/32", w.owned), "dev", "lo"]);
     assert!(
-        lb_testkit::wait_until(Duration::from_secs(30), || answers(
-            &host,
-            &format!("{owned}:8080")
-        )
-        .iter()
-        .all(|a| a == "failed")),
+        lb_testkit::wait_until(Duration::from_secs(30), || w
+            .answers(&host, &format!("{}:8080", w.owned))
+            .iter()
+            .all(|a| a == "failed")),
         "an address the node gave up is still translated\n{}",
-        agent.log_text()
+        w.agent.log_text()
     );
-    assert!(answers(&pod, &format!("{owned}:8080"))
+    assert!(w
+        .answers(&pod, &format!("{}:8080", w.owned))
         .iter()
         .all(|a| a == "failed"));
 }

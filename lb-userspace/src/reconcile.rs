@@ -223,10 +223,10 @@ impl<M: LbMaps> Reconciler<M> {
         self
     }
 
-    /// This node's addresses changed (or are first known): the services
-    /// with an external IP are applied again, since whether sockets may
-    /// translate it depends on them (CVE-2020-8554). `None` when nothing
-    /// changed.
+    /// This node's addresses changed (or are first known): with
+    /// `--external-ips-in-cluster owned-only` the services with an external
+    /// IP are applied again, since whether sockets may translate it depends
+    /// on them (CVE-2020-8554). `None` when nothing changed.
     pub fn set_node_addresses(
         &mut self,
         addresses: std::collections::BTreeSet<std::net::IpAddr>,
@@ -235,6 +235,9 @@ impl<M: LbMaps> Reconciler<M> {
             return None;
         }
         self.cfg.node_addresses = std::sync::Arc::new(addresses);
+        if !self.cfg.external_ips_in_cluster.needs_node_addresses() {
+            return None;
+        }
         // Before any source's input the target is empty and a full sync is
         // due: a run now would sweep the pinned state. The first model is
         // built with these addresses anyway.

@@ -1,8 +1,9 @@
 //! The agent's reconcile worker (`lb::agent::worker`) against the fake
 //! maps, in milliseconds and without root: what sources post reaches the
 //! maps, refusals are left for `lbctl status`, removed UDP backends reach
-//! the socket cleanup, source errors change nothing and are counted, and the
-//! node's addresses decide whether sockets may translate an external IP.
+//! the socket cleanup, source errors change nothing and are counted, and
+//! with `--external-ips-in-cluster owned-only` the node's addresses decide
+//! whether sockets may translate an external IP.
 use std::{
     collections::BTreeSet,
     net::IpAddr,
@@ -15,7 +16,7 @@ use lb::{
         mailbox::Pending,
         worker::{AgentStatus, Worker},
     },
-    desired::BuildConfig,
+    desired::{BuildConfig, ExternalIpsInCluster},
     maps::{fake::FakeMaps, Capacity, LbMaps as _},
     metrics::Metrics,
     model::Model,
@@ -51,6 +52,18 @@ impl Drop for Harness {
 }
 
 fn harness(tag: &str, capacity: Capacity) -> Harness {
+    harness_with(tag, capacity, BuildConfig::default())
+}
+
+/// The agent with `--external-ips-in-cluster owned-only`.
+fn owned_only() -> BuildConfig {
+    BuildConfig {
+        external_ips_in_cluster: ExternalIpsInCluster::OwnedOnly,
+        ..Default::default()
+    }
+}
+
+fn harness_with(tag: &str, capacity: Capacity, cfg: BuildConfig) -> Harness {
     let dir = std::env::temp_dir().join(format!("lb-worker-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (metrics, registry) = Metrics::new(dir.join("pins"));
@@ -60,7 +73,7 @@ fn harness(tag: &str, capacity: Capacity) -> Harness {
     let worker = Worker {
         reconciler: Reconciler::restore(FakeMaps::with_capacity(capacity))
             .unwrap()
-            .with_config(BuildConfig::default()),
+            .with_config(cfg),
         metrics,
         on_removed_udp: Box::new(move |gone| r.lock().unwrap().extend(gone)),
         status_file: Some(dir.join("status.json")),
@@ -166,9 +179,37 @@ fn a_source_error_changes_nothing_and_is_counted() {
     );
 }
 
+/// The default (`translate`): an external IP is translated for sockets
+/// whether the node holds it or not, as kube-proxy does, and gaining or
+/// losing the address writes nothing.
 #[test]
-fn the_nodes_addresses_decide_whether_sockets_may_translate_an_external_ip() {
-    let mut h = harness("extip", Capacity::default());
+fn by_default_every_external_ip_is_translated_for_sockets_whoever_holds_it() {
+    let mut h = harness("extip-default", Capacity::default());
+    h.worker.step(full(
+        "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]",
+    ));
+    let ext: IpAddr = "198.51.100.7".parse().unwrap();
+    let flags = |h: &Harness| {
+        let state = h.worker.reconciler.maps().dump().unwrap();
+        let (_, v) = state.frontends().find(|(k, _)| k.address == ext).unwrap();
+        v.flags
+    };
+    assert_eq!(flags(&h) & SVC_FLAG_FOREIGN_EXTERNAL_IP, 0);
+    h.worker.reconciler.maps_mut().take_log();
+    for held in [Some([ext].into_iter().collect()), Some(BTreeSet::new())] {
+        *h.addresses.lock().unwrap() = held;
+        h.worker.step(Pending::default());
+        assert_eq!(flags(&h) & SVC_FLAG_FOREIGN_EXTERNAL_IP, 0);
+    }
+    assert!(
+        h.worker.reconciler.maps_mut().take_log().is_empty(),
+        "the node's addresses changed nothing"
+    );
+}
+
+#[test]
+fn owned_only_the_nodes_addresses_decide_whether_sockets_may_translate_an_external_ip() {
+    let mut h = harness_with("extip", Capacity::default(), owned_only());
     h.worker.step(full(
         "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]",
     ));
@@ -230,16 +271,19 @@ fn a_failed_write_is_repaired_by_the_idle_retry_and_nothing_is_written_before_an
 #[test]
 fn node_addresses_changing_before_the_first_model_sweep_nothing_and_reach_the_first_model() {
     const EXT: &str = "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]";
-    let mut before = Reconciler::restore(FakeMaps::default()).unwrap();
+    // Pinned by an agent that did not hold the address: marked foreign.
+    let mut before = Reconciler::restore(FakeMaps::default())
+        .unwrap()
+        .with_config(owned_only());
     before.reconcile(&model(EXT)).unwrap();
     let pinned = before.maps().state.clone();
-    let mut h = harness("extip-restart", Capacity::default());
+    let mut h = harness_with("extip-restart", Capacity::default(), owned_only());
     h.worker.reconciler = Reconciler::restore(FakeMaps {
         state: pinned.clone(),
         ..Default::default()
     })
     .unwrap()
-    .with_config(BuildConfig::default());
+    .with_config(owned_only());
     let ext: IpAddr = "198.51.100.7".parse().unwrap();
     *h.addresses.lock().unwrap() = Some([ext].into_iter().collect());
     h.worker.step(Pending::default());

@@ -230,6 +230,14 @@ struct RunArgs {
     /// /healthz turns unhealthy when an observed change is not in the maps after this long.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     healthz_grace: Duration,
+    /// What the node's own sockets and pods get for a Service's external
+    /// IPs: `translate` (kube-proxy's semantics, the default: every external
+    /// IP leads to the Service, wherever it is routed) or `owned-only` (only
+    /// the addresses this node holds; any other stays the real address it
+    /// names, as Cilium does against CVE-2020-8554). Traffic from outside the
+    /// node is served either way. docs/security.md weighs the two.
+    #[arg(long, value_enum, default_value_t = ExternalIpsArg::Translate, env = "LB_EXTERNAL_IPS_IN_CLUSTER")]
+    external_ips_in_cluster: ExternalIpsArg,
     /// Log level of the eBPF programs (off, error, warn, info, debug, trace); debug covers hot paths.
     #[arg(long, default_value = "warn", env = "LB_BPF_LOG_LEVEL")]
     bpf_log_level: String,
@@ -249,6 +257,21 @@ impl From<AlgorithmArg> for lb::model::Algorithm {
         match a {
             AlgorithmArg::Random => Self::Random,
             AlgorithmArg::Maglev => Self::Maglev,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExternalIpsArg {
+    Translate,
+    OwnedOnly,
+}
+
+impl From<ExternalIpsArg> for lb::desired::ExternalIpsInCluster {
+    fn from(a: ExternalIpsArg) -> Self {
+        match a {
+            ExternalIpsArg::Translate => Self::Translate,
+            ExternalIpsArg::OwnedOnly => Self::OwnedOnly,
         }
     }
 }
@@ -644,12 +667,22 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
 
+    let external_ips = lb::desired::ExternalIpsInCluster::from(args.external_ips_in_cluster);
+    info!(
+        external_ips_in_cluster = ?external_ips,
+        "external IPs for the node's sockets and pods"
+    );
     let maps = BpfMaps::open(&cfg.pin_dir)?;
     let cancel = Arc::new(AtomicBool::new(false));
     let reconciler = Reconciler::restore(maps)?
         .with_config(lb::desired::BuildConfig {
             maglev_m: args.maglev_table_size,
-            node_addresses: Arc::new(node_addresses()?),
+            external_ips_in_cluster: external_ips.into(),
+            node_addresses: Arc::new(if external_ips.needs_node_addresses() {
+                node_addresses()?
+            } else {
+                Default::default()
+            }),
         })
         .with_cancel(cancel.clone())
         .with_progress_every(args.reconcile_progress_every);
@@ -697,15 +730,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         status_file: Some(lb::agent::status_file(&cfg.pin_dir)),
         retry_every: lb::agent::worker::RETRY_EVERY,
         unprogrammed: Vec::new(),
-        node_addresses: Some(Box::new(|| match node_addresses() {
-            Ok(a) => Some(a),
-            Err(e) => {
-                // Keep what was known: an empty set would stop sockets
-                // from reaching the node's own external IPs.
-                warn!("reading this node's addresses: {e:#}");
-                None
-            }
-        })),
+        // Only `owned-only` depends on them: with `translate` nothing is
+        // read every round.
+        node_addresses: external_ips.needs_node_addresses().then(|| {
+            Box::new(|| match node_addresses() {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    // Keep what was known: an empty set would stop sockets
+                    // from reaching the node's own external IPs.
+                    warn!("reading this node's addresses: {e:#}");
+                    None
+                }
+            }) as Box<dyn FnMut() -> _ + Send>
+        }),
     }
     .spawn(mailbox.clone());
 

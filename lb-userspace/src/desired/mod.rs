@@ -61,9 +61,11 @@ pub struct BuildConfig {
     /// Size M of the Maglev tables of services that do not ask for one
     /// (`Frontend::maglev_table_size`).
     pub maglev_m: u32,
-    /// This node's own addresses: an external IP among them is translated
-    /// for sockets and pods too; any other is marked
-    /// `SVC_FLAG_FOREIGN_EXTERNAL_IP` (CVE-2020-8554).
+    /// What the node's own sockets and pods get for an external IP.
+    pub external_ips_in_cluster: ExternalIpsInCluster,
+    /// This node's own addresses: with `ExternalIpsInCluster::OwnedOnly`, an
+    /// external IP among them is translated for sockets and pods too; any
+    /// other is marked `SVC_FLAG_FOREIGN_EXTERNAL_IP` (CVE-2020-8554).
     pub node_addresses: std::sync::Arc<std::collections::BTreeSet<std::net::IpAddr>>,
 }
 
@@ -71,8 +73,38 @@ impl Default for BuildConfig {
     fn default() -> Self {
         Self {
             maglev_m: lb_common::maps::DEFAULT_MAGLEV_M,
+            external_ips_in_cluster: ExternalIpsInCluster::default(),
             node_addresses: Default::default(),
         }
+    }
+}
+
+/// Whether a Service's `spec.externalIPs` are translated for the node's own
+/// sockets and for pods (traffic from outside the node is served either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExternalIpsInCluster {
+    /// Every external IP, owned by a node or not: Kubernetes' semantics and
+    /// kube-proxy's (its KUBE-SERVICES rules match the address for every
+    /// packet), which the upstream test "should be possible to connect to a
+    /// service via ExternalIP when the external IP is not assigned to a
+    /// node" checks. Who may write `externalIPs` is left to admission
+    /// (`DenyServiceExternalIPs` or a policy), Kubernetes' answer to
+    /// CVE-2020-8554.
+    #[default]
+    Translate,
+    /// Only the external IPs this node owns; any other reaches the real
+    /// address it names (Cilium's `sock4_skip_xlate`): a Service cannot
+    /// take over an outside address for in-cluster clients (CVE-2020-8554),
+    /// but pods also cannot reach a Service by an external IP that outside
+    /// routers deliver to the nodes without a node holding it.
+    OwnedOnly,
+}
+
+impl ExternalIpsInCluster {
+    /// Whether this node's addresses decide anything (the agent only reads
+    /// them, every round, when they do).
+    pub fn needs_node_addresses(self) -> bool {
+        self == Self::OwnedOnly
     }
 }
 
@@ -284,7 +316,10 @@ fn build_frontend(
     if fe.affinity_timeout_s.is_some() {
         flags |= SVC_FLAG_AFFINITY;
     }
-    if fe.kind == FrontendKind::ExternalIP && !cfg.node_addresses.contains(&fe.address) {
+    if fe.kind == FrontendKind::ExternalIP
+        && cfg.external_ips_in_cluster == ExternalIpsInCluster::OwnedOnly
+        && !cfg.node_addresses.contains(&fe.address)
+    {
         flags |= SVC_FLAG_FOREIGN_EXTERNAL_IP;
     }
     // LB4_SRC_RANGES or LB6_SRC_RANGES by the frontend's family (the model
