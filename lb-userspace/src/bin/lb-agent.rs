@@ -677,7 +677,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let reconciler = Reconciler::restore(maps)?
         .with_config(lb::desired::BuildConfig {
             maglev_m: args.maglev_table_size,
-            external_ips_in_cluster: external_ips.into(),
+            external_ips_in_cluster: external_ips,
             node_addresses: Arc::new(if external_ips.needs_node_addresses() {
                 node_addresses()?
             } else {
