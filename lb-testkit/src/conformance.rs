@@ -1,7 +1,8 @@
 //! Kubernetes' own e2e tests against the test node: the upstream `e2e.test`
 //! binary (built from k8s.io/kubernetes v1.35.8 by `testbed/e2e`), run with
 //! the skeleton provider against a cluster with the agent in place of
-//! kube-proxy (`node::Node`, `node::install_agent`, CoreDNS as kube-dns).
+//! kube-proxy (`kube_cluster::Cluster`: one node or several on a fabric,
+//! the agent on each, CoreDNS as kube-dns).
 //! Images resolve to the ones the node imported (agnhost under its upstream
 //! name), so nothing is pulled.
 use std::{
@@ -10,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use crate::node::Cluster;
+pub use crate::kube_cluster::Cluster;
 
 /// One upstream test's outcome, from the suite's JUnit report.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,7 +74,7 @@ pub fn run(
     .arg("--provider=skeleton")
     .arg(format!("--kubectl-path={}", kubectl.display()))
     .arg("--dns-domain=cluster.local")
-    .arg("--num-nodes=1")
+    .arg(format!("--num-nodes={}", cluster.nodes.len()))
     .arg(format!("--report-dir={}", report.display()))
     .arg(format!("--ginkgo.focus={focus}"))
     .arg(format!("--ginkgo.skip={skip}"))
@@ -117,6 +118,24 @@ pub fn run(
         );
     }
     outcomes
+}
+
+/// A ginkgo focus matching exactly the tests named `prefix` + each of
+/// `names` (regex metacharacters escaped).
+pub fn names_focus(prefix: &str, names: &[&str]) -> String {
+    let escape = |s: &str| {
+        s.chars()
+            .flat_map(|c| {
+                let special = "\\.+*?()|[]{}^$".contains(c);
+                special.then_some('\\').into_iter().chain([c])
+            })
+            .collect::<String>()
+    };
+    names
+        .iter()
+        .map(|n| escape(&format!("{prefix}{n}")))
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// The `<testcase>` elements of ginkgo's JUnit report.
@@ -212,6 +231,99 @@ fn unescape(s: &str) -> String {
         .replace("&amp;", "&")
 }
 
+/// What a published conformance result depends on: the programs, the
+/// translation from Kubernetes objects to maps and its application, the
+/// agent's process, the manifests the bed installs and the suite itself.
+/// A commit touching any of them after the one docs/conformance.md names
+/// makes that result stale (`staleness`).
+pub const RESULT_DEPENDS_ON: &[&str] = &[
+    "lb-ebpf/src",
+    "lb-common/src",
+    "lb-userspace/src/agent",
+    "lb-userspace/src/bin/lb-agent.rs",
+    "lb-userspace/src/datapath",
+    "lb-userspace/src/desired",
+    "lb-userspace/src/diff.rs",
+    "lb-userspace/src/health",
+    "lb-userspace/src/maps",
+    "lb-userspace/src/model",
+    "lb-userspace/src/reconcile",
+    "lb-userspace/src/reconcile.rs",
+    "lb-userspace/src/sockets.rs",
+    "lb-userspace/src/source",
+    "deploy/helm/lb-agent",
+    "deploy/kubernetes",
+    "testbed/e2e",
+    "testbed/go.mod",
+];
+
+/// The marker a published result carries once a later change made it
+/// stale and the run was not redone yet.
+pub const STALE_MARKER: &str = "**Stale:**";
+
+/// `git` in the workspace: stdout, or None when git or the repository is
+/// missing (a source tarball) or the command failed.
+pub fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The commit a run is on, as a published result names it: the short hash,
+/// and "+ uncommitted changes" when files the result depends on differ from it.
+pub fn run_commit() -> String {
+    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown (not a git checkout)".into();
+    };
+    let mut args = vec!["status", "--porcelain", "--"];
+    args.extend(RESULT_DEPENDS_ON);
+    match git(&args) {
+        Some(dirty) if !dirty.is_empty() => format!("{head} + uncommitted changes"),
+        _ => head,
+    }
+}
+
+/// The commit a published result names (`commit \`<hash>\``).
+pub fn published_commit(doc: &str) -> Option<String> {
+    let i = doc.find("commit `")? + "commit `".len();
+    let j = doc[i..].find('`')? + i;
+    let hash = &doc[i..j];
+    hash.chars()
+        .all(|c| c.is_ascii_hexdigit())
+        .then(|| hash.to_string())
+        .filter(|h| h.len() >= 7)
+}
+
+/// Whether the published result `doc` still describes HEAD: `Ok` when no
+/// commit after the one it names touched what it depends on, or when it
+/// says it is stale; otherwise the commits that made it stale.
+/// `Err(None)` when the doc names no commit.
+pub fn staleness(doc: &str) -> Result<(), Option<Vec<String>>> {
+    let commit = published_commit(doc).ok_or(None)?;
+    if doc.contains(STALE_MARKER) {
+        return Ok(());
+    }
+    if git(&["cat-file", "-e", &format!("{commit}^{{commit}}")]).is_none() {
+        // A shallow clone or a tarball: nothing to compare with.
+        eprintln!("commit {commit} of a published result is not in this checkout: not checked");
+        return Ok(());
+    }
+    let range = format!("{commit}..HEAD");
+    let mut args = vec!["log", "--format=%h %s", range.as_str(), "--"];
+    args.extend(RESULT_DEPENDS_ON);
+    let later = git(&args).unwrap_or_default();
+    if later.is_empty() {
+        Ok(())
+    } else {
+        Err(Some(later.lines().map(str::to_string).collect()))
+    }
+}
+
 /// Kubernetes test-bed version the suite comes from.
 pub const VERSION: &str = "v1.35.8";
 
@@ -260,6 +372,54 @@ mod tests {
             got[4].failure.as_deref(),
             Some("[PANICKED] runtime error: index out of range")
         );
+    }
+
+    #[test]
+    fn a_names_focus_matches_the_named_tests_literally() {
+        let focus = names_focus(
+            "[sig-network] Services ",
+            &["should serve a basic endpoint from pods", "a (b) c"],
+        );
+        assert_eq!(
+            focus,
+            r"\[sig-network\] Services should serve a basic endpoint from pods|\[sig-network\] Services a \(b\) c"
+        );
+    }
+
+    #[test]
+    fn a_published_commit_is_read_only_as_a_hash() {
+        assert_eq!(
+            published_commit("Ran on commit `0123456789ab` (x)").as_deref(),
+            Some("0123456789ab")
+        );
+        assert_eq!(published_commit("on commit `HEAD`"), None);
+        assert_eq!(published_commit("on commit `abc`"), None, "too short");
+        assert_eq!(published_commit("no commit named"), None);
+    }
+
+    /// docs/conformance.md names the commit it ran on, and no later commit
+    /// touched the programs, the translation, the agent, the manifests or
+    /// the suite, unless the document says it is stale: a change to any of
+    /// them lands with the wider run redone (`cargo xtask conformance`) or
+    /// with the document marked stale.
+    #[test]
+    fn published_conformance_results_name_their_commit_and_are_current_or_say_they_are_stale() {
+        let doc = include_str!("../../docs/conformance.md");
+        if git(&["rev-parse", "HEAD"]).is_none() {
+            eprintln!("not a git checkout: the conformance document's commit cannot be checked");
+            return;
+        }
+        match staleness(doc) {
+            Ok(()) => {}
+            Err(None) => panic!("docs/conformance.md names no commit (\"commit `<hash>`\")"),
+            Err(Some(later)) => panic!(
+                "docs/conformance.md ran on commit {} and these later commits change what it \
+                 measured:\n  {}\nRedo it (`cargo xtask conformance` with the focus it names) \
+                 or add a line starting with {STALE_MARKER} that says which change it predates.",
+                published_commit(doc).unwrap(),
+                later.join("\n  ")
+            ),
+        }
     }
 
     #[test]

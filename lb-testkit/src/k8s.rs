@@ -217,29 +217,45 @@ impl ControlPlane {
             |cp| cp.kubectl_ok(&["get", "--raw", "/readyz"]),
         );
         let kc = p("controller-manager.kubeconfig");
+        // Nodes get their pod CIDRs from the node IPAM controller (a /24
+        // each of the cluster's range), as on kubeadm's clusters.
+        let node_ipam = [
+            "--allocate-node-cidrs=true".to_string(),
+            format!("--cluster-cidr={}", crate::node::CLUSTER_CIDR),
+            "--node-cidr-mask-size=24".to_string(),
+        ];
+        let node_ipam: Vec<&str> = if opts.workloads {
+            node_ipam.iter().map(String::as_str).collect()
+        } else {
+            Vec::new()
+        };
         cp.run(
             "controller-manager",
             &[
-                "kube-controller-manager",
-                &format!("--kubeconfig={kc}"),
-                &format!("--authentication-kubeconfig={kc}"),
-                &format!("--authorization-kubeconfig={kc}"),
-                "--bind-address=127.0.0.1",
-                &format!("--secure-port={kcm}"),
-                &format!("--cert-dir={}", dir.join("kcm").display()),
-                "--leader-elect=false",
-                "--use-service-account-credentials",
-                &format!("--service-account-private-key-file={}", p("sa.key")),
-                &format!("--root-ca-file={}", p("ca.crt")),
-                &format!(
-                    "--controllers={}",
-                    if opts.workloads {
-                        "*"
-                    } else {
-                        SERVICE_CONTROLLERS
-                    }
-                ),
-            ],
+                &[
+                    "kube-controller-manager",
+                    &format!("--kubeconfig={kc}"),
+                    &format!("--authentication-kubeconfig={kc}"),
+                    &format!("--authorization-kubeconfig={kc}"),
+                    "--bind-address=127.0.0.1",
+                    &format!("--secure-port={kcm}"),
+                    &format!("--cert-dir={}", dir.join("kcm").display()),
+                    "--leader-elect=false",
+                    "--use-service-account-credentials",
+                    &format!("--service-account-private-key-file={}", p("sa.key")),
+                    &format!("--root-ca-file={}", p("ca.crt")),
+                    &format!(
+                        "--controllers={}",
+                        if opts.workloads {
+                            "*"
+                        } else {
+                            SERVICE_CONTROLLERS
+                        }
+                    ),
+                ][..],
+                &node_ipam,
+            ]
+            .concat(),
         );
         if opts.workloads {
             let kc = p("scheduler.kubeconfig");
@@ -317,7 +333,9 @@ impl ControlPlane {
         self.dir.join("pki/admin.kubeconfig")
     }
 
-    fn kubectl_cmd(&self, args: &[&str]) -> Command {
+    /// The `kubectl ARGS` command as the cluster admin, not yet started (for
+    /// one that runs beside the test, in a thread of its own).
+    pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(testbed_bin());
         cmd.arg("kubectl")
             .arg("--kubeconfig")

@@ -19,7 +19,10 @@ pub mod cluster;
 pub mod conformance;
 pub mod dataplane;
 pub mod empty_program;
+pub mod fabric;
+pub mod images;
 pub mod k8s;
+pub mod kube_cluster;
 pub mod netns;
 pub mod node;
 pub mod packets;
@@ -41,6 +44,16 @@ pub fn unique(test: &str) -> String {
         .take(12)
         .collect();
     format!("{short}-{}", std::process::id())
+}
+
+/// Polls `f` until it gives a value or `timeout` passes.
+pub fn wait_until_some<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let mut found = None;
+    wait_until(timeout, || {
+        found = f();
+        found.is_some()
+    });
+    found
 }
 
 /// Polls `cond` until it holds or `timeout` passes.

@@ -4,10 +4,16 @@
 //! no kube-proxy.
 //!
 //! Isolation on a shared machine:
-//! * Network: the node shares the control plane's network namespace (a
-//!   one-node cluster, as kind's), which has no route out of the machine and
-//!   a blackhole route for the service ranges. Pods hang off a `cni0`
-//!   bridge there (10.244.0.0/24).
+//! * Network: a node either shares the control plane's network namespace
+//!   (a one-node cluster) or has one of its own on the fabric
+//!   (`crate::fabric`, several nodes); neither has a route out of the
+//!   machine, both have a blackhole route for the service ranges. Pods hang
+//!   off a `cni0` bridge there, in the pod CIDR the controller manager
+//!   allocated to the Node (containerd writes the CNI configuration from a
+//!   template when the kubelet hands it the CIDR, as kubenet did).
+//! * Host name: each node has a UTS namespace of its own named after the
+//!   Node: hostNetwork pods share it and answer with the node's name, as
+//!   upstream tests expect.
 //! * Cgroups: the kubelet's `cgroupRoot` is `/lbtest-node-<tag>` in every
 //!   hierarchy (cgroup v1 controllers and the cgroup2 `unified` one, which
 //!   runc joins too in hybrid mode). containerd and the kubelet themselves
@@ -29,10 +35,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::k8s::{self, ControlPlane};
+use crate::{
+    fabric::{self, Fabric},
+    images::Images,
+    k8s::{self, ControlPlane},
+    netns::Netns,
+};
 
-/// The pods' address range on the node's bridge.
-pub const POD_CIDR: &str = "10.244.0.0/24";
+/// The cluster's pod range; the controller manager gives each Node a /24
+/// of it (the first node gets 10.244.0.0/24).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The cluster DNS address the kubelet writes into pods' resolv.conf.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 /// The pod sandbox image (the kubelet's default for v1.35).
@@ -41,6 +53,9 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
 pub const BUSYBOX_IMAGE: &str = "lbtest.local/busybox:1";
 /// The agent's image, as deploy/kubernetes names it.
 pub const AGENT_IMAGE: &str = "ghcr.io/example/lb-agent:0.1.0";
+/// The test servers (`lb-pod-server`: name and peer over TCP and UDP, bulk
+/// transfers, long-lived echo) for pods.
+pub const POD_SERVER_IMAGE: &str = "lbtest.local/pod-server:1";
 /// CoreDNS as built in testbed/coredns (kube-dns).
 pub const COREDNS_IMAGE: &str = "lbtest.local/coredns:v1.14.7";
 /// The upstream e2e suite's test image (test/utils/image/manifest.go of
@@ -51,88 +66,13 @@ pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.59";
 /// (dig, getent, a shell) as agnhost's.
 pub const JESSIE_DNSUTILS_IMAGE: &str = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7";
 
-/// kube-dns: CoreDNS answering for cluster.local from the apiserver (which
-/// it reaches through the `kubernetes` ClusterIP, that is through the agent),
-/// as kubeadm installs it, without `forward` (no upstream resolver here).
-pub const KUBE_DNS: &str = r#"
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: coredns, namespace: kube-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "system:coredns"}
-rules:
-  - {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
-  - {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "system:coredns"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
-subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: coredns, namespace: kube-system}
-data:
-  Corefile: |
-    .:53 {
-        errors
-        health :8080
-        ready :8181
-        kubernetes cluster.local in-addr.arpa ip6.arpa {
-            pods insecure
-            fallthrough in-addr.arpa ip6.arpa
-            ttl 30
-        }
-        cache 30
-        loadbalance
-    }
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
-spec:
-  replicas: 1
-  selector: {matchLabels: {k8s-app: kube-dns}}
-  template:
-    metadata: {labels: {k8s-app: kube-dns}}
-    spec:
-      serviceAccountName: coredns
-      priorityClassName: system-cluster-critical
-      dnsPolicy: Default
-      containers:
-        - name: coredns
-          image: COREDNS_IMAGE
-          args: [-conf, /etc/coredns/Corefile]
-          ports:
-            - {name: dns, containerPort: 53, protocol: UDP}
-            - {name: dns-tcp, containerPort: 53, protocol: TCP}
-          readinessProbe: {httpGet: {path: /ready, port: 8181}, periodSeconds: 2}
-          livenessProbe: {httpGet: {path: /health, port: 8080}, initialDelaySeconds: 30}
-          securityContext:
-            capabilities: {add: [NET_BIND_SERVICE]}
-          volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
-      volumes:
-        - {name: config, configMap: {name: coredns}}
----
-apiVersion: v1
-kind: Service
-metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
-spec:
-  clusterIP: CLUSTER_DNS
-  selector: {k8s-app: kube-dns}
-  ports:
-    - {name: dns, port: 53, protocol: UDP}
-    - {name: dns-tcp, port: 53, protocol: TCP}
-"#;
-
-/// `KUBE_DNS` with this node's image and address filled in.
-pub fn kube_dns() -> String {
-    KUBE_DNS
-        .replace("COREDNS_IMAGE", COREDNS_IMAGE)
-        .replace("CLUSTER_DNS", CLUSTER_DNS)
+/// Where a node's network lives.
+pub enum Place<'a> {
+    /// In the control plane's namespace, at the apiserver's address (a
+    /// one-node cluster).
+    ControlPlane,
+    /// In a namespace of its own, node `index` on the fabric.
+    Fabric(&'a Fabric, usize),
 }
 
 pub struct Node {
@@ -141,9 +81,18 @@ pub struct Node {
     pub cgroup_root: String,
     pub dir: PathBuf,
     pub containerd_socket: PathBuf,
+    /// The Node's InternalIP.
+    pub ip: String,
+    /// The network namespace the node's processes and hostNetwork pods run in.
+    pub netns_name: String,
+    /// `spec.podCIDR` as the controller manager allocated it.
+    pub pod_cidr: String,
     procs: Vec<(&'static str, Child)>,
-    /// The process that holds the node's mount namespace.
+    /// The process that holds the node's mount and UTS namespaces.
     holder: Child,
+    /// The node's own network namespace (`Place::Fabric`), held until the
+    /// node's processes are gone (it drops last).
+    _own_netns: Option<Netns>,
 }
 
 /// Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers,
@@ -229,9 +178,9 @@ fn remove_cgroup(rel: &str) {
 
 impl Node {
     /// Starts containerd and the kubelet for node `name` (its kubeconfig must
-    /// have been written: `k8s::Options::nodes`), imports the images the
-    /// tests need and waits until the node is Ready.
-    pub fn start(cp: &ControlPlane, name: &str, tag: &str) -> Self {
+    /// have been written: `k8s::Options::nodes`) where `place` says, imports
+    /// `images` and waits until the Node has its pod CIDR and is Ready.
+    pub fn start(cp: &ControlPlane, name: &str, tag: &str, images: &Images, place: Place) -> Self {
         // The kubelet runs in cgroup v1 mode and the agent attaches to the
         // same subtree on the cgroup2 mount beside it: the hybrid layout.
         let unified = Path::new("/sys/fs/cgroup/unified");
@@ -245,23 +194,42 @@ impl Node {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("cni/net.d")).unwrap();
         make_cgroup(&format!("{cgroup_root}/runtime"));
-        // Pods reach the node through cni0; the namespace must never send a
-        // service address anywhere untranslated.
-        for cidr in k8s::SERVICE_CIDRS.split(',') {
-            let _ = Command::new("ip")
-                .args(["-n", &cp.netns.name, "route", "add", "blackhole", cidr])
-                .output();
-        }
-        let _ = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &cp.netns.name,
-                "sysctl",
-                "-qw",
-                "net.ipv4.ip_forward=1",
-            ])
-            .output();
+        let (own_netns, ip, api_server) = match place {
+            Place::ControlPlane => {
+                // Pods reach the node through cni0; the namespace must never
+                // send a service address anywhere untranslated.
+                fabric::blackhole_service_cidrs(&cp.netns);
+                crate::run(
+                    "ip",
+                    &[
+                        "netns",
+                        "exec",
+                        &cp.netns.name,
+                        "sysctl",
+                        "-qw",
+                        "net.ipv4.ip_forward=1",
+                    ],
+                );
+                (
+                    None,
+                    k8s::ADVERTISE.to_string(),
+                    format!("https://127.0.0.1:{}", cp.api_port),
+                )
+            }
+            Place::Fabric(fabric, index) => {
+                let ns = Netns::create(&format!("lbt-{tag}"));
+                let ip = fabric::node_ip(index);
+                fabric.plug_node(&ns, &format!("n{index}"), ip);
+                (
+                    Some(ns),
+                    ip.to_string(),
+                    format!("https://{}:{}", k8s::ADVERTISE, cp.api_port),
+                )
+            }
+        };
+        let netns_name = own_netns
+            .as_ref()
+            .map_or_else(|| cp.netns.name.clone(), |n| n.name.clone());
 
         // The mount namespace holder: a copy of the host's mounts, shared
         // inside so that Bidirectional propagation works.
@@ -308,9 +276,17 @@ impl Node {
         // nothing mounted here may reach them), then shared inside only.
         let mut holder = Command::new("unshare");
         holder
-            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .args([
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+            ])
             .arg(format!(
-                "mount --make-rshared /{shadow} && echo ready && exec sleep 100000"
+                "hostname {name} && mount --make-rshared /{shadow} && echo ready && exec sleep 100000"
             ))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -330,8 +306,12 @@ impl Node {
             cgroup_root: cgroup_root.clone(),
             dir: dir.clone(),
             containerd_socket: containerd_socket.clone(),
+            ip,
+            netns_name,
+            pod_cidr: String::new(),
             procs: Vec::new(),
             holder,
+            _own_netns: own_netns,
         };
 
         std::fs::write(
@@ -371,22 +351,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}"
+    # The CNI configuration is written from this template when the kubelet
+    # passes the Node's spec.podCIDR (CRI UpdateRuntimeConfig), as kubenet
+    # and GKE's nodes do: each node's bridge gets the /24 the controller
+    # manager allocated it.
+    conf_template = "{template}"
 "#,
                 root = dir.join("containerd").display(),
                 state = run_dir.join("containerd").display(),
                 sock = containerd_socket.display(),
                 cni = dir.join("cni/net.d").display(),
+                template = dir.join("cni/bridge.template").display(),
                 runc = run_dir.join("runc").display(),
             ),
         )
         .unwrap();
+        // Go text/template (containerd's cniConfigTemplate: .PodCIDRRanges).
         std::fs::write(
-            dir.join("cni/net.d/10-bridge.conflist"),
+            dir.join("cni/bridge.template"),
             format!(
                 r#"{{"cniVersion": "1.0.0", "name": "pods", "plugins": [
   {{"type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": true,
     "ipMasq": false, "hairpinMode": true,
-    "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{POD_CIDR}"}}]],
+    "ipam": {{"type": "host-local",
+             "ranges": [{{{{range $i, $r := .PodCIDRRanges}}}}{{{{if $i}}}}, {{{{end}}}}[{{"subnet": "{{{{$r}}}}"}}]{{{{end}}}}],
              "dataDir": "{ipam}"}}}},
   {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
 ]}}
@@ -402,12 +390,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "--config",
                 &dir.join("containerd.toml").display().to_string(),
             ],
-            cp,
         );
         node.wait(cp, "containerd's socket", Duration::from_secs(60), |n| {
             n.containerd_socket.exists()
         });
-        for (image, tar) in build_images(&dir) {
+        for (image, tar) in &images.archives {
             let out = node
                 .ctr(&[
                     "images",
@@ -425,6 +412,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         }
 
         let pki = cp.dir.join("pki");
+        // The kubelet's credentials, with the apiserver as this node reaches it.
+        let kubeconfig = dir.join("kubelet.kubeconfig");
+        let written = std::fs::read_to_string(pki.join(format!("kubelet-{name}.kubeconfig")))
+            .unwrap_or_else(|e| panic!("kubelet-{name}.kubeconfig (k8s::Options::nodes): {e}"));
+        let local = format!("https://127.0.0.1:{}", cp.api_port);
+        assert!(written.contains(&local), "{written}");
+        std::fs::write(&kubeconfig, written.replace(&local, &api_server)).unwrap();
         std::fs::write(dir.join("resolv.conf"), "nameserver 127.0.0.1\n").unwrap();
         std::fs::write(
             dir.join("kubelet.yaml"),
@@ -473,17 +467,26 @@ podLogsDir: {pod_logs}
             &[
                 "kubelet",
                 &format!("--config={}", dir.join("kubelet.yaml").display()),
-                &format!(
-                    "--kubeconfig={}",
-                    pki.join(format!("kubelet-{name}.kubeconfig")).display()
-                ),
+                &format!("--kubeconfig={}", kubeconfig.display()),
                 &format!("--root-dir={}", dir.join("kubelet").display()),
                 &format!("--cert-dir={}", dir.join("kubelet-pki").display()),
                 &format!("--hostname-override={name}"),
-                &format!("--node-ip={}", k8s::ADVERTISE),
+                &format!("--node-ip={}", node.ip),
             ],
-            cp,
         );
+        // The controller manager allocates the pod CIDR once the Node is
+        // registered; the kubelet passes it on to containerd, which writes
+        // the CNI configuration, and the node turns Ready.
+        let mut pod_cidr = String::new();
+        node.wait(cp, "the Node's pod CIDR", Duration::from_secs(120), |n| {
+            pod_cidr = cp
+                .kubectl_try(&["get", "node", &n.name, "-o", "jsonpath={.spec.podCIDR}"])
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            !pod_cidr.is_empty()
+        });
+        node.pod_cidr = pod_cidr;
         node.wait(cp, "the node to be Ready", Duration::from_secs(180), |n| {
             cp.kubectl_try(&[
                 "get",
@@ -497,9 +500,9 @@ podLogsDir: {pod_logs}
         node
     }
 
-    /// Starts `program` in the node's network and mount namespaces and in
-    /// `<cgroup root>/runtime`, with its output in `<dir>/<name>.log`.
-    fn run(&mut self, name: &'static str, program: &str, args: &[&str], cp: &ControlPlane) {
+    /// Starts `program` in the node's network, mount and UTS namespaces and
+    /// in `<cgroup root>/runtime`, with its output in `<dir>/<name>.log`.
+    fn run(&mut self, name: &'static str, program: &str, args: &[&str]) {
         use std::os::unix::process::CommandExt as _;
         let log = File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let mut cmd = Command::new(program);
@@ -508,7 +511,8 @@ podLogsDir: {pod_logs}
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         let mnt = File::open(format!("/proc/{}/ns/mnt", self.holder.id())).unwrap();
-        let net = File::open(format!("/run/netns/{}", cp.netns.name)).unwrap();
+        let uts = File::open(format!("/proc/{}/ns/uts", self.holder.id())).unwrap();
+        let net = File::open(format!("/run/netns/{}", self.netns_name)).unwrap();
         // Opened here: between fork and exec only async-signal-safe calls.
         let procs: Vec<File> = hierarchies()
             .iter()
@@ -529,6 +533,7 @@ podLogsDir: {pod_logs}
                     }
                 }
                 if libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) != 0
+                    || libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS) != 0
                     || libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) != 0
                 {
                     return Err(std::io::Error::last_os_error());
@@ -556,7 +561,7 @@ podLogsDir: {pod_logs}
         cp: &ControlPlane,
         what: &str,
         timeout: Duration,
-        cond: impl Fn(&Self) -> bool,
+        mut cond: impl FnMut(&Self) -> bool,
     ) {
         let deadline = Instant::now() + timeout;
         loop {
@@ -581,9 +586,16 @@ podLogsDir: {pod_logs}
     /// The tail of containerd's and the kubelet's logs (and the control plane's).
     pub fn logs_of(&self, cp: &ControlPlane) -> String {
         let mut out = cp.logs();
+        out.push_str(&self.own_logs());
+        out
+    }
+
+    /// The tail of containerd's and the kubelet's logs.
+    pub fn own_logs(&self) -> String {
+        let mut out = String::new();
         for name in ["containerd", "kubelet"] {
             out.push_str(&k8s::log_tail(
-                name,
+                &format!("{} {name}", self.name),
                 &self.dir.join(format!("{name}.log")),
                 40,
             ));
@@ -594,6 +606,23 @@ podLogsDir: {pod_logs}
     /// The cgroup2 directory of the node's pods (what the agent attaches to).
     pub fn unified_cgroup(&self) -> PathBuf {
         PathBuf::from("/sys/fs/cgroup/unified").join(&self.cgroup_root)
+    }
+
+    /// The processes of the node (its cgroup subtree: runtime and pods)
+    /// whose command name is `comm`, e.g. its agent's `lb-agent`.
+    pub fn pids_named(&self, comm: &str) -> Vec<i32> {
+        cgroup_pids(&self.cgroup_root)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+            })
+            .collect()
+    }
+
+    /// `cmd` runs in the node's network namespace (as a hostNetwork pod
+    /// would, without its cgroup).
+    pub fn exec_in(&self, cmd: &mut Command) {
+        crate::netns::exec_in(cmd, &self.netns_name).unwrap();
     }
 }
 
@@ -631,332 +660,5 @@ impl Drop for Node {
                 std::fs::remove_dir_all(&self.dir).is_ok() || !self.dir.exists()
             });
         }
-    }
-}
-
-/// Builds the images the node runs (`lbimage`, go-containerregistry):
-/// the pod sandbox, a busybox userland for test pods, CoreDNS, and the agent's image
-/// as deploy/Dockerfile would (lb-agent and lbctl with the libraries they
-/// link, and a shell for the DaemonSet's bpffs init container).
-fn build_images(dir: &Path) -> Vec<(&'static str, PathBuf)> {
-    let tools = crate::sibling_bin_dir().join("../testbed");
-    let lbimage = tools.join("lbimage");
-    let pause = tools.join("pause");
-    let coredns = tools.join("coredns");
-    let agnhost = tools.join("agnhost");
-    for tool in [&lbimage, &pause, &coredns, &agnhost] {
-        assert!(
-            tool.exists(),
-            "{} is not built: `cargo xtask testbed` builds it",
-            tool.display()
-        );
-    }
-    let busybox = "/bin/busybox";
-    assert!(
-        Path::new(busybox).exists(),
-        "{busybox} missing: apt-get install busybox-static"
-    );
-    let porter = agnhost_sources().join("porter").display().to_string();
-    let agent = crate::sibling_bin("lb-agent");
-    let lbctl = crate::sibling_bin("lbctl");
-    let specs: Vec<(&'static str, Vec<String>)> = vec![
-        (
-            PAUSE_IMAGE,
-            vec![
-                format!("--file={}=/pause", pause.display()),
-                "--entrypoint=/pause".into(),
-            ],
-        ),
-        (
-            BUSYBOX_IMAGE,
-            vec![format!("--busybox={busybox}"), "--cmd=sh".into()],
-        ),
-        (
-            // As upstream's (Alpine with netcat-openbsd, curl, bind-tools):
-            // the suite runs `nc -v -t -w 2`, `nc -u`, `curl` and `nslookup`
-            // in its pods through `sh -x -c`.
-            AGNHOST_IMAGE,
-            vec![
-                format!("--file={}=/agnhost", agnhost.display()),
-                // porter's TLS ports, as upstream's Dockerfile adds them.
-                format!("--file={porter}/localhost.crt=/localhost.crt"),
-                format!("--file={porter}/localhost.key=/localhost.key"),
-                // dash as /bin/sh: busybox's sh runs its own applets before
-                // PATH, and its nc lacks -v/-t/-u.
-                "--file=/bin/dash=/bin/sh".into(),
-                "--file=/bin/nc.openbsd=/usr/bin/nc".into(),
-                "--file=/usr/bin/curl=/usr/bin/curl".into(),
-                // GNU wget: Debian's static busybox wget crashes (the
-                // non-conformance Services tests fetch with `wget -q -O - -T 1`).
-                "--file=/usr/bin/wget=/usr/bin/wget".into(),
-                "--file=/usr/bin/dig=/usr/bin/dig".into(),
-                "--file=/usr/bin/getent=/usr/bin/getent".into(),
-                "--with-libs".into(),
-                format!("--busybox={busybox}"),
-                "--entrypoint=/agnhost".into(),
-                "--cmd=pause".into(),
-            ],
-        ),
-        (
-            // The DNS tests' probe scripts: dig (+search, +tcp, PTR),
-            // getent hosts, test, seq, sleep through `sh -c`.
-            JESSIE_DNSUTILS_IMAGE,
-            vec![
-                "--file=/bin/dash=/bin/sh".into(),
-                "--file=/usr/bin/dig=/usr/bin/dig".into(),
-                "--file=/usr/bin/getent=/usr/bin/getent".into(),
-                "--with-libs".into(),
-                format!("--busybox={busybox}"),
-            ],
-        ),
-        (
-            COREDNS_IMAGE,
-            vec![
-                format!("--file={}=/coredns", coredns.display()),
-                "--entrypoint=/coredns".into(),
-            ],
-        ),
-        (
-            AGENT_IMAGE,
-            vec![
-                format!("--file={}=/usr/local/bin/lb-agent", agent.display()),
-                format!("--file={}=/usr/local/bin/lbctl", lbctl.display()),
-                "--with-libs".into(),
-                format!("--busybox={busybox}"),
-                "--entrypoint=lb-agent".into(),
-            ],
-        ),
-    ];
-    let mut out = Vec::new();
-    for (image, args) in specs {
-        let tar = dir.join(format!("{}.tar", image.replace(['/', ':'], "_")));
-        let res = Command::new(&lbimage)
-            .arg(format!("--ref={image}"))
-            .arg(format!("--out={}", tar.display()))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            res.status.success(),
-            "lbimage {image}: {}",
-            String::from_utf8_lossy(&res.stderr)
-        );
-        out.push((image, tar));
-    }
-    out
-}
-
-/// The pin directory of the DaemonSet's agent (bpffs is the host's),
-/// removed on drop.
-pub struct AgentPins(pub PathBuf);
-
-impl Drop for AgentPins {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The two ways docs/install.md installs the agent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Install {
-    /// `kubectl apply -k` of an overlay of deploy/kubernetes.
-    Kustomize,
-    /// `helm install` of deploy/helm/lb-agent.
-    Helm,
-}
-
-/// Installs the agent as docs/install.md says, filling in only what the
-/// guide asks the user to set (the apiserver's address) and what keeps a
-/// test off the machine's own cgroup root and pins (LB_CGROUP, LB_PIN_DIR)
-/// and devices. Waits for the DaemonSet's rollout; panics with the pods'
-/// state and logs.
-pub fn install_agent(cp: &ControlPlane, node: &Node, how: Install) -> AgentPins {
-    let pins = AgentPins(PathBuf::from(format!("/sys/fs/bpf/{}", node.cgroup_root)));
-    match how {
-        Install::Kustomize => apply_overlay(cp, node, &pins),
-        Install::Helm => helm_install(cp, node, &pins),
-    }
-    wait_for_agent(cp, node);
-    pins
-}
-
-/// `helm install lb-agent deploy/helm/lb-agent` with the test's settings
-/// as `--set` values, checked in the rendered objects before the
-/// privileged agent is installed.
-fn helm_install(cp: &ControlPlane, node: &Node, pins: &AgentPins) {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/lb-agent");
-    let chart = chart.display().to_string();
-    let sets = [
-        format!("k8sServiceHost={}", k8s::ADVERTISE),
-        format!("k8sServicePort={}", cp.api_port),
-        format!("cgroup.attachTo={}", node.unified_cgroup().display()),
-        format!("bpf.pinDir={}", pins.0.display()),
-        "devices={none}".to_string(),
-    ];
-    let mut args = vec!["lb-agent", chart.as_str(), "--namespace", "kube-system"];
-    for s in &sets {
-        args.extend(["--set", s.as_str()]);
-    }
-    let mut template = vec!["template"];
-    template.extend(&args);
-    let rendered = cp
-        .helm(&template)
-        .unwrap_or_else(|e| panic!("helm template: {e}"));
-    for want in [
-        format!("LB_CGROUP: \"{}\"", node.unified_cgroup().display()),
-        format!("LB_PIN_DIR: \"{}\"", pins.0.display()),
-        "LB_DEVICES: \"none\"".to_string(),
-    ] {
-        assert!(
-            rendered.contains(&want),
-            "the chart lost {want}:\n{rendered}"
-        );
-    }
-    let mut install = vec!["install"];
-    install.extend(&args);
-    let out = cp
-        .helm(&install)
-        .unwrap_or_else(|e| panic!("helm install: {e}"));
-    assert!(out.contains("STATUS: deployed"), "{out}");
-}
-
-/// `kubectl apply -k` of an overlay of deploy/kubernetes.
-fn apply_overlay(cp: &ControlPlane, node: &Node, pins: &AgentPins) {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = repo.join(format!("target/{}-overlay", node.cgroup_root));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("kustomization.yaml"),
-        format!(
-            r#"apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources: [../../deploy/kubernetes]
-patches:
-  - patch: |-
-      apiVersion: v1
-      kind: ConfigMap
-      metadata: {{name: lb-agent, namespace: kube-system}}
-      data:
-        LB_K8S_API_SERVER: "{api}:{port}"
-        LB_CGROUP: "{cgroup}"
-        LB_PIN_DIR: "{pins}"
-        LB_DEVICES: "none"
-"#,
-            api = k8s::ADVERTISE,
-            port = cp.api_port,
-            cgroup = node.unified_cgroup().display(),
-            pins = pins.0.display(),
-        ),
-    )
-    .unwrap();
-    // The privileged agent sees the host's /sys/fs/cgroup: make sure the
-    // overlay took before anything runs.
-    let rendered = cp.kubectl(&["kustomize", &dir.display().to_string()]);
-    for want in [
-        node.unified_cgroup().display().to_string(),
-        pins.0.display().to_string(),
-        "LB_DEVICES: none".to_string(),
-    ] {
-        assert!(
-            rendered.contains(&want),
-            "the overlay lost {want}:\n{rendered}"
-        );
-    }
-    let applied = cp.kubectl(&["apply", "--server-side", "-k", &dir.display().to_string()]);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(applied.contains("daemonset.apps/lb-agent"), "{applied}");
-}
-
-/// Waits for the agent's DaemonSet to roll out.
-fn wait_for_agent(cp: &ControlPlane, node: &Node) {
-    let rolled = cp.kubectl_try(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        "ds/lb-agent",
-        "--timeout=240s",
-    ]);
-    assert!(
-        rolled.is_some(),
-        "the agent's DaemonSet did not become ready:\n{}\n{}\n{}",
-        cp.kubectl_try(&["-n", "kube-system", "describe", "pods"])
-            .unwrap_or_default(),
-        cp.kubectl_try(&[
-            "-n",
-            "kube-system",
-            "logs",
-            "ds/lb-agent",
-            "--all-containers"
-        ])
-        .unwrap_or_default(),
-        node.logs_of(cp)
-    );
-}
-
-/// test/images/agnhost of the k8s.io/kubernetes module the test bed uses,
-/// in Go's module cache (`go mod download` put it there for the build).
-fn agnhost_sources() -> PathBuf {
-    let go = ["go", "/usr/local/go/bin/go"]
-        .into_iter()
-        .find(|g| {
-            Command::new(g)
-                .arg("version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect("a Go toolchain (go on PATH or /usr/local/go/bin/go)");
-    let out = Command::new(go)
-        .args(["list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"])
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../testbed"))
-        .env("GOFLAGS", "-mod=readonly")
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("go list -m k8s.io/kubernetes");
-    assert!(
-        out.status.success(),
-        "go list: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("test/images/agnhost")
-}
-
-/// A one-node cluster without kube-proxy: control plane with the scheduler
-/// and every controller, one node, the agent as its DaemonSet pod
-/// (`install_agent`), CoreDNS as kube-dns and rolled out. Fields drop in
-/// order: the node (and the agent's pins) before the control plane.
-pub struct Cluster {
-    pub node: Node,
-    pub pins: AgentPins,
-    pub cp: ControlPlane,
-}
-
-impl Cluster {
-    /// `node_name` is the Node's name (its kubelet certificate's too).
-    pub fn start(tag: &str, node_name: &str) -> Self {
-        Self::start_installed(tag, node_name, Install::Kustomize)
-    }
-
-    /// Like `start`, the agent installed the way `how` says.
-    pub fn start_installed(tag: &str, node_name: &str, how: Install) -> Self {
-        let cp = ControlPlane::start_with(
-            tag,
-            &k8s::Options {
-                nodes: vec![node_name.to_string()],
-                workloads: true,
-            },
-        );
-        let node = Node::start(&cp, node_name, tag);
-        let pins = install_agent(&cp, &node, how);
-        cp.apply(&kube_dns());
-        cp.kubectl(&[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "deploy/coredns",
-            "--timeout=180s",
-        ]);
-        Self { node, pins, cp }
     }
 }

@@ -45,15 +45,21 @@ fn set_timeout(fd: i32) {
     }
 }
 
-/// Runs `serve` on a thread that entered `netns`. `serve` binds, calls
-/// `ready` once it listens, and returns when `stop` is set. Returns once it
-/// listens.
+/// The `netns` argument of the servers for "the namespace this process is
+/// in" (a server running in a pod, `lb-pod-server`).
+pub const HERE: &str = "";
+
+/// Runs `serve` on a thread that entered `netns` (`HERE`: stays). `serve`
+/// binds, calls `ready` once it listens, and returns when `stop` is set.
+/// Returns once it listens.
 fn spawn(netns: &str, serve: impl FnOnce(&dyn Fn(), Arc<AtomicBool>) + Send + 'static) -> Server {
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (ns, flag) = (netns.to_string(), stop.clone());
     let thread = std::thread::spawn(move || {
-        crate::netns::enter(&ns).expect("enter backend netns");
+        if ns != HERE {
+            crate::netns::enter(&ns).expect("enter backend netns");
+        }
         serve(&|| ready_tx.send(()).unwrap(), flag);
     });
     ready_rx

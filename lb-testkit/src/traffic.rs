@@ -316,6 +316,18 @@ fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Dura
 /// time, as QUIC or a resolver does) and returns who answered each one
 /// (None when no answer came).
 pub fn udp_from_one_socket(netns: &str, target: SocketAddr, count: usize) -> Vec<Option<String>> {
+    udp_answers_from_one_socket(netns, target, count)
+        .into_iter()
+        .map(|a| a.and_then(|a| a.split_whitespace().next().map(str::to_string)))
+        .collect()
+}
+
+/// Like `udp_from_one_socket`, each answer whole ("<name> <peer>").
+pub fn udp_answers_from_one_socket(
+    netns: &str,
+    target: SocketAddr,
+    count: usize,
+) -> Vec<Option<String>> {
     in_netns(netns, move || {
         let s = UdpSocket::bind(if target.is_ipv4() {
             "0.0.0.0:0"
@@ -329,10 +341,7 @@ pub fn udp_from_one_socket(netns: &str, target: SocketAddr, count: usize) -> Vec
             .map(|i| {
                 s.send_to(format!("q{i}").as_bytes(), target).ok()?;
                 let (n, _) = s.recv_from(&mut buf).ok()?;
-                String::from_utf8_lossy(&buf[..n])
-                    .split_whitespace()
-                    .next()
-                    .map(str::to_string)
+                Some(String::from_utf8_lossy(&buf[..n]).into_owned())
             })
             .collect()
     })

@@ -15,7 +15,8 @@ use std::{
 
 use lb_testkit::{
     k8s::{ControlPlane, ADVERTISE},
-    node::{Cluster, Install, BUSYBOX_IMAGE},
+    kube_cluster::{Cluster, Install},
+    node::BUSYBOX_IMAGE,
     unique,
 };
 
@@ -91,7 +92,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
 ) {
     // The agent installed from deploy/kubernetes, CoreDNS rolled out.
     let cluster = Cluster::start(&unique("node"), "lbtest-node");
-    let (cp, node, pins) = (&cluster.cp, &cluster.node, &cluster.pins);
+    let (cp, node, pins) = (&cluster.cp, cluster.node(), cluster.pins());
     // The DaemonSet's pod attached to the node's pods' cgroup and pinned there.
     assert!(
         lb::datapath::pins::has_state(&pins.0),
@@ -426,6 +427,6 @@ fn helm_installed_agent_serves_a_cluster_ip_a_helm_upgrade_rolls_it_to_maglev_an
     assert!(lb_testkit::wait_until(Duration::from_secs(60), || {
         agent_pod_uids(cp).trim().is_empty()
     }));
-    assert!(lb::datapath::pins::has_state(&cluster.pins.0));
+    assert!(lb::datapath::pins::has_state(&cluster.pins().0));
     serves_every_backend("after helm uninstall, from the pinned data path");
 }

@@ -22,13 +22,15 @@ tasks:
           Services conformance tests; needs root)
   testbed build the Kubernetes test bed (testbed/: apiserver, controller manager, kubectl from
           the upstream Go modules) into target/testbed
-  cluster up [--node]|down|status
+  cluster up [--node|--nodes N]|down|status
           a real control plane (etcd, kube-apiserver, kube-controller-manager) in a network
           namespace of its own, with kubeconfigs in target/cluster; --node adds the scheduler,
-          a kubelet with containerd, the agent as its DaemonSet pod and CoreDNS
-  conformance [--focus REGEX] [--skip REGEX]
-          Kubernetes' own e2e tests (upstream e2e.test, v1.35.8) against a node of the test bed
-          with the agent in place of kube-proxy; default focus: the Services conformance tests;
+          a kubelet with containerd, the agent as its DaemonSet pod and CoreDNS; --nodes N
+          makes N such nodes, each in a namespace of its own on one bridge, with an outside client
+  conformance [--nodes N] [--focus REGEX] [--skip REGEX]
+          Kubernetes' own e2e tests (upstream e2e.test, v1.35.8) against the test bed (3 nodes
+          unless --nodes says otherwise) with the agent in place of kube-proxy; default focus:
+          the Services conformance tests;
           writes docs/conformance.md
   deb     the Debian package for standalone mode (release build, shell completions,
           cargo-deb) into target/debian/

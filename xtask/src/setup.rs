@@ -307,7 +307,11 @@ pub fn sweep_leftovers() {
         .flatten()
     {
         let name = e.file_name().to_string_lossy().into_owned();
-        if (name.starts_with("lb-k8s-") || name.starts_with("lb-node-")) && !owner_alive(&name) {
+        if (name.starts_with("lb-k8s-")
+            || name.starts_with("lb-node-")
+            || name.starts_with("lb-images-"))
+            && !owner_alive(&name)
+        {
             let _ = std::fs::remove_dir_all(e.path());
             found.push(format!("files {}", e.path().display()));
         }

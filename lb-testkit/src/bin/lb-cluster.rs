@@ -8,6 +8,10 @@
 //!                       the same with the scheduler, every controller and a
 //!                       real node (containerd, kubelet: lb-testkit `node`),
 //!                       the agent running as the DaemonSet's pod, and CoreDNS
+//!   lb-cluster up --nodes N
+//!                       N such nodes, each in a network namespace of its own
+//!                       on a bridge with an outside client (lb-testkit
+//!                       `fabric`), the agent on every node (helm install)
 //!   lb-cluster down     stop it and remove its namespace
 //!   lb-cluster status   is it up, and how to use it
 //!
@@ -33,22 +37,38 @@ fn pid() -> Option<i32> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: lb-cluster up [--node]|down|status");
+    eprintln!("usage: lb-cluster up [--node|--nodes N]|down|status");
     std::process::exit(2)
 }
 
+/// How many nodes `up`/`serve` are asked for: none (a control plane only),
+/// 1 (`--node`) or N (`--nodes N`).
+fn nodes_arg(args: &[String]) -> usize {
+    match args.first().map(String::as_str) {
+        None => 0,
+        Some("--node") => 1,
+        Some("--nodes") => args
+            .get(1)
+            .and_then(|n| n.parse().ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or_else(|| usage()),
+        Some(_) => usage(),
+    }
+}
+
 fn main() {
-    let arg = std::env::args().nth(1).unwrap_or_else(|| usage());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = args.first().cloned().unwrap_or_else(|| usage());
     match arg.as_str() {
-        "up" => up(std::env::args().nth(2).as_deref() == Some("--node")),
+        "up" => up(nodes_arg(&args[1..])),
         "down" => down(),
         "status" => status(),
-        "serve" => serve(std::env::args().nth(2).as_deref() == Some("--node")),
+        "serve" => serve(nodes_arg(&args[1..])),
         _ => usage(),
     }
 }
 
-fn up(node: bool) {
+fn up(nodes: usize) {
     if let Some(p) = pid() {
         println!("already up (pid {p})");
         status();
@@ -60,7 +80,12 @@ fn up(node: bool) {
     let log = std::fs::File::create(dir.join("serve.log")).unwrap();
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.arg("serve")
-        .args(node.then_some("--node"))
+        .args(
+            (nodes > 0)
+                .then(|| ["--nodes".to_string(), nodes.to_string()])
+                .into_iter()
+                .flatten(),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
@@ -103,26 +128,42 @@ fn up(node: bool) {
 /// What `serve` keeps running until SIGTERM.
 enum Running {
     Plane(lb_testkit::k8s::ControlPlane),
-    Node(Box<lb_testkit::node::Cluster>),
+    Nodes(Box<lb_testkit::kube_cluster::Cluster>),
 }
 
-fn serve(with_node: bool) {
-    use lb_testkit::{k8s, node};
+fn serve(nodes: usize) {
+    use lb_testkit::{k8s, kube_cluster::Cluster};
     let dir = state_dir();
     std::fs::write(dir.join("pid"), std::process::id().to_string()).unwrap();
     // With a node, the agent runs as the DaemonSet's pod there; without,
     // the manifests only provide its RBAC for an agent started by hand.
-    let running = if with_node {
-        Running::Node(Box::new(node::Cluster::start("cluster", "lb-node")))
-    } else {
-        let cp = k8s::ControlPlane::start("cluster");
-        k8s::install_manifests(&cp);
-        Running::Plane(cp)
+    let running = match nodes {
+        0 => {
+            let cp = k8s::ControlPlane::start("cluster");
+            k8s::install_manifests(&cp);
+            Running::Plane(cp)
+        }
+        1 => Running::Nodes(Box::new(Cluster::start("cluster", "lb-node"))),
+        n => Running::Nodes(Box::new(Cluster::start_nodes("cluster", n))),
     };
     let cp = match &running {
         Running::Plane(cp) => cp,
-        Running::Node(c) => &c.cp,
+        Running::Nodes(c) => &c.cp,
     };
+    if let Running::Nodes(c) = &running {
+        // Where each node and the outside client live, for `status`.
+        let mut places = String::new();
+        for n in &c.nodes {
+            places.push_str(&format!(
+                "node {} {} {} {}\n",
+                n.name, n.ip, n.netns_name, n.pod_cidr
+            ));
+        }
+        if let Some(client) = &c.client {
+            places.push_str(&format!("client {}\n", client.name));
+        }
+        std::fs::write(dir.join("nodes"), places).unwrap();
+    }
     std::fs::copy(cp.admin_kubeconfig(), dir.join("admin.kubeconfig")).unwrap();
     let agent = cp.service_account_kubeconfig("kube-system", "lb-agent");
     std::fs::copy(agent, dir.join("lb-agent.kubeconfig")).unwrap();
@@ -147,6 +188,7 @@ fn serve(with_node: bool) {
         "netns",
         "admin.kubeconfig",
         "lb-agent.kubeconfig",
+        "nodes",
     ] {
         let _ = std::fs::remove_file(dir.join(f));
     }
@@ -187,6 +229,19 @@ fn status() {
                 "  the agent's ServiceAccount (RBAC from deploy/kubernetes): {}",
                 dir.join("lb-agent.kubeconfig").display()
             );
+            let places = std::fs::read_to_string(dir.join("nodes")).unwrap_or_default();
+            for line in places.lines() {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                match f.as_slice() {
+                    ["node", name, ip, netns, cidr] => println!(
+                        "  node {name}: InternalIP {ip}, pods {cidr}; its shell: ip netns exec {netns} sh"
+                    ),
+                    ["client", netns] => println!(
+                        "  an outside client on the fabric: ip netns exec {netns} sh"
+                    ),
+                    _ => {}
+                }
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! lb-conformance: Kubernetes' own e2e tests (the upstream `e2e.test` of
-//! v1.35.8) against a one-node cluster of the test bed where lb-agent, run
-//! as its DaemonSet, replaces kube-proxy (lb-testkit `conformance`).
+//! v1.35.8) against a cluster of the test bed where lb-agent, run as its
+//! DaemonSet, replaces kube-proxy (lb-testkit `conformance`): three nodes
+//! on a fabric by default, or one sharing the control plane's namespace.
 //!
-//!   lb-conformance [--focus REGEX] [--skip REGEX] [--report FILE] [--timeout SECS]
+//!   lb-conformance [--nodes N] [--focus REGEX] [--skip REGEX] [--report FILE] [--timeout SECS]
 //!
 //! Default focus: the Services conformance tests. With --report, writes the
 //! results as Markdown (docs/conformance.md is the published one). Exits
@@ -19,6 +20,7 @@ fn main() {
     let mut skip = DEFAULT_SKIP.to_string();
     let mut report = None;
     let mut timeout = 7200u64;
+    let mut nodes = 3usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
@@ -27,11 +29,22 @@ fn main() {
             "--skip" => skip = value(),
             "--report" => report = Some(value()),
             "--timeout" => timeout = value().parse().unwrap_or_else(|_| usage()),
+            "--nodes" => nodes = value().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
     let started = std::time::Instant::now();
-    let cluster = Cluster::start(&lb_testkit::unique("conformance"), "lbtest-node");
+    let tag = lb_testkit::unique("conformance");
+    let cluster = if nodes == 1 {
+        Cluster::start(&tag, "lbtest-node")
+    } else {
+        Cluster::start_nodes(&tag, nodes)
+    };
+    eprintln!(
+        "lb-conformance: {} node(s) up after {:.0?}",
+        cluster.nodes.len(),
+        started.elapsed()
+    );
     let log = std::env::temp_dir().join(format!("lb-conformance-{}.log", std::process::id()));
     let results = conformance::run(&cluster, &focus, &skip, &log, Duration::from_secs(timeout));
     drop(cluster);
@@ -66,7 +79,7 @@ fn main() {
         started.elapsed()
     );
     if let Some(path) = report {
-        std::fs::write(&path, markdown(&ran, &skipped, &focus, &skip)).unwrap();
+        std::fs::write(&path, markdown(&ran, &skipped, &focus, &skip, nodes)).unwrap();
         println!("wrote {path}");
     }
     if !failed.is_empty() || ran.is_empty() {
@@ -74,21 +87,42 @@ fn main() {
     }
 }
 
-fn markdown(ran: &[&Outcome], skipped: &[&Outcome], focus: &str, skip: &str) -> String {
+fn markdown(
+    ran: &[&Outcome],
+    skipped: &[&Outcome],
+    focus: &str,
+    skip: &str,
+    nodes: usize,
+) -> String {
     let passed = ran.iter().filter(|o| o.status == "passed").count();
     let mut s = format!(
         "# Kubernetes conformance, without kube-proxy\n\n\
-         Written by `cargo xtask conformance` on {date} (`lb-conformance`): the upstream\n\
+         Written by `cargo xtask conformance` on {date} (`lb-conformance`), on commit `{commit}`: the upstream\n\
          `e2e.test` of Kubernetes {ver}, built from the k8s.io/kubernetes module (`testbed/e2e`), run with\n\
-         `--provider=skeleton` against one node of the test bed: kube-apiserver, controllers,\n\
-         scheduler and kubelet {ver} from the same module, containerd/runc/CNI bridge from\n\
-         Debian, CoreDNS as kube-dns, **no kube-proxy**: lb-agent installed with `kubectl apply -k`\n\
-         over deploy/kubernetes runs as the DaemonSet's pod. Images are built here and imported\n\
+         `--provider=skeleton` against {bed}: kube-apiserver, controllers,\n\
+         scheduler and kubelets {ver} from the same module, containerd/runc/CNI bridge from\n\
+         Debian, CoreDNS as kube-dns, **no kube-proxy**: lb-agent, installed {how},\n\
+         runs as the DaemonSet's pod on every node. Images are built here and imported\n\
          (agnhost under its upstream name); nothing is pulled.\n\n\
-         Command: `cargo xtask conformance --focus '{focus}' --skip '{skip}'`.\n\n\
+         Command: `cargo xtask conformance --nodes {nodes} --focus '{focus}' --skip '{skip}'`.\n\n\
          **{passed} of {n} passed.**{skips}\n\n\
          | Test | Result | Seconds | Cause, for a failure or a skip |\n|---|---|---:|---|\n",
+        bed = if nodes == 1 {
+            "one node of the test bed, in the control plane's network namespace".to_string()
+        } else {
+            format!(
+                "{nodes} nodes of the test bed, each in a network namespace of its own on one \
+                 bridge (docs/testbed.md), pod CIDRs allocated by the controller manager and \
+                 routed between the nodes"
+            )
+        },
+        how = if nodes == 1 {
+            "with `kubectl apply -k` over deploy/kubernetes"
+        } else {
+            "with `helm install` of deploy/helm/lb-agent"
+        },
         date = today(),
+        commit = conformance::run_commit(),
         ver = conformance::VERSION,
         n = ran.len(),
         skips = if skipped.is_empty() {
@@ -127,7 +161,7 @@ fn today() -> String {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lb-conformance [--focus REGEX] [--skip REGEX] [--report FILE] [--timeout SECS]"
+        "usage: lb-conformance [--nodes N] [--focus REGEX] [--skip REGEX] [--report FILE] [--timeout SECS]"
     );
     std::process::exit(2)
 }
