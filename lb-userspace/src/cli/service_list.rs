@@ -34,8 +34,9 @@ pub struct ServiceRow {
     /// loadBalancerSourceRanges: new flows from outside only from these.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub source_ranges: Vec<String>,
-    /// An external IP this node does not own: its sockets and pods reach
-    /// the real address (CVE-2020-8554); only traffic from outside is served.
+    /// With `--external-ips-in-cluster owned-only`, an external IP this node
+    /// does not own: its sockets and pods reach the real address
+    /// (CVE-2020-8554); only traffic from outside is served.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub foreign_external_ip: bool,
     pub backends: Vec<BackendRow>,
@@ -247,7 +248,13 @@ services:
 "#,
         )
         .unwrap();
-        let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+        // owned-only: the external IP nobody here holds shows as such.
+        let mut r = Reconciler::restore(FakeMaps::default())
+            .unwrap()
+            .with_config(crate::desired::BuildConfig {
+                external_ips_in_cluster: crate::desired::ExternalIpsInCluster::OwnedOnly,
+                ..Default::default()
+            });
         r.reconcile(&model).unwrap();
         let out = render_table(&rows(r.state()));
         let golden = "\
