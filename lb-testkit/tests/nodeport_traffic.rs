@@ -540,8 +540,22 @@ fn a_reused_client_tuple_within_the_closing_timeout_connects_and_lives() {
         let mut got = Vec::new();
         a.read_to_end(&mut got).map_err(|e| e.to_string())?;
         drop(a);
-        // Same tuple again at once; idle past the closing timeout, then use it.
-        let mut b = bound(45555)?;
+        // Same tuple again at once (as soon as the client's own side has
+        // left LAST_ACK: until our FIN is acknowledged the kernel refuses
+        // the tuple with EADDRNOTAVAIL, well within the 2 s closing
+        // timeout); idle past the closing timeout, then use it.
+        let reused = std::time::Instant::now();
+        let mut b = loop {
+            match bound(45555) {
+                Err(e)
+                    if e.contains("os error 99")
+                        && reused.elapsed() < Duration::from_millis(500) =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other?,
+            }
+        };
         std::thread::sleep(Duration::from_secs(4));
         h[0] = b'U';
         h[9] = 0;
