@@ -318,16 +318,17 @@ fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Dura
 pub fn udp_from_one_socket(netns: &str, target: SocketAddr, count: usize) -> Vec<Option<String>> {
     udp_answers_from_one_socket(netns, target, count)
         .into_iter()
-        .map(|a| a.and_then(|a| a.split_whitespace().next().map(str::to_string)))
+        .map(|a| a.and_then(|(a, _)| a.split_whitespace().next().map(str::to_string)))
         .collect()
 }
 
-/// Like `udp_from_one_socket`, each answer whole ("<name> <peer>").
+/// Like `udp_from_one_socket`, each answer whole ("<name> <peer>") with the
+/// address it came from (the target's, when replies are translated back).
 pub fn udp_answers_from_one_socket(
     netns: &str,
     target: SocketAddr,
     count: usize,
-) -> Vec<Option<String>> {
+) -> Vec<Option<(String, SocketAddr)>> {
     in_netns(netns, move || {
         let s = UdpSocket::bind(if target.is_ipv4() {
             "0.0.0.0:0"
@@ -340,8 +341,8 @@ pub fn udp_answers_from_one_socket(
         (0..count)
             .map(|i| {
                 s.send_to(format!("q{i}").as_bytes(), target).ok()?;
-                let (n, _) = s.recv_from(&mut buf).ok()?;
-                Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+                let (n, from) = s.recv_from(&mut buf).ok()?;
+                Some((String::from_utf8_lossy(&buf[..n]).into_owned(), from))
             })
             .collect()
     })

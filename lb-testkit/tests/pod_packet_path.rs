@@ -281,9 +281,11 @@ fn a_pod_that_is_its_own_backend_reaches_itself_through_the_clusterip() {
 /// (CVE-2020-8554, Cilium's `sock4_skip_xlate`). In both, an external IP the
 /// node holds is served and tc keeps serving the address from outside.
 struct ExternalIps {
-    n: PodNode,
-    _servers: [servers::Server; 2],
+    // Fields drop in order: the agent first, the namespaces, cgroup and
+    // pins it uses last.
     agent: Agent,
+    _servers: [servers::Server; 2],
+    n: PodNode,
     /// An address the node holds (on its lo) when the agent starts.
     owned: &'static str,
     /// The address of the third pod, "the real owner" a tenant wrote into
@@ -317,9 +319,9 @@ impl ExternalIps {
             agent_args,
         );
         Self {
-            n,
-            _servers,
             agent,
+            _servers,
+            n,
             owned,
             foreign,
         }
@@ -363,7 +365,7 @@ impl ExternalIps {
         let list = self.agent.lbctl(&["service", "list"]);
         assert!(
             list.contains(&format!("{}:8080/TCP", self.foreign)),
-            "tc still serves it from outside:\n{list}"
+            "the foreign external IP stays a frontend in the maps (for packets from outside):\n{list}"
         );
     }
 }
@@ -391,12 +393,21 @@ fn by_default_an_external_ip_no_node_holds_leads_host_sockets_and_pods_to_the_se
 /// CVE-2020-8554 (`--external-ips-in-cluster owned-only`): whoever may edit
 /// a Service writes its externalIPs. An external IP this node does not own
 /// stays the real address it looks like, for the node's sockets and for
-/// pods' packets alike, while one the node owns is served. An address the
-/// node gains or loses later is picked up (the agent reads its addresses
+/// pods (their sockets through the socket hooks, their packets through tc
+/// on their veths), while one the node owns is served. An address the node
+/// gives up, or gains again, is picked up (the agent reads its addresses
 /// every round, at least every 10 s).
 #[test]
 fn owned_only_an_external_ip_the_node_does_not_own_reaches_its_real_owner_from_host_sockets_and_pods_cve_2020_8554(
 ) {
+    // Pods' sockets through the socket hooks.
+    let w = ExternalIps::start(
+        "foreign_extip_sock",
+        &["--external-ips-in-cluster", "owned-only"],
+    );
+    w.check("real", "a foreign external IP was redirected");
+    drop(w);
+    // Pods' packets through tc on their veths.
     let mut args = MESH_SAFE.to_vec();
     args.extend(["--external-ips-in-cluster", "owned-only"]);
     let w = ExternalIps::start("foreign_extip", &args);
@@ -404,20 +415,47 @@ fn owned_only_an_external_ip_the_node_does_not_own_reaches_its_real_owner_from_h
     let list = w.agent.lbctl(&["service", "list"]);
     assert!(list.contains("not this node's"), "{list}");
 
-    // The node gives the address up: it is foreign now, nobody answers there.
+    // The node gives the address up: it is foreign now, nobody answers
+    // there, while the foreign one still reaches its owner and the
+    // ClusterIP its backend (the agent is alive and translating).
     let [host, pod] = w.clients();
+    let owned = format!("{}:8080", w.owned);
     w.n.node
         .ip(&["addr", "del", &format!("{}/32", w.owned), "dev", "lo"]);
     assert!(
         lb_testkit::wait_until(Duration::from_secs(30), || w
-            .answers(&host, &format!("{}:8080", w.owned))
+            .answers(&host, &owned)
             .iter()
             .all(|a| a == "failed")),
         "an address the node gave up is still translated\n{}",
         w.agent.log_text()
     );
-    assert!(w
-        .answers(&pod, &format!("{}:8080", w.owned))
-        .iter()
-        .all(|a| a == "failed"));
+    for from in [&host, &pod] {
+        assert!(
+            w.answers(from, &owned).iter().all(|a| a == "failed"),
+            "from {from}: an address the node gave up is still translated"
+        );
+        assert_eq!(w.answers(from, &format!("{}:8080", w.foreign)), ["real"; 5]);
+        assert_eq!(
+            w.answers(from, "10.96.0.81:8080"),
+            ["b1"; 5],
+            "from {from}: the ClusterIP"
+        );
+    }
+    let list = w.agent.lbctl(&["service", "list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.contains(&owned) && l.contains("not this node's")),
+        "the address given up is marked:\n{list}"
+    );
+    // The node takes it back: translated again.
+    w.n.node
+        .ip(&["addr", "add", &format!("{}/32", w.owned), "dev", "lo"]);
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(30), || w.answers(&host, &owned)
+            == ["b1"; 5]),
+        "an address the node gained is not translated\n{}",
+        w.agent.log_text()
+    );
+    assert_eq!(w.answers(&pod, &owned), ["b1"; 5]);
 }
