@@ -34,6 +34,9 @@ fn main() {
         }
     }
     let started = std::time::Instant::now();
+    // The commit the binaries and images are built from: named now, before
+    // the hour the run takes (edits made meanwhile are not in it).
+    let commit = conformance::run_commit();
     let tag = lb_testkit::unique("conformance");
     let cluster = if nodes == 1 {
         Cluster::start(&tag, "lbtest-node")
@@ -79,7 +82,11 @@ fn main() {
         started.elapsed()
     );
     if let Some(path) = report {
-        std::fs::write(&path, markdown(&ran, &skipped, &focus, &skip, nodes)).unwrap();
+        std::fs::write(
+            &path,
+            markdown(&ran, &skipped, &focus, &skip, nodes, &commit),
+        )
+        .unwrap();
         println!("wrote {path}");
     }
     if !failed.is_empty() || ran.is_empty() {
@@ -93,6 +100,7 @@ fn markdown(
     focus: &str,
     skip: &str,
     nodes: usize,
+    commit: &str,
 ) -> String {
     let passed = ran.iter().filter(|o| o.status == "passed").count();
     let mut s = format!(
@@ -104,7 +112,7 @@ fn markdown(
          Debian, CoreDNS as kube-dns, **no kube-proxy**: lb-agent, installed {how},\n\
          runs as the DaemonSet's pod on every node. Images are built here and imported\n\
          (agnhost under its upstream name); nothing is pulled.\n\n\
-         Command: `cargo xtask conformance --nodes {nodes} --focus '{focus}' --skip '{skip}'`.\n\n\
+         Command: `cargo xtask conformance --nodes {nodes} --focus '{focus}' --skip '{skip}'`.{serial}\n\n\
          **{passed} of {n} passed.**{skips}\n\n\
          | Test | Result | Seconds | Cause, for a failure or a skip |\n|---|---|---:|---|\n",
         bed = if nodes == 1 {
@@ -122,7 +130,11 @@ fn markdown(
             "with `helm install` of deploy/helm/lb-agent"
         },
         date = today(),
-        commit = conformance::run_commit(),
+        serial = if skip.contains("Serial") {
+            ""
+        } else {
+            " The suite runs one test at a time, so `[Serial]` tests run alone."
+        },
         ver = conformance::VERSION,
         n = ran.len(),
         skips = if skipped.is_empty() {
