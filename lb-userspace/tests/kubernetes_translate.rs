@@ -2,7 +2,7 @@
 //! model, one fixture per behaviour.
 use std::{collections::BTreeMap, net::IpAddr};
 
-use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice};
+use lb::source::kubernetes::slim::{EndpointSlice, Service as K8sService};
 use lb::{
     model::{Algorithm, BackendState, FrontendKind, Protocol, Service, ServiceName},
     source::kubernetes::translate::{slice_service, translate, NodeContext, Translation},

@@ -146,7 +146,7 @@ impl<'de> Deserialize<'de> for ServiceName {
 
 /// A service is a set of frontends; each frontend has its own backends
 /// (a multi-port service has one frontend per address and port).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Service {
     pub frontends: Vec<Frontend>,
     /// A LoadBalancer with externalTrafficPolicy: Local: the port where
@@ -180,7 +180,7 @@ impl Service {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Frontend {
     pub address: IpAddr,
     pub port: u16,

@@ -16,45 +16,63 @@ use std::{
     time::SystemTime,
 };
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service as K8sService},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::Node;
+
+use super::slim::{EndpointSlice, Service as K8sService};
 use kube::runtime::watcher::Event;
 
-use super::translate::{self, service_name, slice_service, NodeContext, Warning};
+use super::translate::{
+    self, service_name, slice_service, NodeContext, ServiceRecord, SliceRecord, Warning,
+};
 use crate::model::{Model, Service, ServiceName};
 
 use crate::source::nodeports::NodePortAddresses;
 
 type FrontendId = (IpAddr, u16, u8);
 
-#[derive(Default)]
 struct Relist<K> {
     buffer: Option<Vec<K>>,
     synced: bool,
+}
+
+impl<K> Default for Relist<K> {
+    fn default() -> Self {
+        Self {
+            buffer: None,
+            synced: false,
+        }
+    }
+}
+
+/// A slice as the store files it: its key, the service it belongs to (from
+/// its label) and its record.
+struct Filed {
+    key: ServiceName,
+    owner: Option<ServiceName>,
+    record: SliceRecord,
 }
 
 pub struct Store {
     node_name: String,
     nodeports: NodePortAddresses,
     node: NodeContext,
-    services: HashMap<ServiceName, K8sService>,
-    /// service → slice name → slice
-    slices: HashMap<ServiceName, BTreeMap<String, EndpointSlice>>,
-    /// slice name (namespace/name) → the service it was filed under
-    slice_owner: HashMap<(String, String), ServiceName>,
-    svc_relist: Relist<K8sService>,
-    slice_relist: Relist<EndpointSlice>,
+    /// The services that are for us (not headless, ExternalName or another
+    /// proxy's), as records: what the translation reads, parsed.
+    services: HashMap<ServiceName, ServiceRecord>,
+    /// service → its slices by name
+    slices: HashMap<ServiceName, SliceSet>,
+    /// slice (its namespace and name, as a `ServiceName`) → the service it
+    /// was filed under
+    slice_owner: HashMap<ServiceName, ServiceName>,
+    svc_relist: Relist<(ServiceName, Option<ServiceRecord>)>,
+    slice_relist: Relist<Filed>,
     node_relist: Relist<Node>,
     dirty: BTreeSet<ServiceName>,
     full_pending: bool,
-    /// frontend → services that want it; the first one owns it.
-    claims: HashMap<FrontendId, BTreeSet<ServiceName>>,
-    /// service → frontends it asked for last time.
-    asked: HashMap<ServiceName, Vec<FrontendId>>,
-    /// What was last output per service, to skip no-op changes.
-    published: HashMap<ServiceName, Service>,
+    /// frontend → services that want it; the first by name owns it.
+    claims: HashMap<FrontendId, Claimants>,
+    /// What each service asked for and was given last.
+    sent: HashMap<ServiceName, Sent>,
     warnings: Vec<Warning>,
     eligible: Option<bool>,
     /// When this store started: trigger times before it are not ours to
@@ -68,14 +86,6 @@ pub struct Store {
 /// slice happened (a Pod or Service write), kube-proxy's start point for
 /// `network_programming_duration_seconds`.
 pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-
-fn trigger_time(s: &EndpointSlice) -> Option<&str> {
-    s.metadata
-        .annotations
-        .as_ref()?
-        .get(ANNOTATION_TRIGGER_TIME)
-        .map(String::as_str)
-}
 
 /// The node label topology hints are matched against.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
@@ -119,8 +129,7 @@ impl Store {
             dirty: BTreeSet::new(),
             full_pending: false,
             claims: HashMap::new(),
-            asked: HashMap::new(),
-            published: HashMap::new(),
+            sent: HashMap::new(),
             warnings: Vec::new(),
             eligible: None,
             started: SystemTime::now(),
@@ -136,25 +145,19 @@ impl Store {
 
     /// Notes `new`'s trigger time when it is not the one the stored version
     /// of the slice has, and not older than the store.
-    fn note_trigger(&mut self, new: &EndpointSlice) {
-        let Some(text) = trigger_time(new) else {
+    fn note_trigger(&mut self, new: &Filed) {
+        let Some(t) = new.record.trigger else {
             return;
         };
-        let old = self.stored_slice(&slice_key(new)).and_then(trigger_time);
-        if old == Some(text) {
-            return;
-        }
-        // RFC 3339 in UTC, as the controller writes it (time.RFC3339Nano).
-        if let Ok(t) = humantime::parse_rfc3339_weak(text) {
-            if t >= self.started {
-                self.triggers.push(t);
-            }
+        let old = self.stored_slice(&new.key).and_then(|s| s.trigger);
+        if old != Some(t) && t >= self.started {
+            self.triggers.push(t);
         }
     }
 
-    fn stored_slice(&self, key: &(String, String)) -> Option<&EndpointSlice> {
+    fn stored_slice(&self, key: &ServiceName) -> Option<&SliceRecord> {
         let owner = self.slice_owner.get(key)?;
-        self.slices.get(owner)?.get(&key.1)
+        self.slices.get(owner)?.get(key.name())
     }
 
     /// Every list has completed at least once.
@@ -171,12 +174,18 @@ impl Store {
         &self.node
     }
 
+    /// A Service event. What the store keeps of a Service is its record,
+    /// made as the object arrives (a list's objects too): the object itself
+    /// goes at once.
     pub fn on_service(&mut self, ev: Event<K8sService>) {
         match ev {
             Event::Apply(s) => {
                 let name = service_name(&s);
                 self.dirty.insert(name.clone());
-                self.services.insert(name, s);
+                match ServiceRecord::new(&s) {
+                    Some(r) => self.services.insert(name, r),
+                    None => self.services.remove(&name),
+                };
             }
             Event::Delete(s) => {
                 let name = service_name(&s);
@@ -184,37 +193,58 @@ impl Store {
                 self.services.remove(&name);
             }
             Event::Init => self.svc_relist.buffer = Some(Vec::new()),
-            Event::InitApply(s) => self.svc_relist.buffer.get_or_insert_with(Vec::new).push(s),
+            Event::InitApply(s) => self
+                .svc_relist
+                .buffer
+                .get_or_insert_with(Vec::new)
+                .push((service_name(&s), ServiceRecord::new(&s))),
             Event::InitDone => {
                 let items = self.svc_relist.buffer.take().unwrap_or_default();
-                self.services = items.into_iter().map(|s| (service_name(&s), s)).collect();
+                self.services = items
+                    .into_iter()
+                    .filter_map(|(name, r)| Some((name, r?)))
+                    .collect();
                 self.svc_relist.synced = true;
                 self.full_pending = true;
             }
         }
     }
 
+    /// The record of a slice, filed under its service.
+    fn file(&self, s: &EndpointSlice) -> Filed {
+        Filed {
+            key: slice_key(s),
+            owner: slice_service(s),
+            record: SliceRecord::new(s, &self.node_name),
+        }
+    }
+
     pub fn on_slice(&mut self, ev: Event<EndpointSlice>) {
         match ev {
             Event::Apply(s) => {
-                self.note_trigger(&s);
-                self.put_slice(s);
+                let f = self.file(&s);
+                drop(s);
+                self.note_trigger(&f);
+                self.put_slice(f);
             }
             Event::Delete(s) => {
                 let key = slice_key(&s);
                 if let Some(owner) = self.slice_owner.remove(&key) {
                     if let Some(m) = self.slices.get_mut(&owner) {
-                        m.remove(&key.1);
+                        m.remove(key.name());
                     }
                     self.dirty.insert(owner);
                 }
             }
             Event::Init => self.slice_relist.buffer = Some(Vec::new()),
-            Event::InitApply(s) => self
-                .slice_relist
-                .buffer
-                .get_or_insert_with(Vec::new)
-                .push(s),
+            Event::InitApply(s) => {
+                let f = self.file(&s);
+                drop(s);
+                self.slice_relist
+                    .buffer
+                    .get_or_insert_with(Vec::new)
+                    .push(f);
+            }
             Event::InitDone => {
                 let items = self.slice_relist.buffer.take().unwrap_or_default();
                 // A relist after a broken watch carries the changes the
@@ -235,19 +265,22 @@ impl Store {
         }
     }
 
-    fn put_slice(&mut self, s: EndpointSlice) {
-        let key = slice_key(&s);
+    fn put_slice(&mut self, f: Filed) {
+        let Filed { key, owner, record } = f;
         // A slice can move to another service only by a label change: file it anew.
         if let Some(old) = self.slice_owner.remove(&key) {
             if let Some(m) = self.slices.get_mut(&old) {
-                m.remove(&key.1);
+                m.remove(key.name());
             }
             self.dirty.insert(old);
         }
-        if let Some(owner) = slice_service(&s) {
+        if let Some(owner) = owner {
             self.dirty.insert(owner.clone());
-            self.slice_owner.insert(key.clone(), owner.clone());
-            self.slices.entry(owner).or_default().insert(key.1, s);
+            self.slices
+                .entry(owner.clone())
+                .or_default()
+                .insert(key.name(), record);
+            self.slice_owner.insert(key, owner);
         }
     }
 
@@ -316,8 +349,7 @@ impl Store {
             self.full_pending = false;
             self.dirty.clear();
             self.claims.clear();
-            self.asked.clear();
-            self.published.clear();
+            self.sent.clear();
             let mut names: Vec<ServiceName> = self.services.keys().cloned().collect();
             names.sort();
             let mut todo: BTreeSet<ServiceName> = names.into_iter().collect();
@@ -328,11 +360,9 @@ impl Store {
                     model.services.insert(name, svc);
                 }
             }
-            self.published = model
-                .services
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            for (name, svc) in &model.services {
+                self.sent.entry(name.clone()).or_default().print = Some(fingerprint(svc));
+            }
             return Some(Output::Full(model));
         }
         if self.dirty.is_empty() {
@@ -344,12 +374,14 @@ impl Store {
             let mut woken = BTreeSet::new();
             let svc = self.build(&name, &mut woken);
             todo.extend(woken);
-            let before = self.published.get(&name);
-            if before != svc.as_ref() {
-                match &svc {
-                    Some(s) => self.published.insert(name.clone(), s.clone()),
-                    None => self.published.remove(&name),
-                };
+            let now = svc.as_ref().map(fingerprint);
+            if self.sent.get(&name).and_then(|s| s.print) != now {
+                match now {
+                    Some(f) => self.sent.entry(name.clone()).or_default().print = Some(f),
+                    None => {
+                        self.sent.remove(&name);
+                    }
+                }
                 changes.insert(name, svc);
             }
         }
@@ -363,8 +395,8 @@ impl Store {
     /// ownership of a frontend changes because of this one go to `woken`.
     fn build(&mut self, name: &ServiceName, woken: &mut BTreeSet<ServiceName>) -> Option<Service> {
         let translated = self.services.get(name).and_then(|svc| {
-            let slices = self.slices.get(name).into_iter().flat_map(|m| m.values());
-            let t = translate::translate(svc, slices, &self.node);
+            let slices = self.slices.get(name).into_iter().flat_map(SliceSet::values);
+            let t = translate::translate_records(name, svc, slices, &self.node);
             self.warnings.extend(t.warnings);
             t.service
         });
@@ -377,7 +409,12 @@ impl Store {
             })
             .collect();
         // Let go of frontends no longer wanted; the next claimant takes over.
-        for id in self.asked.remove(name).unwrap_or_default() {
+        let asked = self
+            .sent
+            .get_mut(name)
+            .map(|s| std::mem::take(&mut s.asked))
+            .unwrap_or_default();
+        for &id in &asked {
             if wanted.contains(&id) {
                 continue;
             }
@@ -398,14 +435,14 @@ impl Store {
         for id in &wanted {
             let set = self.claims.entry(*id).or_default();
             let previous_owner = set.first().cloned();
-            set.insert(name.clone());
+            set.insert(name);
             if let Some(prev) = previous_owner {
                 if &prev != name && set.first() == Some(name) {
                     woken.insert(prev); // we sort first: it loses the frontend
                 }
             }
         }
-        self.asked.insert(name.clone(), wanted);
+        self.sent.entry(name.clone()).or_default().asked = wanted.into_boxed_slice();
         let claims = &self.claims;
         let mut lost = Vec::new();
         svc.frontends.retain(|f| {
@@ -434,15 +471,120 @@ impl Store {
     }
 }
 
+/// What the store last asked and output for a service.
+#[derive(Default)]
+struct Sent {
+    /// The frontends it claimed.
+    asked: Box<[FrontendId]>,
+    /// A fingerprint of the service as output, to skip no-op changes (the
+    /// reconciler holds the service itself: no second copy here).
+    print: Option<u64>,
+}
+
+/// The services that claim a frontend, sorted by name (the first owns
+/// it). Almost always one, held without a vector.
+#[derive(Default)]
+enum Claimants {
+    #[default]
+    None,
+    One(ServiceName),
+    Many(Vec<ServiceName>),
+}
+
+impl Claimants {
+    fn first(&self) -> Option<&ServiceName> {
+        match self {
+            Self::None => None,
+            Self::One(n) => Some(n),
+            Self::Many(v) => v.first(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first().is_none()
+    }
+
+    fn insert(&mut self, name: &ServiceName) {
+        match self {
+            Self::None => *self = Self::One(name.clone()),
+            Self::One(n) if n == name => {}
+            Self::One(n) => {
+                let mut v = vec![n.clone(), name.clone()];
+                v.sort();
+                *self = Self::Many(v);
+            }
+            Self::Many(v) => {
+                if let Err(at) = v.binary_search(name) {
+                    v.insert(at, name.clone());
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &ServiceName) {
+        match self {
+            Self::One(n) if n == name => *self = Self::None,
+            Self::Many(v) => {
+                v.retain(|n| n != name);
+                if v.len() == 1 {
+                    *self = Self::One(v.pop().unwrap());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A service's slices by name: almost always one, so a small vector, not a
+/// map (a B-tree's first node alone would take a dozen slices' room).
+#[derive(Default)]
+struct SliceSet(Vec<(Box<str>, SliceRecord)>);
+
+impl SliceSet {
+    fn get(&self, name: &str) -> Option<&SliceRecord> {
+        self.0.iter().find(|(n, _)| &**n == name).map(|(_, s)| s)
+    }
+
+    fn insert(&mut self, name: &str, slice: SliceRecord) {
+        match self.0.iter_mut().find(|(n, _)| &**n == name) {
+            Some((_, old)) => *old = slice,
+            None => {
+                self.0.push((name.into(), slice));
+                // Sorted by name, as the map was: the translation's order.
+                self.0.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.0.retain(|(n, _)| &**n != name);
+    }
+
+    fn values(&self) -> impl Iterator<Item = &SliceRecord> {
+        self.0.iter().map(|(_, s)| s)
+    }
+}
+
+/// A fingerprint of a translated service: equal services, equal prints
+/// (SipHash with fixed keys; a collision, 2^-64 for one change, would hold
+/// that one change back until the service changes again or is relisted).
+fn fingerprint(s: &Service) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
 pub enum Output {
     Full(Model),
     Changes(Vec<(ServiceName, Option<Service>)>),
 }
 
-fn slice_key(s: &EndpointSlice) -> (String, String) {
-    (
-        s.metadata.namespace.clone().unwrap_or_default(),
-        s.metadata.name.clone().unwrap_or_default(),
+/// A slice's namespace and name (in one shared string, as a service's).
+fn slice_key(s: &EndpointSlice) -> ServiceName {
+    ServiceName::new(
+        s.metadata.namespace.as_deref().unwrap_or_default(),
+        s.metadata.name.as_deref().unwrap_or_default(),
     )
 }
 
@@ -575,6 +717,60 @@ mod tests {
         )));
         s.on_slice(Event::InitDone);
         assert_eq!(s.take_triggers().len(), 1);
+    }
+
+    /// The store keeps records, not objects: a change to what the
+    /// translation does not read (kubectl's last-applied annotation, other
+    /// labels, a selector) outputs nothing; a change it reads outputs the
+    /// service; a service that stops being ours (headless) is removed.
+    #[test]
+    fn only_changes_the_translation_reads_are_output_and_a_service_made_headless_goes() {
+        let mut s = synced(
+            vec![svc("a", "10.96.0.1", &[])],
+            vec![slice("a-1", "a", &["10.244.0.1"])],
+        );
+        assert!(matches!(s.take_output(), Some(Output::Full(_))));
+        // The same spec, with kubectl's annotation, other labels and
+        // managedFields: decoded without them, nothing to output.
+        let node_port = 30000 + "a".bytes().map(u32::from).sum::<u32>() % 2000;
+        let noisy: K8sService = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "default",
+                         "labels": {"app": "web", "tier": "x"},
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"clusterIP": "10.96.0.1", "externalIPs": [], "type": "NodePort",
+                     "selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80, "nodePort": node_port}]}
+        }))
+        .unwrap();
+        assert_eq!(noisy.metadata.labels, None, "unknown labels are not kept");
+        assert_eq!(noisy.metadata.annotations, None);
+        s.on_service(Event::Apply(noisy));
+        assert!(s.take_output().is_none(), "a no-op change was output");
+        // A new endpoint: the service goes out.
+        s.on_slice(Event::Apply(slice(
+            "a-1",
+            "a",
+            &["10.244.0.1", "10.244.0.2"],
+        )));
+        match s.take_output() {
+            Some(Output::Changes(c)) => {
+                assert_eq!(c.len(), 1);
+                assert_eq!(c[0].1.as_ref().unwrap().frontends[0].backends.len(), 2);
+            }
+            _ => panic!("the endpoint change was not output"),
+        }
+        // Headless now: not ours any more, removed.
+        let headless: K8sService = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "default"},
+            "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}
+        }))
+        .unwrap();
+        s.on_service(Event::Apply(headless));
+        match s.take_output() {
+            Some(Output::Changes(c)) => assert_eq!(c, vec![(n("a"), None)]),
+            _ => panic!("the headless service was not removed"),
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::{
     net::IpAddr,
 };
 
-use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice};
+use super::slim::{EndpointSlice, Service as K8sService};
 
 use crate::model::{
     expand::{port_frontends, Port, Shape},
@@ -112,134 +112,393 @@ fn parse_ip(text: &str) -> Option<IpAddr> {
     (!ip.is_unspecified() && !ip.is_multicast()).then_some(ip)
 }
 
+/// What the store keeps of a Service: what the translation reads, parsed
+/// and checked once (addresses, ports, policies, annotations), with the
+/// warnings that parsing gave, which every translation repeats as it did
+/// when it parsed the object itself. Kept per service as long as it exists:
+/// a few hundred bytes instead of the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceRecord {
+    load_balancer: bool,
+    /// ClusterIPs, external IPs and (LoadBalancer) ingress IPs, with their
+    /// kinds, first of each address kept.
+    addresses: Box<[(IpAddr, FrontendKind)]>,
+    ports: Box<[PortRecord]>,
+    affinity_timeout_s: Option<u32>,
+    source_ranges: Box<[crate::net::Cidr]>,
+    internal_local: bool,
+    external_local: bool,
+    algorithm: AlgorithmChoice,
+    /// The maglev-table-size annotation, as written.
+    maglev_table_size: Option<Box<str>>,
+    health_check_node_port: Option<u16>,
+    warnings: Option<Box<[Warning]>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PortRecord {
+    index: u16,
+    name: Box<str>,
+    port: u16,
+    protocol: Protocol,
+    node_port: Option<u16>,
+}
+
+/// The algorithm annotation: absent (the node's default), one we know, or
+/// not one we know (warned about with the node's default).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AlgorithmChoice {
+    Default,
+    Set(Algorithm),
+    Invalid(Box<str>),
+}
+
+/// What the store keeps of an EndpointSlice: its ports and its endpoints'
+/// first addresses, conditions, locality and hints, parsed once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceRecord {
+    ports: Box<[SlicePort]>,
+    endpoints: Box<[EndpointRecord]>,
+    /// Endpoint addresses that are not IP addresses, warned about at each
+    /// translation of a port the slice serves.
+    invalid: Option<Box<[Box<str>]>>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` (RFC 3339 in UTC,
+    /// as the controller writes it: time.RFC3339Nano); None when absent or
+    /// unreadable.
+    pub trigger: Option<std::time::SystemTime>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SlicePort {
+    name: Box<str>,
+    /// None: a protocol the load balancer does not serve.
+    protocol: Option<Protocol>,
+    /// None: no port, or 0 or out of range.
+    port: Option<u16>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct EndpointRecord {
+    address: IpAddr,
+    state: BackendState,
+    /// On this node (the agent's node: its name does not change).
+    local: bool,
+    hints: Option<Box<Hints>>,
+}
+
+impl SliceRecord {
+    /// The record of `slice` for the agent on node `node_name`.
+    pub fn new(slice: &EndpointSlice, node_name: &str) -> Self {
+        let trigger = slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(super::store::ANNOTATION_TRIGGER_TIME))
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
+            // FQDN slices are not load-balanced.
+            return Self {
+                trigger,
+                ..Default::default()
+            };
+        }
+        let ports = slice
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| SlicePort {
+                name: p.name.as_deref().unwrap_or("").into(),
+                protocol: Protocol::from_name(p.protocol.as_deref().unwrap_or("TCP")),
+                port: p
+                    .port
+                    .and_then(|p| u16::try_from(p).ok())
+                    .filter(|p| *p != 0),
+            })
+            .collect();
+        let mut invalid = Vec::new();
+        let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+        for ep in &slice.endpoints {
+            let c = ep.conditions.as_ref();
+            // API semantics: nil ready means ready; nil serving means as ready; nil terminating means false.
+            let ready = c.and_then(|c| c.ready).unwrap_or(true);
+            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+            // Neither: not ready, or terminating and no longer serving. No
+            // new flow goes there, but the flows it has keep it until the
+            // endpoint leaves the slice (graceful drain; kube-proxy's
+            // conntrack entries do the same).
+            let state = if ready {
+                BackendState::Active
+            } else if serving && terminating {
+                BackendState::Terminating
+            } else {
+                BackendState::Maintenance
+            };
+            // Consumers use the first address (EndpointSlice API).
+            let Some(text) = ep.addresses.first() else {
+                continue;
+            };
+            let Some(address) = parse_ip(text) else {
+                invalid.push(text.as_str().into());
+                continue;
+            };
+            let hints = ep.hints.as_ref().map(|h| {
+                Box::new(Hints {
+                    zones: h
+                        .for_zones
+                        .iter()
+                        .flatten()
+                        .map(|z| z.name.clone())
+                        .collect(),
+                    nodes: h
+                        .for_nodes
+                        .iter()
+                        .flatten()
+                        .map(|n| n.name.clone())
+                        .collect(),
+                })
+            });
+            endpoints.push(EndpointRecord {
+                address,
+                state,
+                local: !node_name.is_empty() && ep.node_name.as_deref() == Some(node_name),
+                hints,
+            });
+        }
+        Self {
+            ports,
+            endpoints: endpoints.into_boxed_slice(),
+            invalid: (!invalid.is_empty()).then(|| invalid.into_boxed_slice()),
+            trigger,
+        }
+    }
+}
+
+impl ServiceRecord {
+    /// The record of `svc`; None when nothing of it is for us (headless,
+    /// ExternalName, another proxy's, no spec).
+    pub fn new(svc: &K8sService) -> Option<Self> {
+        let name = service_name(svc);
+        let mut warnings = Vec::new();
+        let spec = svc.spec.as_ref()?;
+        if svc
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_PROXY_NAME))
+        {
+            return None;
+        }
+        let svc_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+        if svc_type == "ExternalName" {
+            return None;
+        }
+        if spec.cluster_ip.as_deref() == Some("None") {
+            return None;
+        }
+        let load_balancer = svc_type == "LoadBalancer";
+
+        // Frontend addresses by kind.
+        let mut addresses: Vec<(IpAddr, FrontendKind)> = Vec::new();
+        let cluster_ips: Vec<&String> = match &spec.cluster_ips {
+            Some(ips) if !ips.is_empty() => ips.iter().collect(),
+            _ => spec.cluster_ip.iter().collect(),
+        };
+        let mut add = |text: &str, kind: FrontendKind, field: &str, warnings: &mut Vec<Warning>| {
+            match parse_ip(text) {
+                Some(ip) if !addresses.iter().any(|(a, _)| *a == ip) => addresses.push((ip, kind)),
+                Some(_) => {}
+                None => warn(
+                    warnings,
+                    "invalid-address",
+                    format!("{name}: {field} {text:?} is not a usable IP address; skipped"),
+                ),
+            }
+        };
+        for ip in cluster_ips {
+            add(
+                ip,
+                FrontendKind::ClusterIP,
+                "spec.clusterIPs",
+                &mut warnings,
+            );
+        }
+        for ip in spec.external_ips.iter().flatten() {
+            add(
+                ip,
+                FrontendKind::ExternalIP,
+                "spec.externalIPs",
+                &mut warnings,
+            );
+        }
+        if load_balancer {
+            let ingress = svc
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|l| l.ingress.as_ref());
+            for ing in ingress.into_iter().flatten() {
+                // ipMode Proxy (KEP-1860): the load balancer proxies; do not short-circuit its IP.
+                if ing.ip_mode.as_deref() == Some("Proxy") {
+                    continue;
+                }
+                if let Some(ip) = &ing.ip {
+                    add(
+                        ip,
+                        FrontendKind::LoadBalancer,
+                        "status.loadBalancer.ingress.ip",
+                        &mut warnings,
+                    );
+                }
+            }
+        }
+
+        let affinity_timeout_s =
+            (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+                spec.session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .map_or(DEFAULT_AFFINITY_TIMEOUT, |t| t.clamp(1, 86_400) as u32)
+            });
+        // The apiserver validates them; one that does not parse anyway is
+        // skipped loudly, as kube-proxy does.
+        let mut source_ranges = Vec::new();
+        for text in spec.load_balancer_source_ranges.iter().flatten() {
+            match text.trim().parse::<crate::net::Cidr>() {
+                Ok(c) => source_ranges.push(c),
+                Err(e) => warn(
+                    &mut warnings,
+                    "invalid-source-range",
+                    format!("{name}: spec.loadBalancerSourceRanges: {e}; skipped"),
+                ),
+            }
+        }
+        let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+        let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+        let annotation = |key: &str| {
+            svc.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .map(String::as_str)
+        };
+        let algorithm = match annotation(ANNOTATION_ALGORITHM) {
+            None => AlgorithmChoice::Default,
+            Some("random") => AlgorithmChoice::Set(Algorithm::Random),
+            Some("maglev") => AlgorithmChoice::Set(Algorithm::Maglev),
+            Some(other) => AlgorithmChoice::Invalid(other.into()),
+        };
+        let maglev_table_size = annotation(ANNOTATION_MAGLEV_TABLE_SIZE).map(|v| v.trim().into());
+
+        let mut ports = Vec::new();
+        let mut seen_ports = BTreeSet::new();
+        for (i, port) in spec.ports.iter().flatten().enumerate() {
+            let named = port.protocol.as_deref().unwrap_or("TCP");
+            let Some(protocol) = Protocol::from_name(named) else {
+                warn(&mut warnings, "unsupported-protocol", format!("{name}: port {} is {named}, which the socket load balancer does not handle; skipped", port.port));
+                continue;
+            };
+            let Ok(number) = u16::try_from(port.port) else {
+                warn(
+                    &mut warnings,
+                    "invalid-port",
+                    format!(
+                        "{name}: spec.ports[{i}].port {} is out of range; skipped",
+                        port.port
+                    ),
+                );
+                continue;
+            };
+            if number == 0 || !seen_ports.insert((number, protocol)) {
+                warn(
+                    &mut warnings,
+                    "invalid-port",
+                    format!(
+                        "{name}: spec.ports[{i}].port {number}/{} is zero or listed twice; skipped",
+                        protocol.as_str()
+                    ),
+                );
+                continue;
+            }
+            let node_port = match port
+                .node_port
+                .filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer"))
+            {
+                None => None,
+                Some(node_port) => match u16::try_from(node_port) {
+                    Ok(np) if np != 0 => Some(np),
+                    _ => {
+                        warn(
+                            &mut warnings,
+                            "invalid-port",
+                            format!("{name}: nodePort {node_port} is out of range; skipped"),
+                        );
+                        None
+                    }
+                },
+            };
+            ports.push(PortRecord {
+                index: i as u16,
+                name: port.name.as_deref().unwrap_or("").into(),
+                port: number,
+                protocol,
+                node_port,
+            });
+        }
+        Some(Self {
+            load_balancer,
+            addresses: addresses.into_boxed_slice(),
+            ports: ports.into_boxed_slice(),
+            affinity_timeout_s,
+            source_ranges: source_ranges.into_boxed_slice(),
+            internal_local,
+            external_local,
+            algorithm,
+            maglev_table_size,
+            health_check_node_port: (load_balancer && external_local)
+                .then_some(spec.health_check_node_port)
+                .flatten()
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|p| *p != 0),
+            warnings: (!warnings.is_empty()).then(|| warnings.into_boxed_slice()),
+        })
+    }
+}
+
+/// Translates `svc` and its slices as they came from the apiserver (the
+/// store keeps records instead and calls `translate_records`).
 pub fn translate<'a>(
     svc: &K8sService,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     node: &NodeContext,
 ) -> Translation {
-    let name = service_name(svc);
-    let mut warnings = Vec::new();
-    let Some(spec) = svc.spec.as_ref() else {
+    let Some(record) = ServiceRecord::new(svc) else {
         return Translation::default();
     };
-    if svc
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(LABEL_PROXY_NAME))
-    {
-        return Translation::default();
-    }
-    let svc_type = spec.type_.as_deref().unwrap_or("ClusterIP");
-    if svc_type == "ExternalName" {
-        return Translation::default();
-    }
-    let headless = spec.cluster_ip.as_deref() == Some("None");
-    if headless {
-        return Translation::default();
-    }
+    let slices: Vec<SliceRecord> = slices
+        .into_iter()
+        .map(|s| SliceRecord::new(s, &node.name))
+        .collect();
+    translate_records(&service_name(svc), &record, &slices, node)
+}
 
-    // Frontend addresses by kind.
-    let mut addresses: Vec<(IpAddr, FrontendKind)> = Vec::new();
-    let cluster_ips: Vec<String> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips.clone(),
-        _ => spec.cluster_ip.iter().cloned().collect(),
-    };
-    let mut add =
-        |text: &str, kind: FrontendKind, field: &str, warnings: &mut Vec<Warning>| match parse_ip(
-            text,
-        ) {
-            Some(ip) if !addresses.iter().any(|(a, _)| *a == ip) => addresses.push((ip, kind)),
-            Some(_) => {}
-            None => warn(
-                warnings,
-                "invalid-address",
-                format!("{name}: {field} {text:?} is not a usable IP address; skipped"),
-            ),
-        };
-    for ip in &cluster_ips {
-        add(
-            ip,
-            FrontendKind::ClusterIP,
-            "spec.clusterIPs",
-            &mut warnings,
-        );
-    }
-    for ip in spec.external_ips.iter().flatten() {
-        add(
-            ip,
-            FrontendKind::ExternalIP,
-            "spec.externalIPs",
-            &mut warnings,
-        );
-    }
-    if svc_type == "LoadBalancer" {
-        let ingress = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|l| l.ingress.as_ref());
-        for ing in ingress.into_iter().flatten() {
-            // ipMode Proxy (KEP-1860): the load balancer proxies; do not short-circuit its IP.
-            if ing.ip_mode.as_deref() == Some("Proxy") {
-                continue;
-            }
-            if let Some(ip) = &ing.ip {
-                add(
-                    ip,
-                    FrontendKind::LoadBalancer,
-                    "status.loadBalancer.ingress.ip",
-                    &mut warnings,
-                );
-            }
-        }
-    }
-
-    let affinity_timeout_s = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-        spec.session_affinity_config
-            .as_ref()
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds)
-            .map_or(DEFAULT_AFFINITY_TIMEOUT, |t| t.clamp(1, 86_400) as u32)
-    });
-    // The apiserver validates them; one that does not parse anyway is
-    // skipped loudly, as kube-proxy does.
-    let mut source_ranges = Vec::new();
-    for text in spec.load_balancer_source_ranges.iter().flatten() {
-        match text.trim().parse::<crate::net::Cidr>() {
-            Ok(c) => source_ranges.push(c),
-            Err(e) => warn(
-                &mut warnings,
-                "invalid-source-range",
-                format!("{name}: spec.loadBalancerSourceRanges: {e}; skipped"),
-            ),
-        }
-    }
-    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
-    let algorithm = match svc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_ALGORITHM))
-        .map(String::as_str)
-    {
-        None => node.default_algorithm,
-        Some("random") => Algorithm::Random,
-        Some("maglev") => Algorithm::Maglev,
-        Some(other) => {
+pub fn translate_records<'a>(
+    name: &ServiceName,
+    svc: &ServiceRecord,
+    slices: impl IntoIterator<Item = &'a SliceRecord>,
+    node: &NodeContext,
+) -> Translation {
+    let mut warnings: Vec<Warning> = svc.warnings.iter().flatten().cloned().collect();
+    let algorithm = match &svc.algorithm {
+        AlgorithmChoice::Default => node.default_algorithm,
+        AlgorithmChoice::Set(a) => *a,
+        AlgorithmChoice::Invalid(other) => {
             warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using the default ({:?})", node.default_algorithm));
             node.default_algorithm
         }
     };
-
-    let maglev_table_size = match svc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_MAGLEV_TABLE_SIZE))
-        .map(|v| v.trim())
-    {
+    let maglev_table_size = match svc.maglev_table_size.as_deref() {
         None => None,
         Some(_) if algorithm != Algorithm::Maglev => {
             warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_MAGLEV_TABLE_SIZE} is set but the service does not use Maglev (set {ANNOTATION_ALGORITHM}: maglev); ignored"));
@@ -254,87 +513,36 @@ pub fn translate<'a>(
         },
     };
 
-    let slices: Vec<&EndpointSlice> = slices.into_iter().collect();
+    let slices: Vec<&SliceRecord> = slices.into_iter().collect();
     let shape = Shape {
-        addresses: &addresses,
+        addresses: &svc.addresses,
         nodeport_addresses: &node.nodeport_addresses,
         algorithm,
         maglev_table_size,
-        affinity_timeout_s,
-        internal_local,
-        external_local,
-        source_ranges: &source_ranges,
+        affinity_timeout_s: svc.affinity_timeout_s,
+        internal_local: svc.internal_local,
+        external_local: svc.external_local,
+        source_ranges: &svc.source_ranges,
     };
     let mut frontends = Vec::new();
-    let mut seen_ports = BTreeSet::new();
-    for (i, port) in spec.ports.iter().flatten().enumerate() {
-        let named = port.protocol.as_deref().unwrap_or("TCP");
-        let Some(protocol) = Protocol::from_name(named) else {
-            warn(&mut warnings, "unsupported-protocol", format!("{name}: port {} is {named}, which the socket load balancer does not handle; skipped", port.port));
-            continue;
-        };
-        let Ok(number) = u16::try_from(port.port) else {
-            warn(
-                &mut warnings,
-                "invalid-port",
-                format!(
-                    "{name}: spec.ports[{i}].port {} is out of range; skipped",
-                    port.port
-                ),
-            );
-            continue;
-        };
-        if number == 0 || !seen_ports.insert((number, protocol)) {
-            warn(
-                &mut warnings,
-                "invalid-port",
-                format!(
-                    "{name}: spec.ports[{i}].port {number}/{} is zero or listed twice; skipped",
-                    protocol.as_str()
-                ),
-            );
-            continue;
-        }
-        let port_name = port.name.clone().unwrap_or_default();
-        let hinted = backends_for_port(&slices, &port_name, protocol, node, &name, &mut warnings);
+    for port in &svc.ports {
+        let hinted = backends_for_port(&slices, &port.name, port.protocol, name, &mut warnings);
         // (backend, allowed by topology for cluster traffic)
         let all = apply_topology(hinted, node);
-
-        let node_port = match port
-            .node_port
-            .filter(|_| matches!(svc_type, "NodePort" | "LoadBalancer"))
-        {
-            None => None,
-            Some(node_port) => match u16::try_from(node_port) {
-                Ok(np) if np != 0 => Some(np),
-                _ => {
-                    warn(
-                        &mut warnings,
-                        "invalid-port",
-                        format!("{name}: nodePort {node_port} is out of range; skipped"),
-                    );
-                    None
-                }
-            },
+        let p = Port {
+            index: port.index,
+            port: port.port,
+            protocol: port.protocol,
+            node_port: port.node_port,
         };
-        let port = Port {
-            index: i as u16,
-            port: number,
-            protocol,
-            node_port,
-        };
-        port_frontends(&shape, &port, &all, &mut frontends);
+        port_frontends(&shape, &p, &all, &mut frontends);
     }
     frontends.sort_by_key(|a| (a.address, a.port, a.protocol));
     frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
     Translation {
         service: Some(Service {
             frontends,
-            health_check_node_port: (svc_type == "LoadBalancer" && external_local)
-                .then_some(spec.health_check_node_port)
-                .flatten()
-                .and_then(|p| u16::try_from(p).ok())
-                .filter(|p| *p != 0),
+            health_check_node_port: svc.health_check_node_port,
         }),
         warnings,
     }
@@ -342,7 +550,7 @@ pub fn translate<'a>(
 
 /// An endpoint's topology hints (EndpointSlice `hints.forZones` /
 /// `hints.forNodes`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 struct Hints {
     zones: Vec<String>,
     nodes: Vec<String>,
@@ -402,89 +610,42 @@ fn apply_topology(eps: Vec<(Backend, Hints)>, node: &NodeContext) -> Vec<(Backen
 /// can sit in two slices while they are being rebalanced: the most usable
 /// state wins), with their topology hints.
 fn backends_for_port(
-    slices: &[&EndpointSlice],
+    slices: &[&SliceRecord],
     port_name: &str,
     protocol: Protocol,
-    node: &NodeContext,
     name: &ServiceName,
     warnings: &mut Vec<Warning>,
 ) -> Vec<(Backend, Hints)> {
     let mut by_addr: BTreeMap<(IpAddr, u16), (Backend, Hints)> = BTreeMap::new();
     for slice in slices {
-        if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-            continue; // FQDN slices are not load-balanced
-        }
-        let Some(port) = slice.ports.iter().flatten().find(|p| {
-            p.name.as_deref().unwrap_or("") == port_name
-                && p.protocol.as_deref().unwrap_or("TCP") == protocol.as_str()
-        }) else {
-            continue;
-        };
-        let Some(number) = port
-            .port
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|p| *p != 0)
+        let Some(port) = slice
+            .ports
+            .iter()
+            .find(|p| &*p.name == port_name && p.protocol == Some(protocol))
         else {
             continue;
         };
+        let Some(number) = port.port else {
+            continue;
+        };
+        for text in slice.invalid.iter().flatten() {
+            warn(
+                warnings,
+                "invalid-address",
+                format!("{name}: endpoint address {text:?} is not an IP address; skipped"),
+            );
+        }
         for ep in &slice.endpoints {
-            let c = ep.conditions.as_ref();
-            // API semantics: nil ready means ready; nil serving means as ready; nil terminating means false.
-            let ready = c.and_then(|c| c.ready).unwrap_or(true);
-            let serving = c.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
-            // Neither: not ready, or terminating and no longer serving. No
-            // new flow goes there, but the flows it has keep it until the
-            // endpoint leaves the slice (graceful drain; kube-proxy's
-            // conntrack entries do the same).
-            let state = if ready {
-                BackendState::Active
-            } else if serving && terminating {
-                BackendState::Terminating
-            } else {
-                BackendState::Maintenance
-            };
-            // Consumers use the first address (EndpointSlice API).
-            let Some(text) = ep.addresses.first() else {
-                continue;
-            };
-            let Some(address) = parse_ip(text) else {
-                warn(
-                    warnings,
-                    "invalid-address",
-                    format!("{name}: endpoint address {text:?} is not an IP address; skipped"),
-                );
-                continue;
-            };
-            let local =
-                !node.name.is_empty() && ep.node_name.as_deref() == Some(node.name.as_str());
             let b = Backend {
-                address,
+                address: ep.address,
                 port: number,
-                state,
-                local,
+                state: ep.state,
+                local: ep.local,
                 weight: 1,
             };
-            let hints = ep
-                .hints
-                .as_ref()
-                .map(|h| Hints {
-                    zones: h
-                        .for_zones
-                        .iter()
-                        .flatten()
-                        .map(|z| z.name.clone())
-                        .collect(),
-                    nodes: h
-                        .for_nodes
-                        .iter()
-                        .flatten()
-                        .map(|n| n.name.clone())
-                        .collect(),
-                })
-                .unwrap_or_default();
+            let hints = ep.hints.as_deref().cloned().unwrap_or_default();
             by_addr
-                .entry((address, number))
+                .entry((ep.address, number))
                 .and_modify(|old| {
                     if b.state < old.0.state {
                         *old = (b.clone(), hints.clone());

@@ -8,10 +8,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use k8s_openapi::api::{
-    core::v1::{Node, Service as K8sService},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     runtime::{watcher, WatchStreamExt as _},
     Api, Client,
@@ -19,6 +16,7 @@ use kube::{
 use tokio::sync::mpsc;
 
 use super::{
+    slim::{self, Watched},
     store::{Output, Store},
     translate::WATCH_SELECTOR,
 };
@@ -54,15 +52,35 @@ fn watch_error(kind: &str, e: &watcher::Error) -> SourceEvent {
     }
 }
 
+/// The slim object of a watch event (its `ObjectMeta` copy was the watcher's).
+fn unwrap<T>(ev: watcher::Event<Watched<T>>) -> watcher::Event<T> {
+    use watcher::Event;
+    match ev {
+        Event::Apply(w) => Event::Apply(w.object),
+        Event::Delete(w) => Event::Delete(w.object),
+        Event::Init => Event::Init,
+        Event::InitApply(w) => Event::InitApply(w.object),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
 /// Runs until `tx` is closed.
 pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>) {
     let selector = watcher::Config::default().labels(WATCH_SELECTOR);
-    let mut services = watcher(Api::<K8sService>::all(client.clone()), selector.clone())
-        .default_backoff()
-        .boxed();
-    let mut slices = watcher(Api::<EndpointSlice>::all(client.clone()), selector)
-        .default_backoff()
-        .boxed();
+    // Slim types: decoded without managedFields and everything else the
+    // translation does not read (`slim`).
+    let mut services = watcher(
+        Api::<Watched<slim::Service>>::all(client.clone()),
+        selector.clone(),
+    )
+    .default_backoff()
+    .boxed();
+    let mut slices = watcher(
+        Api::<Watched<slim::EndpointSlice>>::all(client.clone()),
+        selector,
+    )
+    .default_backoff()
+    .boxed();
     let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
     let mut nodes = watcher(Api::<Node>::all(client), node_cfg)
         .default_backoff()
@@ -76,11 +94,11 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
         let deadline = first_change.map(|t| tokio::time::Instant::from_std(t + cfg.debounce));
         tokio::select! {
             Some(ev) = services.next() => match ev {
-                Ok(ev) => store.on_service(ev),
+                Ok(ev) => store.on_service(unwrap(ev)),
                 Err(e) => if tx.send(watch_error("services", &e)).await.is_err() { return },
             },
             Some(ev) = slices.next() => match ev {
-                Ok(ev) => store.on_slice(ev),
+                Ok(ev) => store.on_slice(unwrap(ev)),
                 Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return },
             },
             Some(ev) = nodes.next() => match ev {
