@@ -11,6 +11,7 @@ mod client;
 mod connect;
 mod control;
 mod file_edit;
+mod kube_memory;
 mod kube_proxy;
 mod maglev;
 mod map_writes;
@@ -58,6 +59,10 @@ enum Command {
     /// Internal: the measuring client, run inside a cgroup and a namespace.
     #[command(hide = true)]
     ConnectClient(client::Args),
+    /// Internal: Kubernetes mode's heap (`kube_memory::breakdown`) in a
+    /// fresh process, printed as JSON.
+    #[command(hide = true)]
+    KubeMemory { services: usize, endpoints: usize },
     /// Internal: one kind of connect in a loop, to profile beside it.
     #[command(hide = true)]
     ProfileConnect {
@@ -75,6 +80,15 @@ fn main() {
     let cli = Cli::parse();
     if let Some(Command::ConnectClient(args)) = cli.command {
         client::main(args);
+        return;
+    }
+    if let Some(Command::KubeMemory {
+        services,
+        endpoints,
+    }) = cli.command
+    {
+        let b = kube_memory::breakdown(services, endpoints);
+        println!("{}", serde_json::to_string(&b).unwrap());
         return;
     }
     // SAFETY: geteuid has no preconditions.
@@ -130,6 +144,16 @@ fn main() {
             .iter()
             .map(|&(n, e)| memory::breakdown(n, e))
             .collect();
+        eprintln!("lb-bench: Kubernetes mode's heap, fed recorded apiserver objects");
+        r.kube_breakdown = p
+            .kube_memory
+            .iter()
+            .map(|&(n, e)| kube_memory::breakdown_apart(n, e))
+            .collect();
+        for &n in &p.kube_scale {
+            eprintln!("lb-bench: Kubernetes mode at {n} services through the real apiserver");
+            r.kube_scale.push(kube_memory::scale(n));
+        }
     }
     if wants("connect") {
         eprintln!("lb-bench: connect through a service address");

@@ -107,7 +107,7 @@ unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
 
 use std::sync::atomic::Ordering::Relaxed;
 
-fn live() -> isize {
+pub fn live() -> isize {
     LIVE.load(Relaxed)
 }
 
@@ -128,7 +128,8 @@ pub struct Breakdown {
     pub total: u64,
 }
 
-struct NullMaps;
+/// Maps that keep nothing: what remains is the reconciler's own state.
+pub struct NullMaps;
 impl lb::maps::LbMaps for NullMaps {
     fn apply(&mut self, _: &lb::maps::MapOp) -> Result<(), lb::maps::MapWriteError> {
         Ok(())

@@ -33,6 +33,12 @@ pub struct Profile {
     pub memory_at: Vec<usize>,
     /// (services, endpoints each) whose heap is broken down in process.
     pub memory_breakdown: Vec<(usize, usize)>,
+    /// (services, endpoints each) of Kubernetes mode's heap, fed recorded
+    /// apiserver objects (`kube_memory::breakdown`).
+    pub kube_memory: Vec<(usize, usize)>,
+    /// Services × 2 endpoints created through the real apiserver for the
+    /// agent's RSS, a second agent's sync and its CPU at rest (`kube_memory::scale`).
+    pub kube_scale: Vec<usize>,
     /// Largest scale at which kube-proxy's layouts are loaded at all:
     /// loading them grows faster than linearly (nft -f of 10 000 services ×
     /// 10 endpoints takes over a minute here), so beyond these the report
@@ -74,6 +80,8 @@ impl Profile {
                 maglev_backends: vec![10, 50, 100, 1_000],
                 memory_at: vec![10_000, 100_000],
                 memory_breakdown: vec![(10_000, 2), (100_000, 2), (100_000, 10)],
+                kube_memory: vec![(100_000, 2), (100_000, 10)],
+                kube_scale: vec![20_000],
                 iptables_max_services: 100_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 10_000,
@@ -100,6 +108,8 @@ impl Profile {
                 maglev_backends: vec![10, 50, 100, 1_000],
                 memory_at: vec![10_000],
                 memory_breakdown: vec![(10_000, 2), (10_000, 10)],
+                kube_memory: vec![(10_000, 2), (10_000, 10)],
+                kube_scale: vec![2_000],
                 iptables_max_services: 10_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 1_000,
@@ -126,6 +136,8 @@ impl Profile {
                 maglev_backends: vec![10],
                 memory_at: vec![10],
                 memory_breakdown: vec![(100, 2), (100, 10)],
+                kube_memory: vec![(100, 2), (100, 10)],
+                kube_scale: Vec::new(),
                 iptables_max_services: 100,
                 nftables_max_services: 100,
                 kube_proxy_control_max: 100,

@@ -130,7 +130,7 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     PropagationResult { setup_s, ..result }
 }
 
-async fn client(kubeconfig: &std::path::Path) -> Client {
+pub(crate) async fn client(kubeconfig: &std::path::Path) -> Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
@@ -138,7 +138,7 @@ async fn client(kubeconfig: &std::path::Path) -> Client {
     Client::try_from(cfg).unwrap()
 }
 
-fn json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+pub(crate) fn json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).unwrap()
 }
 

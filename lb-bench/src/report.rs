@@ -157,6 +157,8 @@ pub struct Report {
     pub file_edit: Vec<crate::file_edit::FileEditResult>,
     pub map_writes: Vec<crate::map_writes::MapWriteResult>,
     pub breakdown: Vec<crate::memory::Breakdown>,
+    pub kube_breakdown: Vec<crate::kube_memory::KubeBreakdown>,
+    pub kube_scale: Vec<crate::kube_memory::KubeScale>,
     pub total: Duration,
 }
 
@@ -259,6 +261,8 @@ impl Report {
             file_edit: Vec::new(),
             map_writes: Vec::new(),
             breakdown: Vec::new(),
+            kube_breakdown: Vec::new(),
+            kube_scale: Vec::new(),
             total: Duration::ZERO,
         }
     }
@@ -1060,7 +1064,11 @@ impl Report {
             .iter()
             .filter_map(|s| s.memory.as_ref())
             .collect();
-        if mem.is_empty() && self.breakdown.is_empty() {
+        if mem.is_empty()
+            && self.breakdown.is_empty()
+            && self.kube_breakdown.is_empty()
+            && self.kube_scale.is_empty()
+        {
             return;
         }
         o.push_str("## 7. Memory\n\n");
@@ -1096,6 +1104,99 @@ impl Report {
             o.push('\n');
         }
         self.breakdown_table(o);
+        self.kube_breakdown_table(o);
+        self.kube_scale_table(o);
+    }
+
+    /// Kubernetes mode on the real control plane.
+    fn kube_scale_table(&self, o: &mut String) {
+        if self.kube_scale.is_empty() {
+            return;
+        }
+        o.push_str(
+            "Kubernetes mode on the test bed's real apiserver: the agent (lb-agent in Kubernetes\n\
+             mode, as the DaemonSet runs it) started with an empty cluster, then N selectorless\n\
+             Services with one EndpointSlice of 2 endpoints each created by a parallel client (32\n\
+             requests at a time); its RSS before and after, its CPU at rest over 30 s once every\n\
+             service is in its maps, and a second agent started with every service already there:\n\
+             seconds from its start to every service in its maps, and its RSS then.\n\n\
+             | Services | created in | RSS empty MiB | RSS with all MiB | RSS per service | CPU at rest | second agent: start → all in maps | its RSS MiB |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for k in &self.kube_scale {
+            let _ = writeln!(
+                o,
+                "| {} | {:.0} s | {:.1} | {:.1} | {:.0} B | {:.2} % | {:.1} s | {:.1} |",
+                k.services,
+                k.create_s,
+                k.rss_before_kib as f64 / 1024.0,
+                k.rss_after_kib as f64 / 1024.0,
+                (k.rss_after_kib.saturating_sub(k.rss_before_kib)) as f64 * 1024.0
+                    / k.services as f64,
+                k.idle_cpu_percent,
+                k.sync_s,
+                k.second_rss_kib as f64 / 1024.0
+            );
+        }
+        o.push('\n');
+    }
+
+    /// Kubernetes mode: the store and the reconciler, per service and per
+    /// endpoint, against the issue's 2 KB per service.
+    fn kube_breakdown_table(&self, o: &mut String) {
+        if self.kube_breakdown.is_empty() {
+            return;
+        }
+        o.push_str(
+            "Kubernetes mode: a Service applied with kubectl and its EndpointSlice, as the test bed's\n\
+             apiserver listed them (`lb-bench/fixtures`, managedFields and kubectl's last-applied\n\
+             annotation included), multiplied into N services with their own names and addresses,\n\
+             decoded from JSON text as the watches decode them (`source/kubernetes/slim.rs`) and fed\n\
+             to the agent's store as a list; its model reconciled into maps that keep nothing. Live\n\
+             heap: the *store* (slim objects, frontend claims, fingerprints of what was output) and\n\
+             the *reconciler* (model, mirror of the maps, ids). *k8s-openapi* is what the same\n\
+             objects take decoded whole, as the store kept them before (measured at up to 10 000).\n\n\
+             *RSS per service* is how much the bench's resident memory grew while it did this (the\n\
+             heap plus the allocator's own overhead).\n\n\
+             | Services | Endpoints each | JSON per service | store MiB | reconciler MiB | total MiB | heap per service | RSS per service | k8s-openapi per service | feed s |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let mib = |b: u64| b as f64 / 1_048_576.0;
+        for b in &self.kube_breakdown {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} B | {:.1} | {:.1} | {:.1} | {:.0} B | {:.0} B | {} B | {:.1} |",
+                b.services,
+                b.endpoints,
+                b.wire_bytes_per_service,
+                mib(b.store),
+                mib(b.reconciler),
+                mib(b.total),
+                b.total as f64 / b.services as f64,
+                b.rss_kib as f64 * 1024.0 / b.services as f64,
+                b.openapi_per_service,
+                b.feed_s
+            );
+        }
+        for a in &self.kube_breakdown {
+            for b in &self.kube_breakdown {
+                if a.services == b.services && b.endpoints > a.endpoints {
+                    let per_endpoint = (b.total as f64 - a.total as f64)
+                        / ((b.endpoints - a.endpoints) * a.services) as f64;
+                    let _ = writeln!(
+                        o,
+                        "\nAt {} services: **{:.0} B of heap per service** with {} endpoints (target: at most 2 KB of RSS), \
+                         **{per_endpoint:.0} B per further endpoint** (from the {} and {} endpoint rows).",
+                        a.services,
+                        a.total as f64 / a.services as f64,
+                        a.endpoints,
+                        a.endpoints,
+                        b.endpoints
+                    );
+                }
+            }
+        }
+        o.push('\n');
     }
 
     /// Where the heap goes, and what a service and a backend cost apart.
