@@ -85,6 +85,8 @@ pub(crate) fn spawn(mut cmd: Command) -> Child {
 pub struct ControlPlane {
     pub dir: PathBuf,
     pub api_port: u16,
+    /// The apiserver kubectl talks to (`use_apiserver`).
+    admin_port: u16,
     /// etcd's client URL (in the control plane's namespace).
     pub etcd_url: String,
     procs: Vec<(&'static str, Child)>,
@@ -141,6 +143,7 @@ impl ControlPlane {
         let mut cp = Self {
             dir: dir.clone(),
             api_port: api,
+            admin_port: api,
             etcd_url: format!("http://127.0.0.1:{etcd_c}"),
             procs: Vec::new(),
             args: Vec::new(),
@@ -329,8 +332,74 @@ impl ControlPlane {
         out
     }
 
+    /// The cluster admin's kubeconfig, for the apiserver in use (`use_apiserver`).
     pub fn admin_kubeconfig(&self) -> PathBuf {
-        self.dir.join("pki/admin.kubeconfig")
+        if self.admin_port == self.api_port {
+            self.dir.join("pki/admin.kubeconfig")
+        } else {
+            self.dir
+                .join(format!("pki/admin-{}.kubeconfig", self.admin_port))
+        }
+    }
+
+    /// A second kube-apiserver over the same etcd, listening on `port`
+    /// (process name "apiserver-2"), as an HA control plane has; returns
+    /// once it is ready.
+    pub fn start_second_apiserver(&mut self, port: u16) {
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .find(|(n, _)| *n == "apiserver")
+            .map(|(_, a)| a.clone())
+            .unwrap()
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--secure-port=") {
+                    format!("--secure-port={port}")
+                } else if a.starts_with("--cert-dir=") {
+                    format!("--cert-dir={}", self.dir.join("apiserver-2").display())
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run("apiserver-2", &refs);
+        let server = format!("--server=https://127.0.0.1:{port}");
+        self.wait(
+            "the second apiserver to be ready",
+            Duration::from_secs(180),
+            |cp| cp.kubectl_ok(&[&server, "get", "--raw", "/readyz"]),
+        );
+    }
+
+    /// SIGKILLs the control-plane process `name` ("apiserver", "etcd", ...)
+    /// and forgets it (a test that kills one means it).
+    pub fn kill(&mut self, name: &str) {
+        let i = self
+            .procs
+            .iter()
+            .position(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("no control-plane process {name}"));
+        let (_, mut child) = self.procs.remove(i);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// From now on kubectl (and everything here that uses it) talks to the
+    /// apiserver on `port`: after the first one was killed.
+    pub fn use_apiserver(&mut self, port: u16) {
+        let text = std::fs::read_to_string(self.dir.join("pki/admin.kubeconfig")).unwrap();
+        let other = self.dir.join(format!("pki/admin-{port}.kubeconfig"));
+        std::fs::write(
+            &other,
+            text.replace(
+                &format!("https://127.0.0.1:{}", self.api_port),
+                &format!("https://127.0.0.1:{port}"),
+            ),
+        )
+        .unwrap();
+        self.admin_port = port;
     }
 
     /// The `kubectl ARGS` command as the cluster admin, not yet started (for

@@ -210,6 +210,7 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         &[
             "k8sServiceHost=fd00::10",
             "k8sServicePort=443",
+            "k8sAPIServers={[fd00::11]:443,api-2.example:6443}",
             "loadBalancer.mode=dsr",
             "loadBalancer.algorithm=maglev",
             "loadBalancer.acceleration=best-effort",
@@ -405,7 +406,10 @@ fn helm_values_reach_the_agent_as_settings_it_knows() {
     let docs = rendered(VALUE_SETS[1].1);
     let data = &of_kind(&docs, "ConfigMap")["data"];
     for (key, want) in [
-        ("LB_K8S_API_SERVER", "[fd00::10]:443"),
+        (
+            "LB_K8S_API_SERVER",
+            "[fd00::10]:443,[fd00::11]:443,api-2.example:6443",
+        ),
         ("LB_MODE", "dsr"),
         ("LB_ALGORITHM", "maglev"),
         ("LB_ACCELERATION", "best-effort"),
@@ -491,6 +495,10 @@ fn helm_refuses_bad_values_naming_the_field() {
         (
             &["k8sServiceHost=a", "externalIPs.inCluster=owned"][..],
             "inCluster",
+        ),
+        (
+            &["k8sServiceHost=a", "k8sAPIServers={api-2}"][..],
+            "k8sAPIServers",
         ),
         (&["k8sServiceHost=https://api:6443"][..], "k8sServiceHost"),
         (

@@ -33,7 +33,14 @@ async fn start(api: &FakeApiServer) -> Watch {
     };
     Watch {
         rx,
-        _task: tokio::spawn(watch::run(client, cfg, tx)),
+        _task: tokio::spawn(watch::run(
+            vec![watch::ApiServer {
+                url: api.url(),
+                client,
+            }],
+            cfg,
+            tx,
+        )),
     }
 }
 

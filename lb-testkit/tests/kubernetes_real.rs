@@ -1081,3 +1081,109 @@ fn a_maglev_table_size_annotation_from_the_apiserver_sizes_the_services_table() 
         agent.log_text()
     );
 }
+
+/// Two apiservers over one etcd, as an HA control plane has, and the agent
+/// given both (`--k8s-api-server a,b`, Cilium's `k8s.apiServerURLs`). The
+/// one it watches is SIGKILLed: within seconds the agent watches the other
+/// (counted as `apiserver-failover`), withdraws nothing meanwhile (the
+/// frontend keeps its backend in every sample, the data path serves), and
+/// converges on what changed while it moved: a new backend and a new
+/// service.
+#[test]
+fn when_the_apiserver_it_watches_dies_the_agent_moves_to_the_next_prunes_nothing_and_converges() {
+    let w = World::new("k8sreal_failover", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let mut cp = ControlPlane::start(&unique("k8sfailover"));
+    let second = 6444;
+    cp.start_second_apiserver(second);
+    let ns = "failover";
+    let node = "node-failover";
+    setup(&cp, ns, node, "192.168.77.6");
+    let ip = service(&cp, ns, "web", "");
+    ready_pod(
+        &cp,
+        ns,
+        "web-1",
+        node,
+        "web",
+        &[&Topology::backend_ip(0).to_string()],
+    );
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let servers = format!("127.0.0.1:{},127.0.0.1:{second}", cp.api_port);
+    let agent = Agent::start_kubernetes_in(
+        &cp.netns.name,
+        &kc,
+        node,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--k8s-api-server", &servers],
+    );
+    let target = format!("{ip}:80");
+    wait_for_one_backend(&agent, &target);
+
+    let killed = std::time::Instant::now();
+    cp.kill("apiserver");
+    cp.use_apiserver(second);
+    // Changes made while the agent moves, through the second apiserver.
+    // The controller manager talked to the first one and is down with it,
+    // so the endpoints are written as another controller would: a second
+    // slice for "web", and a selectorless "late" with its own slice.
+    let slice = |name: &str, service: &str, ip: std::net::Ipv4Addr| {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: test}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: ['{ip}'], conditions: {{ready: true}}, nodeName: {node}}}]\n"
+        )
+    };
+    cp.apply(&slice("web-extra", "web", Topology::backend_ip(1)));
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: late, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n"
+    ));
+    cp.apply(&slice("late-1", "late", Topology::backend_ip(0)));
+    let late = cp.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "svc",
+        "late",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let late = format!("{late}:80");
+    // Every sample until it converged lists the frontend with a backend.
+    let mut samples = 0;
+    let converged = wait_until(Duration::from_secs(60), || {
+        let f = frontends(&agent);
+        samples += 1;
+        assert!(
+            f.iter().any(|(t, _, n)| *t == target && *n >= 1),
+            "the frontend was withdrawn while the agent moved: {f:?}\n{}",
+            agent.log_text()
+        );
+        f.iter().any(|(t, _, n)| *t == target && *n == 2)
+            && f.iter().any(|(t, _, n)| *t == late && *n == 1)
+    });
+    let took = killed.elapsed();
+    assert!(
+        converged,
+        "the agent did not converge through the second apiserver: {:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+    eprintln!("failover: converged {took:.1?} after the kill ({samples} samples)");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    let (_, metrics) = agent.http_get("/metrics");
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "lb_source_errors_total{source=\"kubernetes\",reason=\"apiserver-failover\"}"
+        ) && !l.ends_with(" 0")),
+        "the failover is not counted:\n{metrics}"
+    );
+    assert!(
+        agent
+            .log_text()
+            .contains(&format!("watching https://127.0.0.1:{second} instead")),
+        "{}",
+        agent.log_text()
+    );
+    assert_eq!(served(&w, &target, 40).len(), 2);
+}

@@ -91,10 +91,17 @@ struct RunArgs {
     /// Kubernetes mode: Services, EndpointSlices and this Node from the apiserver.
     #[arg(long, env = "LB_KUBERNETES")]
     kubernetes: bool,
-    /// Apiserver address (host:port or URL). Needed without kube-proxy: a pod's
-    /// KUBERNETES_SERVICE_HOST is a ClusterIP nobody translates yet.
-    #[arg(long, value_name = "HOST:PORT", env = "LB_K8S_API_SERVER")]
-    k8s_api_server: Option<String>,
+    /// Apiserver address (host:port or URL), or several separated by
+    /// commas: the watches use the first and move to the next when it stops
+    /// answering (as Cilium's k8s.apiServerURLs). Needed without kube-proxy:
+    /// a pod's KUBERNETES_SERVICE_HOST is a ClusterIP nobody translates yet.
+    #[arg(
+        long,
+        value_name = "HOST:PORT,...",
+        value_delimiter = ',',
+        env = "LB_K8S_API_SERVER"
+    )]
+    k8s_api_server: Vec<String>,
     /// kubeconfig file [default: in-cluster credentials, then $KUBECONFIG / ~/.kube/config].
     #[arg(long, value_name = "FILE", env = "LB_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
@@ -483,14 +490,23 @@ async fn node_internal_ips(client: &kube::Client, node: &str) -> Vec<std::net::I
     }
 }
 
-async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
-    let server = args.k8s_api_server.as_deref().map(|s| {
-        if s.contains("://") {
-            s.to_string()
-        } else {
-            format!("https://{s}")
-        }
-    });
+/// A client for each apiserver of `--k8s-api-server` (one with the
+/// kubeconfig's or in-cluster address when none is given), with the
+/// credentials of `--kubeconfig` or the pod's.
+async fn kube_clients(args: &RunArgs) -> anyhow::Result<Vec<source::kubernetes::watch::ApiServer>> {
+    let servers: Vec<String> = args
+        .k8s_api_server
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            if s.contains("://") {
+                s.to_string()
+            } else {
+                format!("https://{s}")
+            }
+        })
+        .collect();
     let config = if let Some(path) = &args.kubeconfig {
         let kubeconfig = kube::config::Kubeconfig::read_from(path)
             .with_context(|| format!("reading {}", path.display()))?;
@@ -500,7 +516,7 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
             Ok(c) => c,
             // No credentials anywhere: an explicit server (a test apiserver, an
             // open local port) is still usable.
-            Err(e) => match &server {
+            Err(e) => match servers.first() {
                 Some(url) => kube::Config::new(url.parse().with_context(|| format!("--k8s-api-server {url}"))?),
                 None => return Err(e).context("no Kubernetes credentials found (in-cluster, $KUBECONFIG, ~/.kube/config); pass --kubeconfig"),
             },
@@ -511,13 +527,24 @@ async fn kube_client(args: &RunArgs) -> anyhow::Result<kube::Client> {
     // watchers' own backoff retries too, and reports every failure (counted
     // in lb_source_errors_total), so an outage is visible at once.
     config.default_retry = false;
-    if let Some(url) = server {
-        config.cluster_url = url
+    let urls = if servers.is_empty() {
+        vec![config.cluster_url.to_string()]
+    } else {
+        servers
+    };
+    let mut out = Vec::new();
+    for url in urls {
+        let mut c = config.clone();
+        c.cluster_url = url
             .parse()
             .with_context(|| format!("--k8s-api-server {url}"))?;
+        info!(server = %c.cluster_url, "apiserver");
+        out.push(source::kubernetes::watch::ApiServer {
+            url,
+            client: kube::Client::try_from(c)?,
+        });
     }
-    info!(server = %config.cluster_url, "connecting to the apiserver");
-    Ok(kube::Client::try_from(config)?)
+    Ok(out)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -607,10 +634,21 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
     // In Kubernetes mode the client is made first: the Node's InternalIP
     // helps choose the devices before anything is attached.
-    let client = match &mode {
-        Mode::Kubernetes(_) => Some(rt.block_on(kube_client(&args))?),
-        Mode::File(_) => None,
+    let servers = match &mode {
+        Mode::Kubernetes(_) => rt.block_on(kube_clients(&args))?,
+        Mode::File(_) => Vec::new(),
     };
+    // The Node is read from the first apiserver that answers.
+    let client = rt.block_on(async {
+        for s in &servers {
+            let answered =
+                tokio::time::timeout(Duration::from_secs(2), s.client.apiserver_version()).await;
+            if answered.is_ok_and(|r| r.is_ok()) {
+                return Some(s.client.clone());
+            }
+        }
+        servers.first().map(|s| s.client.clone())
+    });
     let devices = external_devices(&args, &mode, client.as_ref(), &rt)?;
     let cgroup = match &args.cgroup {
         Some(c) => c.clone(),
@@ -785,9 +823,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 tokio::spawn(source::file::run(path, ctx, tx, reload_rx));
             }
             Mode::Kubernetes(watch_cfg) => {
-                let client = client.expect("made above in Kubernetes mode");
-                info!(node = %watch_cfg.node_name, "following the apiserver");
-                tokio::spawn(source::kubernetes::watch::run(client, watch_cfg, tx));
+                info!(node = %watch_cfg.node_name, apiservers = servers.len(), "following the apiserver");
+                tokio::spawn(source::kubernetes::watch::run(servers, watch_cfg, tx));
             }
         }
 

@@ -12,8 +12,15 @@ app.kubernetes.io/name: lb-agent
 {{ regexReplaceAll "^.*:" . "" }}
 {{- end }}
 
-{{/* host:port of the apiserver, brackets around an IPv6 host. */}}
+{{/* host:port of the apiserver, brackets around an IPv6 host; with
+     k8sAPIServers, that list after it, comma-separated (the agent moves to
+     the next when the one it watches stops answering). */}}
 {{- define "lb-agent.apiServer" -}}
+{{- include "lb-agent.firstApiServer" . -}}
+{{- range .Values.k8sAPIServers -}},{{ . }}{{- end -}}
+{{- end }}
+
+{{- define "lb-agent.firstApiServer" -}}
 {{- $host := required "k8sServiceHost: give the apiserver's real address (the control-plane endpoint, for example --set k8sServiceHost=10.0.0.10): without kube-proxy a pod's KUBERNETES_SERVICE_HOST is a ClusterIP nothing translates until this agent runs" .Values.k8sServiceHost -}}
 {{- if and (contains ":" $host) (not (hasPrefix "[" $host)) -}}
 [{{ $host }}]:{{ .Values.k8sServicePort }}

@@ -5,6 +5,13 @@
 //! changed services. Watch errors (410 Gone, dropped connections, an
 //! apiserver that is down) are reported and retried with backoff by
 //! kube-runtime; the maps keep their state meanwhile.
+//!
+//! With more than one apiserver (`--k8s-api-server a,b`, Cilium's
+//! `k8s.apiServerURLs`), the one in use is asked for its version every
+//! `HEALTH_EVERY`; when it has not answered for `FAILOVER_AFTER`, the
+//! watches move to the next one, which lists everything again: the store
+//! keeps its objects until that list is complete, so nothing that still
+//! exists is pruned, and what changed meanwhile arrives with the list.
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -21,6 +28,20 @@ use super::{
     translate::WATCH_SELECTOR,
 };
 use crate::source::SourceEvent;
+
+/// How often the apiserver in use is asked whether it answers (with more
+/// than one apiserver).
+pub const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// How long the apiserver in use may not answer before the watches move to
+/// the next one.
+pub const FAILOVER_AFTER: Duration = Duration::from_secs(3);
+
+/// One apiserver: how the logs name it, and a client for it.
+#[derive(Clone)]
+pub struct ApiServer {
+    pub url: String,
+    pub client: Client,
+}
 
 #[derive(Clone, Debug)]
 pub struct WatchConfig {
@@ -64,8 +85,59 @@ fn unwrap<T>(ev: watcher::Event<Watched<T>>) -> watcher::Event<T> {
     }
 }
 
-/// Runs until `tx` is closed.
-pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>) {
+/// Runs until `tx` is closed, on `servers[0]`, moving to the next when the
+/// one in use stops answering.
+pub async fn run(servers: Vec<ApiServer>, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>) {
+    assert!(!servers.is_empty(), "at least one apiserver");
+    let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone())
+        .with_default_algorithm(cfg.default_algorithm);
+    let mut current = 0;
+    loop {
+        let server = &servers[current];
+        tracing::info!(server = %server.url, "watching the apiserver");
+        match watch(server, servers.len() > 1, &cfg, &mut store, &tx).await {
+            Ended::Closed => return,
+            Ended::Unhealthy(since) => {
+                let next = (current + 1) % servers.len();
+                let message = format!(
+                    "the apiserver {} has not answered for {:.0?}; watching {} instead (it lists everything again: nothing is pruned until that list is complete)",
+                    server.url,
+                    since.elapsed(),
+                    servers[next].url
+                );
+                tracing::warn!("{message}");
+                let ev = SourceEvent::Error {
+                    source: "kubernetes",
+                    reason: "apiserver-failover",
+                    message,
+                };
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+                current = next;
+            }
+        }
+    }
+}
+
+/// Why `watch` returned.
+enum Ended {
+    /// The agent is stopping.
+    Closed,
+    /// The apiserver has not answered since then.
+    Unhealthy(Instant),
+}
+
+/// Watches `server` until the agent stops or, with `failover`, until the
+/// server stops answering.
+async fn watch(
+    server: &ApiServer,
+    failover: bool,
+    cfg: &WatchConfig,
+    store: &mut Store,
+    tx: &mpsc::Sender<SourceEvent>,
+) -> Ended {
+    let client = server.client.clone();
     let selector = watcher::Config::default().labels(WATCH_SELECTOR);
     // Slim types: decoded without managedFields and everything else the
     // translation does not read (`slim`).
@@ -82,36 +154,49 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
     .default_backoff()
     .boxed();
     let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", cfg.node_name));
-    let mut nodes = watcher(Api::<Node>::all(client), node_cfg)
+    let mut nodes = watcher(Api::<Node>::all(client.clone()), node_cfg)
         .default_backoff()
         .boxed();
 
-    let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone())
-        .with_default_algorithm(cfg.default_algorithm);
     // When the first unsent change arrived.
     let mut first_change: Option<Instant> = None;
+    // When the apiserver last failed to answer, and since when it has not.
+    let mut health = tokio::time::interval(HEALTH_EVERY);
+    let mut failing_since: Option<Instant> = None;
     loop {
         let deadline = first_change.map(|t| tokio::time::Instant::from_std(t + cfg.debounce));
         tokio::select! {
+            _ = health.tick(), if failover => {
+                let answered = tokio::time::timeout(HEALTH_EVERY, client.apiserver_version())
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                match (answered, failing_since) {
+                    (true, _) => failing_since = None,
+                    (false, None) => failing_since = Some(Instant::now()),
+                    (false, Some(t)) if t.elapsed() >= FAILOVER_AFTER => return Ended::Unhealthy(t),
+                    (false, Some(_)) => {}
+                }
+                continue;
+            }
             Some(ev) = services.next() => match ev {
                 Ok(ev) => store.on_service(unwrap(ev)),
-                Err(e) => if tx.send(watch_error("services", &e)).await.is_err() { return },
+                Err(e) => if tx.send(watch_error("services", &e)).await.is_err() { return Ended::Closed },
             },
             Some(ev) = slices.next() => match ev {
                 Ok(ev) => store.on_slice(unwrap(ev)),
-                Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return },
+                Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return Ended::Closed },
             },
             Some(ev) = nodes.next() => match ev {
                 Ok(ev) => {
                     store.on_node(ev);
                     cfg.node_eligibility.set(store.node_eligible());
                 }
-                Err(e) => if tx.send(watch_error("nodes", &e)).await.is_err() { return },
+                Err(e) => if tx.send(watch_error("nodes", &e)).await.is_err() { return Ended::Closed },
             },
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
                 let observed = first_change.take().unwrap_or_else(Instant::now);
                 for w in store.take_warnings() {
-                    if tx.send(SourceEvent::Warning { source: "kubernetes", reason: w.reason, message: w.message }).await.is_err() { return }
+                    if tx.send(SourceEvent::Warning { source: "kubernetes", reason: w.reason, message: w.message }).await.is_err() { return Ended::Closed }
                 }
                 let event = match store.take_output() {
                     Some(Output::Full(model)) => SourceEvent::Full { model, observed, triggers: store.take_triggers() },
@@ -119,11 +204,11 @@ pub async fn run(client: Client, cfg: WatchConfig, tx: mpsc::Sender<SourceEvent>
                     None => continue,
                 };
                 if tx.send(event).await.is_err() {
-                    return;
+                    return Ended::Closed;
                 }
                 continue;
             }
-            else => return,
+            else => return Ended::Closed,
         }
         if first_change.is_none() && store.has_output() {
             first_change = Some(Instant::now());
