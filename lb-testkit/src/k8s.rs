@@ -386,6 +386,26 @@ impl ControlPlane {
         let _ = child.wait();
     }
 
+    /// Starts the killed process `name` again with the arguments it had;
+    /// an apiserver is waited for until it is ready.
+    pub fn start_again(&mut self, name: &'static str) {
+        let args = self
+            .args
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or_else(|| panic!("{name} never ran"), |(_, a)| a.clone());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run(name, &refs);
+        if let Some(port) = args.iter().find_map(|a| a.strip_prefix("--secure-port=")) {
+            let server = format!("--server=https://127.0.0.1:{port}");
+            self.wait(
+                &format!("{name} to be ready again"),
+                Duration::from_secs(180),
+                |cp| cp.kubectl_ok(&[&server, "get", "--raw", "/readyz"]),
+            );
+        }
+    }
+
     /// From now on kubectl (and everything here that uses it) talks to the
     /// apiserver on `port`: after the first one was killed.
     pub fn use_apiserver(&mut self, port: u16) {

@@ -1088,7 +1088,8 @@ fn a_maglev_table_size_annotation_from_the_apiserver_sizes_the_services_table() 
 /// (counted as `apiserver-failover`), withdraws nothing meanwhile (the
 /// frontend keeps its backend in every sample, the data path serves), and
 /// converges on what changed while it moved: a new backend and a new
-/// service.
+/// service. Then both are down: it says so (counted as `no-apiserver`),
+/// keeps every frontend and takes up the first apiserver that is back.
 #[test]
 fn when_the_apiserver_it_watches_dies_the_agent_moves_to_the_next_prunes_nothing_and_converges() {
     let w = World::new("k8sreal_failover", 2);
@@ -1186,4 +1187,40 @@ fn when_the_apiserver_it_watches_dies_the_agent_moves_to_the_next_prunes_nothing
         agent.log_text()
     );
     assert_eq!(served(&w, &target, 40).len(), 2);
+
+    // Both apiservers gone: the agent says so (counted), keeps every
+    // frontend, tries again with growing pauses, and takes up the first
+    // one that is back.
+    cp.kill("apiserver-2");
+    assert!(
+        wait_until(Duration::from_secs(30), || agent
+            .log_text()
+            .contains("no apiserver of 2 answers")),
+        "{}",
+        agent.log_text()
+    );
+    let f = frontends(&agent);
+    assert!(
+        f.iter().any(|(t, _, n)| *t == target && *n == 2)
+            && f.iter().any(|(t, _, n)| *t == late && *n == 1),
+        "withdrawn while no apiserver answered: {f:?}"
+    );
+    assert_eq!(served(&w, &target, 40).len(), 2);
+    let (_, metrics) = agent.http_get("/metrics");
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("lb_source_errors_total{source=\"kubernetes\",reason=\"no-apiserver\"}")
+            && !l.ends_with(" 0")),
+        "no apiserver is not counted:\n{metrics}"
+    );
+    cp.start_again("apiserver-2");
+    cp.kubectl(&["-n", ns, "delete", "endpointslice", "web-extra"]);
+    assert!(
+        wait_until(Duration::from_secs(90), || frontends(&agent)
+            .iter()
+            .any(|(t, _, n)| *t == target && *n == 1)),
+        "the agent did not come back to the restarted apiserver: {:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
 }

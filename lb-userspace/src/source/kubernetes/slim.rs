@@ -83,7 +83,7 @@ fn known<'de, D: Deserializer<'de>>(
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
             let mut out = Vec::new();
-            // Borrowed where the decoder can (no copy of keys we drop).
+            // (serde's Cow always copies the key; the keys are short.)
             while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                 if self.0.contains(&key.as_ref()) {
                     out.push((key.into_owned(), map.next_value::<String>()?));
@@ -95,6 +95,13 @@ fn known<'de, D: Deserializer<'de>>(
         }
     }
     d.deserialize_option(Visit(keys))
+}
+
+/// A list the apiserver may send as `null` (Go's nil slice without
+/// omitempty: an EndpointSlice whose endpoints are all gone has
+/// `"endpoints": null`): empty, as k8s-openapi decodes it.
+fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 fn known_labels<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Known>, D::Error> {
@@ -195,7 +202,7 @@ pub struct EndpointSlice {
     pub metadata: Meta,
     #[serde(default)]
     pub address_type: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub endpoints: Vec<Endpoint>,
     pub ports: Option<Vec<EndpointPort>>,
 }
@@ -203,7 +210,7 @@ pub struct EndpointSlice {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub addresses: Vec<String>,
     pub conditions: Option<EndpointConditions>,
     pub node_name: Option<String>,
@@ -422,6 +429,23 @@ mod tests {
         assert_eq!(spec.health_check_node_port, Some(31000));
         let ingress = s.status.unwrap().load_balancer.unwrap().ingress.unwrap();
         assert_eq!(ingress[0].ip.as_deref(), Some("203.0.113.7"));
+    }
+
+    /// What the apiserver sends for a slice whose endpoints are all gone:
+    /// `null` lists decode as empty (the update that empties a slice must
+    /// not be lost, nor a list containing one fail).
+    #[test]
+    fn a_slice_with_null_endpoints_and_ports_decodes_as_empty() {
+        let s: EndpointSlice = serde_json::from_str(
+            r#"{"metadata":{"name":"web-abc","namespace":"default",
+                "labels":{"kubernetes.io/service-name":"web"}},
+                "addressType":"IPv4","endpoints":null,"ports":null}"#,
+        )
+        .unwrap();
+        assert!(s.endpoints.is_empty());
+        assert_eq!(s.ports, None);
+        let e: Endpoint = serde_json::from_str(r#"{"addresses":null}"#).unwrap();
+        assert!(e.addresses.is_empty());
     }
 
     #[test]

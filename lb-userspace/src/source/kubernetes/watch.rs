@@ -7,11 +7,16 @@
 //! kube-runtime; the maps keep their state meanwhile.
 //!
 //! With more than one apiserver (`--k8s-api-server a,b`, Cilium's
-//! `k8s.apiServerURLs`), the one in use is asked for its version every
-//! `HEALTH_EVERY`; when it has not answered for `FAILOVER_AFTER`, the
-//! watches move to the next one, which lists everything again: the store
-//! keeps its objects until that list is complete, so nothing that still
-//! exists is pruned, and what changed meanwhile arrives with the list.
+//! `k8s.apiServerURLs`), the one in use is asked `/readyz` every
+//! `HEALTH_EVERY`, beside the watches (a probe never holds up an event);
+//! when it has not answered for `FAILOVER_AFTER`, the watches move to the
+//! next one, which lists everything again: the store keeps its objects
+//! until that list is complete, so nothing that still exists is pruned,
+//! and what changed meanwhile arrives with the list. `/readyz` is what
+//! load balancers ask too, and API Priority and Fairness exempts it, so a
+//! busy apiserver still answers it. When every apiserver has been tried
+//! without one answering, the next round waits, doubling up to
+//! `ROUND_BACKOFF_MAX`.
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -35,6 +40,20 @@ pub const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// How long the apiserver in use may not answer before the watches move to
 /// the next one.
 pub const FAILOVER_AFTER: Duration = Duration::from_secs(3);
+/// How long one probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest wait between rounds over every apiserver when none answers.
+pub const ROUND_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Whether `client`'s apiserver answers `/readyz` within `PROBE_TIMEOUT`.
+async fn ready(client: Client) -> bool {
+    let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
+        return false;
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, client.request_text(req))
+        .await
+        .is_ok_and(|r| r.is_ok_and(|body| body.trim() == "ok"))
+}
 
 /// One apiserver: how the logs name it, and a client for it.
 #[derive(Clone)]
@@ -92,12 +111,37 @@ pub async fn run(servers: Vec<ApiServer>, cfg: WatchConfig, tx: mpsc::Sender<Sou
     let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone())
         .with_default_algorithm(cfg.default_algorithm);
     let mut current = 0;
+    // Apiservers left in a row without one having answered.
+    let mut silent = 0;
+    let mut backoff = Duration::from_secs(1);
     loop {
         let server = &servers[current];
         tracing::info!(server = %server.url, "watching the apiserver");
         match watch(server, servers.len() > 1, &cfg, &mut store, &tx).await {
             Ended::Closed => return,
-            Ended::Unhealthy(since) => {
+            Ended::Unhealthy { since, answered } => {
+                silent = if answered { 1 } else { silent + 1 };
+                if answered {
+                    backoff = Duration::from_secs(1);
+                }
+                if silent >= servers.len() {
+                    let message = format!(
+                        "no apiserver of {} answers; trying again in {backoff:.0?}, the maps keep their state",
+                        servers.len()
+                    );
+                    tracing::error!("{message}");
+                    let ev = SourceEvent::Error {
+                        source: "kubernetes",
+                        reason: "no-apiserver",
+                        message,
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ROUND_BACKOFF_MAX);
+                    silent = 0;
+                }
                 let next = (current + 1) % servers.len();
                 let message = format!(
                     "the apiserver {} has not answered for {:.0?}; watching {} instead (it lists everything again: nothing is pruned until that list is complete)",
@@ -124,8 +168,9 @@ pub async fn run(servers: Vec<ApiServer>, cfg: WatchConfig, tx: mpsc::Sender<Sou
 enum Ended {
     /// The agent is stopping.
     Closed,
-    /// The apiserver has not answered since then.
-    Unhealthy(Instant),
+    /// The apiserver has not answered since `since`; `answered`: it did
+    /// before that, while it was watched.
+    Unhealthy { since: Instant, answered: bool },
 }
 
 /// Watches `server` until the agent stops or, with `failover`, until the
@@ -160,20 +205,31 @@ async fn watch(
 
     // When the first unsent change arrived.
     let mut first_change: Option<Instant> = None;
-    // When the apiserver last failed to answer, and since when it has not.
+    // The health probe (with more than one apiserver): one at a time, in
+    // flight beside the watches; since when the apiserver has not answered.
     let mut health = tokio::time::interval(HEALTH_EVERY);
+    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut probe: Option<(Instant, futures::future::BoxFuture<'static, bool>)> = None;
     let mut failing_since: Option<Instant> = None;
+    let mut answered_once = false;
     loop {
         let deadline = first_change.map(|t| tokio::time::Instant::from_std(t + cfg.debounce));
         tokio::select! {
-            _ = health.tick(), if failover => {
-                let answered = tokio::time::timeout(HEALTH_EVERY, client.apiserver_version())
-                    .await
-                    .is_ok_and(|r| r.is_ok());
+            _ = health.tick(), if failover && probe.is_none() => {
+                probe = Some((Instant::now(), Box::pin(ready(client.clone()))));
+                continue;
+            }
+            answered = async { (&mut probe.as_mut().unwrap().1).await }, if probe.is_some() => {
+                let (asked, _) = probe.take().unwrap();
                 match (answered, failing_since) {
-                    (true, _) => failing_since = None,
-                    (false, None) => failing_since = Some(Instant::now()),
-                    (false, Some(t)) if t.elapsed() >= FAILOVER_AFTER => return Ended::Unhealthy(t),
+                    (true, _) => {
+                        failing_since = None;
+                        answered_once = true;
+                    }
+                    (false, None) => failing_since = Some(asked),
+                    (false, Some(t)) if t.elapsed() >= FAILOVER_AFTER => {
+                        return Ended::Unhealthy { since: t, answered: answered_once };
+                    }
                     (false, Some(_)) => {}
                 }
                 continue;
