@@ -146,6 +146,8 @@ const NOTES: &str = "\
 ";
 
 pub struct Report {
+    /// The commit the run's binaries are built from.
+    pub commit: String,
     pub profile: &'static str,
     pub command: String,
     pub connect: Vec<Scale>,
@@ -251,6 +253,9 @@ impl Report {
     pub fn new(p: &Profile, command: String) -> Self {
         Self {
             profile: p.label(),
+            // The commit the binaries are built from, named when the run
+            // starts (edits made during it are not in it).
+            commit: lb_testkit::conformance::run_commit(),
             command,
             connect: Vec::new(),
             control: Vec::new(),
@@ -272,9 +277,10 @@ impl Report {
         let _ = writeln!(o, "# Benchmarks\n");
         let _ = writeln!(
             o,
-            "Written by `cargo xtask bench` ({} profile) on {}; {}; {}, {}. Command: `{}`. Whole run: {:.0} s.\n",
+            "Written by `cargo xtask bench` ({} profile) on {}, on commit `{}`; {}; {}, {}. Command: `{}`. Whole run: {:.0} s.\n",
             self.profile,
             today(),
+            self.commit,
             machine(),
             version("iptables-legacy"),
             version("nft"),
