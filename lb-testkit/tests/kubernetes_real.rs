@@ -943,17 +943,49 @@ fn devices_unset_in_kubernetes_mode_are_the_default_route_and_internal_ip_device
     );
 }
 
-/// A watch that fell behind a compaction: while the agent is frozen a
-/// Service is deleted and another created, etcd is compacted and the
-/// apiserver restarts (the agent's watch connections die, the new watch
-/// cache starts at the current revision). Resumed, the agent's watches ask
-/// for a resourceVersion that no longer exists, get 410 Gone, relist, and
-/// the maps end up exactly right: the deleted Service gone, the new one in.
+/// The sum of the samples of `name` whose labels contain `labels`.
+fn metric(agent: &Agent, name: &str, labels: &str) -> f64 {
+    let (_, text) = agent.http_get("/metrics");
+    text.lines()
+        .filter(|l| l.split([' ', '{']).next() == Some(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `n` selector-less Services `quiet-<i>` with an EndpointSlice each (one
+/// ready endpoint at `backend`:8080), as one manifest for `kubectl create`.
+fn quiet_services(ns: &str, n: usize, backend: &str) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: quiet-{i}, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+                 apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: quiet-{i}-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: quiet-{i}}}\n\
+                 addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: [\"{backend}\"], conditions: {{ready: true}}}}]\n"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// A watch that fell behind a compaction: while the agent is frozen, the
+/// apiserver it watches dies, a Service is deleted and others created
+/// through a second apiserver, etcd is compacted and the first apiserver
+/// starts again (its new watch cache starts at the current revision).
+/// Resumed, the agent's watches ask for a resourceVersion that no longer
+/// exists, get 410 Gone, list again (counted on the wire), and the maps end
+/// up exactly right: the deleted Service gone, the new ones in.
+/// Beside them 1 000 quiet services: the relist keeps every one of them and
+/// writes only what changed (lb_map_writes_total), as the reconciler diffs
+/// the relisted model against what the maps hold. Before the freeze, the
+/// bookmarks the watches ask for are seen arriving on every watch (about
+/// one a minute each): what keeps a quiet watch's resourceVersion recent.
 #[test]
-fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
+fn a_watch_expired_by_etcd_compaction_relists_writes_only_what_changed_and_misses_no_deletion() {
     let w = World::new("k8sreal_410", 2);
     let _servers = w.tcp_servers(8080, false);
     let mut cp = ControlPlane::start(&unique("k8s410"));
+    let second = 6444;
+    cp.start_second_apiserver(second);
     let (ns, node) = ("expire", "node-expire");
     setup(&cp, ns, node, "192.168.77.9");
     let b = |i: usize| Topology::backend_ip(i).to_string();
@@ -965,25 +997,119 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
         Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
     let old = format!("{old_ip}:80");
     wait_for_one_backend(&agent, &old);
+    const QUIET: usize = 1000;
+    let manifest = std::env::temp_dir().join(format!("{}-quiet.yaml", unique("k8s410")));
+    std::fs::write(&manifest, quiet_services(ns, QUIET, &b(0))).unwrap();
+    cp.kubectl(&["create", "-f", manifest.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&manifest);
+    assert!(
+        wait_until(Duration::from_secs(60), || frontends(&agent)
+            .iter()
+            .filter(|(_, _, n)| *n == 1)
+            .count()
+            > QUIET),
+        "{} frontends\n{}",
+        frontends(&agent).len(),
+        agent.log_text()
+    );
+    // The quiet ones, the old one and the apiserver's own `kubernetes`.
+    let total_before = frontends(&agent).len();
+    let quiet: BTreeSet<String> = frontends(&agent)
+        .into_iter()
+        .map(|(f, _, _)| f)
+        .filter(|f| *f != old)
+        .collect();
+    // Another node's update: this agent's Node watch (one name) does not
+    // see it, but the apiserver's cache of Nodes moves past the watch's
+    // resourceVersion. The apiserver sends a watch a bookmark only then
+    // (cacher.go dispatchEvents: the cache's last revision, and only when it
+    // is newer than the watch's), as after the services and slices created
+    // above.
+    cp.apply("apiVersion: v1\nkind: Node\nmetadata: {name: node-expire-other}\n");
+    // Bookmarks arrive on every watch, counted as they pass on the wire.
+    let resources = ["services", "endpointslices", "nodes"];
+    let bookmarks = |r: &str| {
+        metric(
+            &agent,
+            "lb_kubernetes_watch_bookmarks_total",
+            &format!("resource=\"{r}\""),
+        )
+    };
+    assert!(
+        wait_until(Duration::from_secs(90), || resources
+            .iter()
+            .all(|r| bookmarks(r) >= 1.0)),
+        "bookmarks: {:?}\n{}",
+        resources.map(|r| (r, bookmarks(r))),
+        agent.log_text()
+    );
+    let lists = |r: &str| {
+        metric(
+            &agent,
+            "lb_kubernetes_lists_total",
+            &format!("resource=\"{r}\""),
+        )
+    };
+    let lists_before = resources.map(lists);
+    assert_eq!(lists_before, [1.0; 3], "one list each before the relist");
+    let writes_before = metric(&agent, "lb_map_writes_total", "");
+    // What one service of one backend costs to write, from the first sync.
+    let per_service = writes_before / (QUIET + 1) as f64;
+    eprintln!("{writes_before} map writes for {} services", QUIET + 1);
 
     let pid = agent.pid().unwrap() as i32;
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The apiserver the agent watches goes before anything changes, so not
+    // one event of what follows can wait in the agent's socket buffers:
+    // only a relist can bring it. The changes go through the second one.
+    cp.kill("apiserver");
+    cp.use_apiserver(second);
     cp.kubectl(&["-n", ns, "delete", "svc", "old"]);
-    let new_ip = service(&cp, ns, "new", "");
-    ready_pod(&cp, ns, "new-1", node, "new", &[&b(1)]);
-    // Churn of objects the agent also watches, then compaction: nothing of
-    // the agent's last resourceVersion is left.
+    // Selector-less, so that no controller (it talks to the first
+    // apiserver) is needed: a new service with one endpoint, and 20
+    // without endpoints.
+    cp.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: new, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: new-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: new}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: [\"{}\"], conditions: {{ready: true}}}}]\n",
+        b(1)
+    ));
+    let new_ip = cp.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "svc",
+        "new",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
     for i in 0..20 {
-        service(&cp, ns, &format!("churn-{i}"), "");
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: churn-{i}, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80}}]\n"
+        ));
     }
+    // Compaction: nothing of the agent's last resourceVersion is left in
+    // etcd, and the first apiserver's new watch cache starts at the
+    // current revision.
     let rev = cp.compact_etcd();
     eprintln!("etcd compacted at revision {rev}");
-    // The restarted apiserver's watch cache starts at the current
-    // revision: the agent's is older than anything it or etcd still holds.
-    cp.restart_apiserver();
+    cp.start_again("apiserver");
+    let first = cp.api_port;
+    cp.use_apiserver(first);
     // SAFETY: kill(2) on the agent this test started and stopped.
     unsafe { libc::kill(pid, libc::SIGCONT) };
+    // Its watches resume on the first apiserver, get 410 Gone and list
+    // everything again.
+    assert!(
+        wait_until(Duration::from_secs(60), || resources
+            .iter()
+            .zip(lists_before)
+            .all(|(r, b)| lists(r) > b)),
+        "lists {lists_before:?} -> {:?}\n{}",
+        resources.map(lists),
+        agent.log_text()
+    );
 
     let new = format!("{new_ip}:80");
     assert!(
@@ -1013,6 +1139,34 @@ fn a_watch_expired_by_etcd_compaction_relists_and_misses_no_deletion() {
     assert!(
         w.probe("tcp", &old, 3).iter().all(|a| !a.ok),
         "the deleted ClusterIP must not answer"
+    );
+    // Every list was made again, and the relist wrote what changed only:
+    // one service deleted, 21 created (20 without endpoints), against the
+    // 1 000 quiet ones a rewrite would write again.
+    assert!(
+        wait_until(Duration::from_secs(10), || frontends(&agent).len()
+            == total_before + 20),
+        "{} frontends",
+        frontends(&agent).len()
+    );
+    let writes = metric(&agent, "lb_map_writes_total", "") - writes_before;
+    eprintln!(
+        "the relist wrote {writes} entries ({per_service:.1} per quiet service at the first sync)"
+    );
+    assert!(
+        writes > 0.0 && writes <= 22.0 * per_service,
+        "the relist wrote {writes} entries: more than 22 changed services take ({per_service:.1} each)\n{}",
+        agent.log_text()
+    );
+    let now: BTreeSet<String> = frontends(&agent).into_iter().map(|(f, _, _)| f).collect();
+    assert!(
+        quiet.is_subset(&now),
+        "a quiet service was lost in the relist"
+    );
+    assert_eq!(
+        // One of the quiet services (not the apiserver's `kubernetes`, on 443).
+        served(&w, quiet.iter().find(|f| f.ends_with(":80")).unwrap(), 5),
+        BTreeSet::from(["b1".to_string()])
     );
 }
 

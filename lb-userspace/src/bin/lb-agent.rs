@@ -28,7 +28,10 @@ use lb::{
     reconcile::Reconciler,
     source::{
         self,
-        kubernetes::watch::WatchConfig,
+        kubernetes::{
+            api_traffic::{ApiTraffic, TallyLayer},
+            watch::WatchConfig,
+        },
         nodeports::{NodePortAddr, NodePortAddresses},
     },
     sys,
@@ -493,7 +496,10 @@ async fn node_internal_ips(client: &kube::Client, node: &str) -> Vec<std::net::I
 /// A client for each apiserver of `--k8s-api-server` (one with the
 /// kubeconfig's or in-cluster address when none is given), with the
 /// credentials of `--kubeconfig` or the pod's.
-async fn kube_clients(args: &RunArgs) -> anyhow::Result<Vec<source::kubernetes::watch::ApiServer>> {
+async fn kube_clients(
+    args: &RunArgs,
+    traffic: &ApiTraffic,
+) -> anyhow::Result<Vec<source::kubernetes::watch::ApiServer>> {
     let servers: Vec<String> = args
         .k8s_api_server
         .iter()
@@ -541,7 +547,9 @@ async fn kube_clients(args: &RunArgs) -> anyhow::Result<Vec<source::kubernetes::
         info!(server = %c.cluster_url, "apiserver");
         out.push(source::kubernetes::watch::ApiServer {
             url,
-            client: kube::Client::try_from(c)?,
+            client: kube::client::ClientBuilder::try_from(c)?
+                .with_layer(&TallyLayer(traffic.clone()))
+                .build(),
         });
     }
     Ok(out)
@@ -634,8 +642,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
     // In Kubernetes mode the client is made first: the Node's InternalIP
     // helps choose the devices before anything is attached.
+    let api_traffic = ApiTraffic::default();
     let servers = match &mode {
-        Mode::Kubernetes(_) => rt.block_on(kube_clients(&args))?,
+        Mode::Kubernetes(_) => rt.block_on(kube_clients(&args, &api_traffic))?,
         Mode::File(_) => Vec::new(),
     };
     // The Node is read from the first apiserver that answers.
@@ -730,7 +739,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         "restored state from pinned maps"
     );
 
-    let (metrics, registry) = Metrics::new(cfg.pin_dir.clone());
+    let (metrics, mut registry) = Metrics::new(cfg.pin_dir.clone());
+    if matches!(mode, Mode::Kubernetes(_)) {
+        api_traffic.register(&mut registry);
+    }
     metrics.health.lock().unwrap().installed = true;
     let pod_watch = if cfg.pod_devices.is_none() {
         None

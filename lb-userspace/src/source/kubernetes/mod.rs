@@ -7,7 +7,9 @@
 //! * `translate`: each object's record (parsed once, kept by the store) and
 //!   the translation of a service's record and its slices' into the model;
 //! * `store`: the records, complete lists before any output, frontend
-//!   claims, and what changed since the last output.
+//!   claims, and what changed since the last output;
+//! * `api_traffic`: lists, watch requests and bookmarks, counted on the wire.
+pub mod api_traffic;
 pub mod slim;
 pub mod store;
 pub mod translate;
