@@ -22,8 +22,8 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 #[inline(always)]
 fn admit(now: u64) -> bool {
     let rate = match config(CFG_EVENT_RATE) {
-        0 => DEFAULT_EVENT_RATE as u64,
-        r => r as u64,
+        0 => u64::from(DEFAULT_EVENT_RATE),
+        r => u64::from(r),
     };
     let Some(state) = LB_EVENT_RATE.get_ptr_mut(0) else {
         return false;

@@ -19,8 +19,8 @@ pub fn outside_host_namespace(netns_cookie: u64) -> bool {
     if config(CFG_HOST_NS_ONLY) == 0 {
         return false;
     }
-    let host =
-        (config(CFG_HOST_NETNS_COOKIE_HI) as u64) << 32 | config(CFG_HOST_NETNS_COOKIE_LO) as u64;
+    let host = u64::from(config(CFG_HOST_NETNS_COOKIE_HI)) << 32
+        | u64::from(config(CFG_HOST_NETNS_COOKIE_LO));
     netns_cookie != host
 }
 

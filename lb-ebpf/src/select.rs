@@ -108,7 +108,7 @@ pub fn select_slot(svc: &ServiceValue) -> u16 {
         svc.terminating_count
     };
     // A NonZero divisor leaves no panic path for the verifier to reject.
-    let Some(n) = core::num::NonZeroU32::new(n as u32) else {
+    let Some(n) = core::num::NonZeroU32::new(u32::from(n)) else {
         return 0;
     };
     // Slots count+1.. hold the terminating backends; with count == 0 they start at 1.
@@ -193,7 +193,7 @@ pub fn remembered<F: ServiceFamily>(svc: &ServiceValue, client: u64) -> Option<(
     // SAFETY: a value of our LRU map, valid for this program run.
     let entry = unsafe { &mut *entry };
     let fresh =
-        now.saturating_sub(entry.last_used_ns) <= svc.affinity_timeout_s as u64 * 1_000_000_000;
+        now.saturating_sub(entry.last_used_ns) <= u64::from(svc.affinity_timeout_s) * 1_000_000_000;
     let member = AffinityMatchKey {
         service_id: svc.service_id,
         backend_id: entry.backend_id,

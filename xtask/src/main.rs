@@ -32,6 +32,9 @@ tasks:
           unless --nodes says otherwise) with the agent in place of kube-proxy; default focus:
           the Services conformance tests;
           writes docs/conformance.md
+  lint    setup, then rustfmt and clippy (warnings denied) on the workspace and on the eBPF
+          programs built for bpfel-unknown-none (host clippy sees none of lb-ebpf); fails when
+          rustfmt or clippy is missing. CI runs it before the tests
   deb     the Debian package for standalone mode (release build, shell completions,
           cargo-deb) into target/debian/
   manifests
@@ -54,6 +57,7 @@ fn main() {
             .and_then(|_| deb())
             .and_then(|_| test(&args[1..])),
         Some("deb") => setup::run().and_then(|_| deb()),
+        Some("lint") => setup::run().and_then(|_| lint()),
         Some("testbed") => testbed(),
         Some("cluster") => setup::run()
             .and_then(|_| build())
@@ -116,6 +120,79 @@ fn build() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     run(cmd("cargo", &["build", "--bins"]))?;
     eprintln!("xtask: build done in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// rustfmt and clippy with warnings denied: the host workspace, then the
+/// eBPF programs as they are really built. On the host every module of
+/// lb-ebpf is gated on `target_arch = "bpf"` (the binary is an empty stub),
+/// so the host's clippy lints none of the data path; Debian's rustc-web
+/// (the toolchain that builds it, with its prebuilt `core` for
+/// bpfel-unknown-none) has its own clippy (rust-web-clippy).
+fn lint() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    for (tool, fix) in [
+        (
+            "fmt",
+            "rustup component add rustfmt (or apt-get install rustfmt-web)",
+        ),
+        (
+            "clippy",
+            "rustup component add clippy (or apt-get install rust-web-clippy)",
+        ),
+    ] {
+        let present = cmd("cargo", &[tool, "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !present {
+            bail!("cargo {tool} is not installed: {fix}");
+        }
+    }
+    run(cmd("cargo", &["fmt", "--all", "--check"]))
+        .context("the workspace is not rustfmt-clean: run cargo fmt --all")?;
+    run(cmd(
+        "cargo",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "-q",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ))
+    .context("clippy found something in the workspace")?;
+    // Debian's cargo and clippy, first on PATH, so that clippy-driver is the
+    // one of the rustc that has the bpfel core; aya-ebpf's one unstable
+    // feature allowed for that crate only, as lb-userspace/build.rs does.
+    let mut ebpf = Command::new("/usr/bin/cargo");
+    ebpf.args([
+        "clippy",
+        "--target",
+        "bpfel-unknown-none",
+        "--bin",
+        "lb-ebpf",
+        "-q",
+        "--",
+        "-D",
+        "warnings",
+    ])
+    .current_dir(root().join("lb-ebpf"))
+    .env("PATH", {
+        let mut path = std::ffi::OsString::from("/usr/bin:");
+        path.push(setup::path_with_cargo_bin());
+        path
+    })
+    .env("RUSTC", "/usr/bin/rustc")
+    .env("RUSTC_BOOTSTRAP", "aya_ebpf")
+    .env("CARGO_TARGET_DIR", root().join("target/ebpf-lint"))
+    .env_remove("RUSTUP_TOOLCHAIN")
+    .env_remove("RUSTC_WRAPPER")
+    .env_remove("RUSTC_WORKSPACE_WRAPPER");
+    run(ebpf)
+        .context("clippy found something in the eBPF programs (lb-ebpf, bpfel-unknown-none)")?;
+    eprintln!("xtask: lint clean in {:.0?}", started.elapsed());
     Ok(())
 }
 

@@ -11,6 +11,10 @@ const APT_PACKAGES: &[&str] = &[
     "cargo-web",
     "libstd-rust-web-dev-bpf",
     "rust-web-llvm",
+    // `cargo xtask lint`: clippy of the toolchain that builds the eBPF
+    // programs, for bpfel-unknown-none; rustfmt where cargo is Debian's.
+    "rust-web-clippy",
+    "rustfmt-web",
     "llvm-22-dev",
     "zlib1g-dev",
     "libzstd-dev",

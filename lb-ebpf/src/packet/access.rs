@@ -154,6 +154,7 @@ pub fn socket_holds<I: super::family::Ip>(
     }
     // SAFETY: a socket the kernel just returned, released right after.
     let state = unsafe { (*sk).state };
+    // SAFETY: the reference bpf_sk_lookup_* took, released once.
     unsafe { bpf_sk_release(sk.cast()) };
     !tcp || state != TCP_LISTEN
 }

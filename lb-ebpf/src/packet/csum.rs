@@ -14,7 +14,7 @@ pub fn diff32(old: u32, new: u32) -> u32 {
 
 #[inline(always)]
 pub fn diff16(old: u16, new: u16) -> u32 {
-    (!old) as u32 + new as u32
+    u32::from(!old) + u32::from(new)
 }
 
 /// Folds a 32-bit one's complement sum to 16 bits.
@@ -28,7 +28,7 @@ pub fn fold(mut s: u32) -> u16 {
 /// Applies a partial sum to a stored checksum.
 #[inline(always)]
 pub fn csum_apply(check: u16, diff: u32) -> u16 {
-    !fold((!check) as u32 + diff)
+    !fold(u32::from(!check) + diff)
 }
 
 /// One's complement sum of `words` 16-bit words at `off` (at most 30, an
@@ -40,7 +40,7 @@ pub fn sum_words<P: Pkt>(p: &P, off: usize, words: usize, skip: usize) -> Option
     let mut i = 0;
     while i < 30 {
         if i < words && i != skip {
-            sum += load::<u16, P>(p, off + i * 2)? as u32;
+            sum += u32::from(load::<u16, P>(p, off + i * 2)?);
         }
         i += 1;
     }

@@ -49,7 +49,7 @@ pub fn expired<A>(proto: u8, entry: &CtValue<A>, t: u64) -> bool {
         0 => default,
         v => v,
     };
-    age > life as u64 * NS
+    age > u64::from(life) * NS
 }
 
 /// What a lookup found.

@@ -62,7 +62,7 @@ pub fn insert<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> bool {
 /// and payload length changed to match.
 #[inline(always)]
 fn insert_header6<C: Hook>(ctx: &C, f: &Flow<V6>) -> bool {
-    if !ctx.grow_ip_options(DSR6_HDR_LEN as u32) {
+    if !ctx.grow_ip_options(u32::from(DSR6_HDR_LEN)) {
         return false;
     }
     let ip = ETH_HLEN;
@@ -81,7 +81,7 @@ fn insert_header6<C: Hook>(ctx: &C, f: &Flow<V6>) -> bool {
 #[inline(always)]
 fn insert_option<C: Hook>(ctx: &C, f: &Flow<V4>, frontend: u32, fport: u16) -> bool {
     let ip_len = f.ip_len & 0x3c;
-    if ip_len + DSR_OPT_LEN as usize > 60 || !ctx.grow_ip_options(DSR_OPT_LEN as u32) {
+    if ip_len + DSR_OPT_LEN as usize > 60 || !ctx.grow_ip_options(u32::from(DSR_OPT_LEN)) {
         return false;
     }
     let ip = ETH_HLEN;
@@ -91,7 +91,7 @@ fn insert_option<C: Hook>(ctx: &C, f: &Flow<V4>, frontend: u32, fport: u16) -> b
         && store(
             ctx,
             ip + IP_TOT_LEN,
-            (f.tot_len + DSR_OPT_LEN as u16).to_be(),
+            (f.tot_len + u16::from(DSR_OPT_LEN)).to_be(),
         )
         && store(ctx, ip + 20, opt)
         && store(ctx, ip + 22, fport)
@@ -124,7 +124,7 @@ fn remove<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> bool {
 /// removal recomputes its header checksum, which keeps the header's sum).
 #[inline(always)]
 fn remove_header6<C: Hook>(ctx: &C, f: &Flow<V6>) -> bool {
-    if !ctx.shrink_ip_options(DSR6_HDR_LEN as u32) {
+    if !ctx.shrink_ip_options(u32::from(DSR6_HDR_LEN)) {
         return false;
     }
     let ip = ETH_HLEN;
@@ -144,7 +144,7 @@ fn remove_header6<C: Hook>(ctx: &C, f: &Flow<V6>) -> bool {
 #[inline(always)]
 fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
     let ip_len = f.ip_len & 0x3c;
-    if ip_len < 28 || !ctx.shrink_ip_options(DSR_OPT_LEN as u32) {
+    if ip_len < 28 || !ctx.shrink_ip_options(u32::from(DSR_OPT_LEN)) {
         return false;
     }
     let ip = ETH_HLEN;
@@ -160,7 +160,7 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
         && store(
             ctx,
             ip + IP_TOT_LEN,
-            (f.tot_len - DSR_OPT_LEN as u16).to_be(),
+            (f.tot_len - u16::from(DSR_OPT_LEN)).to_be(),
         );
     if !ok {
         return false;
@@ -172,7 +172,7 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
     let Some(after) = sum_words(ctx, ip, 10, usize::MAX) else {
         return false;
     };
-    ctx.csum_complete_fixup(fold(after) as u32 + (!fold(before)) as u32);
+    ctx.csum_complete_fixup(u32::from(fold(after)) + u32::from(!fold(before)));
     stored
 }
 

@@ -150,7 +150,7 @@ impl Ip for V4 {
     }
     #[inline(always)]
     fn client(saddr: u32) -> u64 {
-        CLIENT_IS_ADDRESS | saddr as u64
+        CLIENT_IS_ADDRESS | u64::from(saddr)
     }
     #[inline(always)]
     fn flow_hash(f: &Flow<V4>) -> u32 {
@@ -267,8 +267,8 @@ impl Ip for V6 {
     /// backend stays one the service may choose).
     #[inline(always)]
     fn client(saddr: [u32; 4]) -> u64 {
-        let hi = (saddr[0] ^ saddr[2]) as u64;
-        let lo = (saddr[1] ^ saddr[3]) as u64;
+        let hi = u64::from(saddr[0] ^ saddr[2]);
+        let lo = u64::from(saddr[1] ^ saddr[3]);
         CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
     }
     #[inline(always)]

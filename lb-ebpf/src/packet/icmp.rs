@@ -230,7 +230,7 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow<V4>, error: Error, service_id: u32) -> A
         let Some(sum) = sum_words(ctx, icmp, icmp_words, 1) else {
             return Action::DROP;
         };
-        let w = fold(0x0202 + (!fold(sum)) as u32);
+        let w = fold(0x0202 + u32::from(!fold(sum)));
         if !store(ctx, udp_check, w) {
             return Action::DROP;
         }
@@ -284,7 +284,7 @@ fn addr_diff<I: Ip>(old: &I::Addr, new: &I::Addr) -> u32 {
         d += diff32(I::word(*old, i), I::word(*new, i));
         i += 1;
     }
-    fold(d) as u32
+    u32::from(fold(d))
 }
 
 /// Changes an address in the quoted IP header: the field, the quoted IPv4

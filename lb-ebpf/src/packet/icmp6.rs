@@ -82,7 +82,7 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow<V6>, error: Error, service_id: u32) -> A
         (ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0)
     } else {
         let mtu = error.mtu().max(IPV6_MIN_MTU);
-        (ICMPV6_PKT_TOOBIG, 0, mtu as u32)
+        (ICMPV6_PKT_TOOBIG, 0, u32::from(mtu))
     };
     let Some(s) = scratch::<V6>() else {
         return Action::DROP;
@@ -166,7 +166,7 @@ pub fn reply<C: Hook>(ctx: &C, f: &Flow<V6>, error: Error, service_id: u32) -> A
         pseudo += (a & 0xffff) + (a >> 16) + (b & 0xffff) + (b >> 16);
         i += 1;
     }
-    pseudo += (MSG_LEN as u16).to_be() as u32 + (IPPROTO_ICMPV6 as u16).to_be() as u32;
+    pseudo += u32::from((MSG_LEN as u16).to_be()) + u32::from(u16::from(IPPROTO_ICMPV6).to_be());
     let Some(msg) = sum_words(ctx, icmp, MSG_LEN / 2, 1) else {
         return Action::DROP;
     };

@@ -199,7 +199,7 @@ pub trait Hook: Pkt {
     /// The packet comes from a pod on this node (a pod-facing device), not
     /// from outside: every backend is reached like a local one (DNAT, the
     /// stack routes it, the pod's address kept).
-    fn from_pod(&self) -> bool;
+    fn is_from_pod(&self) -> bool;
     /// The L3 length of what goes on the wire per packet: one segment of a
     /// GSO packet, the whole packet otherwise.
     fn wire_len<I: Ip>(&self, f: &Flow<I>) -> u16;
@@ -412,7 +412,7 @@ fn send_icmp<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) -> Action {
 /// address on the client's port, which no bit covers.
 #[inline(always)]
 fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
-    if ctx.from_pod() || runtime::config(CFG_FRONTEND_FILTER) == 0 {
+    if ctx.is_from_pod() || runtime::config(CFG_FRONTEND_FILTER) == 0 {
         return false;
     }
     let ip = ETH_HLEN;
@@ -479,7 +479,7 @@ fn in_snat_ports(port: u16) -> bool {
             runtime::config(CFG_SNAT_PORT_MAX),
         )
     };
-    let port = u16::from_be(port) as u32;
+    let port = u32::from(u16::from_be(port));
     port >= low && port <= high
 }
 
@@ -510,7 +510,7 @@ fn follow_fragment<I: Ip>(s: *mut Scratch<I>) -> bool {
 /// reason), left to the stack otherwise.
 #[inline(never)]
 fn reject_unless_passable<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ports: bool) -> Action {
-    if ports && !matches!(frontend(f, ctx.from_pod()), Frontend::None) {
+    if ports && !matches!(frontend(f, ctx.is_from_pod()), Frontend::None) {
         drop_packet(ctx, f, DropReason::InvalidPacket, 0)
     } else {
         Action::PASS
@@ -598,7 +598,7 @@ enum Frontend<K> {
 /// The frontend a packet is addressed to; for traffic from outside, the
 /// node-local view when the service has one (externalTrafficPolicy: Local).
 #[inline(always)]
-fn frontend<I: Ip>(f: &Flow<I>, from_pod: bool) -> Frontend<I::Key> {
+fn frontend<I: Ip>(f: &Flow<I>, is_from_pod: bool) -> Frontend<I::Key> {
     let key = I::service_key(f.daddr, f.dport, f.proto, SCOPE_ALL);
     match select::lookup_service::<I>(&key) {
         Lookup::NotService => Frontend::None,
@@ -606,7 +606,7 @@ fn frontend<I: Ip>(f: &Flow<I>, from_pod: bool) -> Frontend<I::Key> {
         // Pods on this node are clients on the node: they use every
         // endpoint, as kube-proxy sends pods' traffic to an
         // externalTrafficPolicy: Local service to the cluster-wide ones.
-        Lookup::Service(svc) if svc.flags & SVC_FLAG_TWO_SCOPES != 0 && !from_pod => {
+        Lookup::Service(svc) if svc.flags & SVC_FLAG_TWO_SCOPES != 0 && !is_from_pod => {
             let local = I::service_key(f.daddr, f.dport, f.proto, SCOPE_LOCAL);
             match I::service(&local) {
                 Some(s) => Frontend::Found(s, local, true),
@@ -641,7 +641,7 @@ fn new_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     };
     // SAFETY: per-CPU scratch; read only.
     let local = unsafe { (*sp).ct.flags } & CT_F_LOCAL != 0;
-    if local || ctx.from_pod() {
+    if local || ctx.is_from_pod() {
         new_local(ctx, f)
     } else {
         new_remote(ctx, f)
@@ -705,14 +705,14 @@ fn no_backend<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, svc: &ServiceValue, local: b
 /// NEXT when there is one; else what to do with the packet.
 #[inline(never)]
 fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
-    let (svc, key, local) = match frontend(f, ctx.from_pod()) {
+    let (svc, key, local) = match frontend(f, ctx.is_from_pod()) {
         Frontend::None => return Action::PASS,
         Frontend::UnknownPort => return drop_packet(ctx, f, DropReason::NoServicePort, 0),
         Frontend::Found(svc, key, local) => (svc, key, local),
     };
     // CVE-2020-8554: a pod's packets to an external IP this node does not
     // own go where they are addressed, as its sockets' connects do.
-    if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 && ctx.from_pod() {
+    if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 && ctx.is_from_pod() {
         return Action::PASS;
     }
     if !f.has_l4() {

@@ -66,7 +66,7 @@ pub fn alloc<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> u16 {
     // The client's port first, when it lies in the range: free, or held
     // by this same client tuple's earlier flow (a reused tuple), or by a
     // flow that is over.
-    let client = u16::from_be(f.sport) as u32;
+    let client = u32::from(u16::from_be(f.sport));
     if client >= min && client <= max {
         rkey.dport = f.sport;
         if !ctx.socket_holds::<I>(rkey) {

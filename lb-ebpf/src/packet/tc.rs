@@ -74,7 +74,7 @@ impl Hook for Tc<'_> {
         self.hook
     }
     #[inline(always)]
-    fn from_pod(&self) -> bool {
+    fn is_from_pod(&self) -> bool {
         self.hook == HOOK_TC_POD_INGRESS
     }
     /// A GRO/GSO skb goes out as segments of gso_size payload bytes each
@@ -199,7 +199,7 @@ fn redirect_neigh<I: Ip>(ifindex: u32) -> i32 {
     };
     // SAFETY: plain data; zero is its "nothing set" value.
     let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
-    nh.nh_family = I::AF as u32;
+    nh.nh_family = u32::from(I::AF);
     // SAFETY: per-CPU scratch of this run; the lookup filled it.
     let hop = I::fib_next_hop(unsafe { &(*s).fib });
     if I::IS_V6 {

@@ -59,7 +59,7 @@ impl Hook for Xdp<'_> {
         HOOK_XDP
     }
     #[inline(always)]
-    fn from_pod(&self) -> bool {
+    fn is_from_pod(&self) -> bool {
         false
     }
     /// A frame is one packet on the wire.

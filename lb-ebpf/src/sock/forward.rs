@@ -67,7 +67,7 @@ fn forward6(ctx: &SockAddrContext, hook: u8, hook4: u8) -> i32 {
 #[inline(always)]
 fn tcp_or_udp(sa: &SockAddr) -> Option<u8> {
     let p = sa.protocol();
-    (p == proto::TCP as u32 || p == proto::UDP as u32).then_some(p as u8)
+    (p == u32::from(proto::TCP) || p == u32::from(proto::UDP)).then_some(p as u8)
 }
 
 /// The event skeleton for this call: hook, protocol, original destination.

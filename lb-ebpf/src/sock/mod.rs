@@ -105,7 +105,7 @@ impl SockAddr {
     pub fn set_user_port(&self, port: u16) {
         // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
         // volatile access, as sock_addr_is_valid_access asks.
-        unsafe { core::ptr::write_volatile(&mut (*self.0).user_port, port as u32) }
+        unsafe { core::ptr::write_volatile(&mut (*self.0).user_port, u32::from(port)) }
     }
 }
 

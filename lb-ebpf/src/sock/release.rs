@@ -59,7 +59,7 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
             core::ptr::read_volatile(&(*sk).protocol),
         )
     };
-    if protocol != proto::TCP as u32 && protocol != proto::UDP as u32 {
+    if protocol != u32::from(proto::TCP) && protocol != u32::from(proto::UDP) {
         return ALLOW;
     }
     // SAFETY: as above; dst_port is a 16-bit field in network order (Linux 5.16+).
@@ -75,10 +75,10 @@ pub fn lb_sock_release(ctx: SockContext) -> i32 {
         }
         taken
     };
-    if protocol == proto::UDP as u32 {
+    if protocol == u32::from(proto::UDP) {
         forget_stored(&ctx, &mut cookie);
     }
-    let tcp = protocol == proto::TCP as u32;
+    let tcp = protocol == u32::from(proto::TCP);
     if port != 0 {
         // Still connected (a UDP socket may have disconnected).
         forget_destination(sk, family, port, tcp, &mut cookie);

@@ -49,7 +49,7 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
 fn reverse<F: SockFamily>(ctx: &SockAddrContext, peer: [u32; 4], dest: Dest) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
     let port = sa.user_port();
-    let tcp = sa.protocol() == proto::TCP as u32;
+    let tcp = sa.protocol() == u32::from(proto::TCP);
     let Some((t, found)) = peers::recall::<F>(ctx, peer, port, tcp) else {
         return ALLOW;
     };

@@ -41,8 +41,8 @@ pub fn choose<F: ServiceFamily>(
     while i < CHOICES {
         let c = choices.entries[i];
         if c.used != 0 && c.port == port && c.address == address {
-            let count = svc.count as u32 + svc.terminating_count as u32;
-            if c.slot as u32 <= count {
+            let count = u32::from(svc.count) + u32::from(svc.terminating_count);
+            if u32::from(c.slot) <= count {
                 if let Ok((id, b)) = select::backend_at::<F>(key, c.slot) {
                     if id == c.backend_id {
                         return Ok((id, b));
