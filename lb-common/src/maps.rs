@@ -120,7 +120,7 @@ pub fn maglev_size_of(code: u8) -> Option<u32> {
         .copied()
 }
 
-/// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v1`).
+/// Version of the map layout; part of the pin directory (`/sys/fs/bpf/lb/v<LAYOUT_VERSION>`).
 /// Bump it on any change to a key or value type in this crate.
 pub const LAYOUT_VERSION: u32 = 2;
 

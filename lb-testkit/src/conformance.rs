@@ -46,7 +46,7 @@ pub fn e2e_bin() -> PathBuf {
     let p = crate::sibling_bin_dir().join("../testbed/e2e.test");
     assert!(
         p.exists(),
-        "{} is not built: `cargo xtask testbed` builds it (testbed/e2e)",
+        "{} is not built: `cargo xtask conformance` or `cargo xtask test` builds it (testbed/e2e; `cargo xtask testbed` does not)",
         p.display()
     );
     p

@@ -13,6 +13,7 @@
 //! * `ct`: conntrack, lifetimes and the closing/reopen rules;
 //! * `snat`: source ports for SNAT;
 //! * `fib`: routes, path MTU, TTL;
+//! * `route_cache`: a per-CPU cache of `fib`'s answers for a flow;
 //! * `nat`: address and port rewrites with their checksums;
 //! * `dsr`: the DSR option (add, learn, strip);
 //! * `icmp`: errors this node sends, and errors about our flows translated;

@@ -216,8 +216,9 @@ struct RunArgs {
     /// Capacity of LB_MAGLEV (services using Maglev at once).
     #[arg(long, default_value_t = MapSizes::default().maglev, env = "LB_MAP_SIZE_MAGLEV")]
     map_size_maglev: u32,
-    /// Capacity of LB4_SRC_RANGES (loadBalancerSourceRanges networks of all
-    /// LoadBalancer frontends together).
+    /// Capacity of LB4_SRC_RANGES and of LB6_SRC_RANGES, each
+    /// (loadBalancerSourceRanges networks of all LoadBalancer frontends
+    /// together, per family).
     #[arg(long, default_value_t = MapSizes::default().source_ranges, env = "LB_MAP_SIZE_SOURCE_RANGES")]
     map_size_source_ranges: u32,
     /// Capacity of LB_AFFINITY (remembered client → backend choices for sessionAffinity).
@@ -225,7 +226,7 @@ struct RunArgs {
     map_size_affinity: u32,
     /// Make the services, backends and reverse-NAT maps preallocated, like
     /// Cilium's --preallocate-bpf-maps: their whole capacity is reserved at
-    /// once (about 32 MiB at the default sizes) and a full sync's inserts
+    /// once (about 36 MiB at the default sizes) and a full sync's inserts
     /// cost the kernel about half as much. Chosen when the maps are first
     /// made; a restart must keep it (an uninstall starts over).
     #[arg(long, env = "LB_PREALLOCATE_MAPS")]
