@@ -70,17 +70,16 @@ fn harness_with(tag: &str, capacity: Capacity, cfg: BuildConfig) -> Harness {
     let removed = Arc::new(Mutex::new(Vec::new()));
     let addresses: Arc<Mutex<Option<BTreeSet<IpAddr>>>> = Arc::new(Mutex::new(None));
     let (r, a) = (removed.clone(), addresses.clone());
-    let worker = Worker {
-        reconciler: Reconciler::restore(FakeMaps::with_capacity(capacity))
+    let worker = Worker::new(
+        Reconciler::restore(FakeMaps::with_capacity(capacity))
             .unwrap()
             .with_config(cfg),
         metrics,
-        on_removed_udp: Box::new(move |gone| r.lock().unwrap().extend(gone)),
-        status_file: Some(dir.join("status.json")),
-        retry_every: Duration::from_millis(10),
-        unprogrammed: Vec::new(),
-        node_addresses: Some(Box::new(move || a.lock().unwrap().clone())),
-    };
+        Box::new(move |gone| r.lock().unwrap().extend(gone)),
+    )
+    .with_status_file(dir.join("status.json"))
+    .with_retry_every(Duration::from_millis(10))
+    .with_node_addresses(Box::new(move || a.lock().unwrap().clone()));
     Harness {
         worker,
         removed,
@@ -105,7 +104,7 @@ const TWO: &str = "services:
 fn a_full_model_then_changes_reach_the_maps_and_removed_udp_backends_reach_the_socket_cleanup() {
     let mut h = harness("full", Capacity::default());
     h.worker.step(full(TWO));
-    let state = h.worker.reconciler.maps().dump().unwrap();
+    let state = h.worker.reconciler().maps().dump().unwrap();
     assert_eq!(state.frontends().count(), 2);
     assert_eq!(state.backends.len(), 4);
 
@@ -124,7 +123,10 @@ fn a_full_model_then_changes_reach_the_maps_and_removed_udp_backends_reach_the_s
         *h.removed.lock().unwrap(),
         vec![("10.0.0.4".parse::<IpAddr>().unwrap(), 53)]
     );
-    assert_eq!(h.worker.reconciler.maps().dump().unwrap().backends.len(), 3);
+    assert_eq!(
+        h.worker.reconciler().maps().dump().unwrap().backends.len(),
+        3
+    );
     let status: AgentStatus =
         serde_json::from_slice(&std::fs::read(h.dir.join("status.json")).unwrap()).unwrap();
     assert!(status.refused.is_empty());
@@ -142,7 +144,7 @@ fn a_service_that_does_not_fit_is_left_for_lbctl_status_and_the_rest_is_applied(
         },
     );
     h.worker.step(full(TWO));
-    let state = h.worker.reconciler.maps().dump().unwrap();
+    let state = h.worker.reconciler().maps().dump().unwrap();
     assert_eq!(state.frontends().count(), 1, "one fits");
     let status: AgentStatus =
         serde_json::from_slice(&std::fs::read(h.dir.join("status.json")).unwrap()).unwrap();
@@ -162,7 +164,7 @@ fn a_service_that_does_not_fit_is_left_for_lbctl_status_and_the_rest_is_applied(
 fn a_source_error_changes_nothing_and_is_counted() {
     let mut h = harness("error", Capacity::default());
     h.worker.step(full(TWO));
-    let before = h.worker.reconciler.maps().dump().unwrap();
+    let before = h.worker.reconciler().maps().dump().unwrap();
     h.worker.step(Pending {
         notes: vec![SourceEvent::Error {
             source: "file",
@@ -171,7 +173,7 @@ fn a_source_error_changes_nothing_and_is_counted() {
         }],
         ..Default::default()
     });
-    assert_eq!(h.worker.reconciler.maps().dump().unwrap(), before);
+    assert_eq!(h.worker.reconciler().maps().dump().unwrap(), before);
     let text = metrics_text(&h);
     assert!(
         text.contains("lb_source_errors_total{source=\"file\",reason=\"invalid\"} 1"),
@@ -190,19 +192,19 @@ fn by_default_every_external_ip_is_translated_for_sockets_whoever_holds_it() {
     ));
     let ext: IpAddr = "198.51.100.7".parse().unwrap();
     let flags = |h: &Harness| {
-        let state = h.worker.reconciler.maps().dump().unwrap();
+        let state = h.worker.reconciler().maps().dump().unwrap();
         let (_, v) = state.frontends().find(|(k, _)| k.address == ext).unwrap();
         v.flags
     };
     assert_eq!(flags(&h) & SVC_FLAG_FOREIGN_EXTERNAL_IP, 0);
-    h.worker.reconciler.maps_mut().take_log();
+    h.worker.reconciler_mut().maps_mut().take_log();
     for held in [Some([ext].into_iter().collect()), Some(BTreeSet::new())] {
         *h.addresses.lock().unwrap() = held;
         h.worker.step(Pending::default());
         assert_eq!(flags(&h) & SVC_FLAG_FOREIGN_EXTERNAL_IP, 0);
     }
     assert!(
-        h.worker.reconciler.maps_mut().take_log().is_empty(),
+        h.worker.reconciler_mut().maps_mut().take_log().is_empty(),
         "the node's addresses changed nothing"
     );
 }
@@ -215,7 +217,7 @@ fn owned_only_the_nodes_addresses_decide_whether_sockets_may_translate_an_extern
     ));
     let ext: IpAddr = "198.51.100.7".parse().unwrap();
     let foreign = |h: &Harness| {
-        let state = h.worker.reconciler.maps().dump().unwrap();
+        let state = h.worker.reconciler().maps().dump().unwrap();
         let (_, v) = state.frontends().find(|(k, _)| k.address == ext).unwrap();
         v.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0
     };
@@ -242,14 +244,14 @@ fn a_failed_write_is_repaired_by_the_idle_retry_and_nothing_is_written_before_an
     let mut h = harness("retry", Capacity::default());
     h.worker.step(Pending::default());
     assert!(
-        h.worker.reconciler.maps_mut().take_log().is_empty(),
+        h.worker.reconciler_mut().maps_mut().take_log().is_empty(),
         "idle before any input: nothing written"
     );
-    h.worker.reconciler.maps_mut().fail_after = Some(3);
+    h.worker.reconciler_mut().maps_mut().fail_after = Some(3);
     h.worker.step(full(TWO));
     assert_ne!(
         h.worker
-            .reconciler
+            .reconciler()
             .maps()
             .dump()
             .unwrap()
@@ -259,10 +261,10 @@ fn a_failed_write_is_repaired_by_the_idle_retry_and_nothing_is_written_before_an
         "the sync stopped at the failed write"
     );
     h.worker.step(Pending::default());
-    let state = h.worker.reconciler.maps().dump().unwrap();
+    let state = h.worker.reconciler().maps().dump().unwrap();
     assert_eq!(state.frontends().count(), 2, "repaired without a new event");
     assert_eq!(state.backends.len(), 4);
-    assert_eq!(&state, h.worker.reconciler.state());
+    assert_eq!(&state, h.worker.reconciler().state());
 }
 
 /// A restarted agent whose node addresses change before its source's first
@@ -278,7 +280,7 @@ fn node_addresses_changing_before_the_first_model_sweep_nothing_and_reach_the_fi
     before.reconcile(&model(EXT)).unwrap();
     let pinned = before.maps().state.clone();
     let mut h = harness_with("extip-restart", Capacity::default(), owned_only());
-    h.worker.reconciler = Reconciler::restore(FakeMaps {
+    *h.worker.reconciler_mut() = Reconciler::restore(FakeMaps {
         state: pinned.clone(),
         ..Default::default()
     })
@@ -288,12 +290,12 @@ fn node_addresses_changing_before_the_first_model_sweep_nothing_and_reach_the_fi
     *h.addresses.lock().unwrap() = Some([ext].into_iter().collect());
     h.worker.step(Pending::default());
     assert_eq!(
-        h.worker.reconciler.maps().state,
+        h.worker.reconciler().maps().state,
         pinned,
         "nothing swept before the first model"
     );
     h.worker.step(full(EXT));
-    let state = h.worker.reconciler.maps().dump().unwrap();
+    let state = h.worker.reconciler().maps().dump().unwrap();
     let (_, v) = state.frontends().find(|(k, _)| k.address == ext).unwrap();
     assert_eq!(
         v.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP,

@@ -7,13 +7,24 @@
 //! * `worker`: applies them through the reconciler (over `LbMaps`, so it
 //!   runs against the fake maps in tests as well as the pinned ones).
 //!
-//! The binary parses flags, installs the data path (`datapath::install`,
-//! root, tested by the integration tests), wires these together and turns
-//! signals into control messages.
+//! * `assembly`: the `Agent` once the data path is in place: the worker,
+//!   the source, the servers and the loop, over any `LbMaps` (tested over
+//!   the fake maps);
+//! * `flags`: the flags of `lb-agent run` and what they parse into;
+//! * `process`: from the flags to a running agent: installs the data path
+//!   (`datapath::install`, root, tested by the integration tests), wires
+//!   the parts together and turns signals into control messages.
+//!
+//! The binary (src/bin/lb-agent.rs) only parses the command line.
+pub mod assembly;
+pub mod flags;
 pub mod mailbox;
+pub mod process;
 pub mod router;
 pub mod settings;
 pub mod worker;
+
+pub use assembly::Agent;
 
 use std::path::{Path, PathBuf};
 

@@ -30,28 +30,73 @@ const LARGE_BATCH: usize = 1000;
 pub const RETRY_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Worker<M: LbMaps> {
-    pub reconciler: Reconciler<M>,
-    pub metrics: Metrics,
+    reconciler: Reconciler<M>,
+    metrics: Metrics,
     /// Called with the UDP backends a reconcile removed (connected sockets
     /// pinned to them are destroyed, see `crate::sockets`).
-    pub on_removed_udp: OnRemovedUdp,
+    on_removed_udp: OnRemovedUdp,
     /// Where the refused services are written for `lbctl status`.
-    pub status_file: Option<PathBuf>,
-    pub retry_every: Duration,
+    status_file: Option<PathBuf>,
+    retry_every: Duration,
     /// Upstream change times not yet in the maps (network programming
     /// latency is observed when a reconcile succeeds).
-    pub unprogrammed: Vec<std::time::SystemTime>,
+    unprogrammed: Vec<std::time::SystemTime>,
     /// Reads this node's addresses, each round (at least every
     /// `retry_every`): an external IP that becomes or stops being the
     /// node's changes what sockets do with it (CVE-2020-8554).
     /// `None` from it: unknown this time, the last ones stay.
-    pub node_addresses:
-        Option<Box<dyn FnMut() -> Option<std::collections::BTreeSet<IpAddr>> + Send>>,
+    node_addresses: Option<NodeAddresses>,
 }
 
 /// At most this many trigger times wait for a successful reconcile; beyond
 /// it the oldest are dropped (a long outage must not grow memory).
 const MAX_UNPROGRAMMED: usize = 10_000;
+
+/// Reads this node's addresses (None: unknown this time).
+pub type NodeAddresses = Box<dyn FnMut() -> Option<std::collections::BTreeSet<IpAddr>> + Send>;
+
+impl<M: LbMaps> Worker<M> {
+    /// A worker applying through `reconciler`, retrying every
+    /// `RETRY_EVERY`, with no status file and no node addresses to follow.
+    pub fn new(reconciler: Reconciler<M>, metrics: Metrics, on_removed_udp: OnRemovedUdp) -> Self {
+        Self {
+            reconciler,
+            metrics,
+            on_removed_udp,
+            status_file: None,
+            retry_every: RETRY_EVERY,
+            unprogrammed: Vec::new(),
+            node_addresses: None,
+        }
+    }
+
+    /// Where the refused services are written for `lbctl status`.
+    pub fn with_status_file(mut self, path: PathBuf) -> Self {
+        self.status_file = Some(path);
+        self
+    }
+
+    /// How often a failed or partial apply is tried again.
+    pub fn with_retry_every(mut self, every: Duration) -> Self {
+        self.retry_every = every;
+        self
+    }
+
+    /// Follow this node's addresses (`--external-ips-in-cluster owned-only`).
+    pub fn with_node_addresses(mut self, read: NodeAddresses) -> Self {
+        self.node_addresses = Some(read);
+        self
+    }
+
+    pub fn reconciler(&self) -> &Reconciler<M> {
+        &self.reconciler
+    }
+
+    /// The reconciler, to replace or inspect (tests: a restart).
+    pub fn reconciler_mut(&mut self) -> &mut Reconciler<M> {
+        &mut self.reconciler
+    }
+}
 
 impl<M: LbMaps + Send + 'static> Worker<M> {
     pub fn spawn(self, mailbox: Arc<Mailbox>) -> std::thread::JoinHandle<()> {
