@@ -524,10 +524,7 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
 
 /// An IPv6 address as the programs keep it: four words in network byte order.
 pub fn ip6_to_words(a: std::net::Ipv6Addr) -> [u32; 4] {
-    let o = a.octets();
-    std::array::from_fn(|i| {
-        u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]])
-    })
+    lb_common::sock::bytes_to_words(&a.octets())
 }
 
 /// What `uninstall` removed.

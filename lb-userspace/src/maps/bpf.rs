@@ -197,8 +197,9 @@ impl BpfMaps {
         }
         // Services, backends, reverse NAT, source ranges: the family's maps.
         let family = match op.family() {
-            Family::V4 => self.families.v4.apply(op),
-            Family::V6 => self.families.v6.apply(op),
+            Some(Family::V4) => self.families.v4.apply(op),
+            Some(Family::V6) => self.families.v6.apply(op),
+            None => None,
         };
         let result = match (family, op) {
             (Some(done), _) => done,
@@ -262,7 +263,7 @@ fn run_of(op: &MapOp) -> Option<(Family, RunMap)> {
         MapOp::UpsertRevNat(..) => RunMap::RevNat,
         _ => return None,
     };
-    Some((op.family(), map))
+    Some((op.family()?, map))
 }
 
 impl BpfMaps {

@@ -104,14 +104,13 @@ impl Bounded {
         if !new {
             return None;
         }
-        let f = op.family();
-        Some(match op {
-            MapOp::UpsertService(..) => Bounded::Services(f),
-            MapOp::UpsertBackend(..) => Bounded::Backends(f),
-            MapOp::UpsertRevNat(..) => Bounded::RevNat(f),
-            MapOp::SetMaglev(..) => Bounded::Maglev,
-            MapOp::UpsertAffinityMatch(..) => Bounded::AffinityMatch,
-            MapOp::SetAffinityGroup(..) => Bounded::AffinityGroup,
+        Some(match (op, op.family()) {
+            (MapOp::UpsertService(..), Some(f)) => Bounded::Services(f),
+            (MapOp::UpsertBackend(..), Some(f)) => Bounded::Backends(f),
+            (MapOp::UpsertRevNat(..), Some(f)) => Bounded::RevNat(f),
+            (MapOp::SetMaglev(..), _) => Bounded::Maglev,
+            (MapOp::UpsertAffinityMatch(..), _) => Bounded::AffinityMatch,
+            (MapOp::SetAffinityGroup(..), _) => Bounded::AffinityGroup,
             _ => Bounded::SourceRanges,
         })
     }

@@ -119,33 +119,42 @@ pub enum MapOp {
 }
 
 impl MapOp {
-    pub fn family(&self) -> Family {
+    /// The family whose map the operation writes; None for the maps both
+    /// families share (affinity, Maglev, the frontend filter, LB_CONFIG).
+    pub fn family(&self) -> Option<Family> {
         match self {
-            MapOp::UpsertBackend(_, b) => Family::of(&b.address),
-            MapOp::UpsertService(k, _) | MapOp::DeleteService(k) => k.family(),
-            MapOp::UpsertRevNat(_, r) => Family::of(&r.address),
-            MapOp::DeleteBackend(_, f) | MapOp::DeleteRevNat(_, f) => *f,
-            // One map for both families.
+            MapOp::UpsertBackend(_, b) => Some(Family::of(&b.address)),
+            MapOp::UpsertService(k, _) | MapOp::DeleteService(k) => Some(k.family()),
+            MapOp::UpsertRevNat(_, r) => Some(Family::of(&r.address)),
+            MapOp::DeleteBackend(_, f) | MapOp::DeleteRevNat(_, f) => Some(*f),
+            MapOp::UpsertSourceRange(_, c) | MapOp::DeleteSourceRange(_, c) => {
+                Some(Family::of(&c.address))
+            }
+            // One map for both families (LB4_FE_FILTER too, despite its name).
             MapOp::UpsertAffinityMatch(..)
             | MapOp::DeleteAffinityMatch(..)
             | MapOp::SetAffinityGroup(..)
             | MapOp::DeleteAffinityGroup(..)
             | MapOp::SetMaglev(..)
-            | MapOp::DeleteMaglev(..) => Family::V4,
-            MapOp::UpsertSourceRange(_, c) | MapOp::DeleteSourceRange(_, c) => {
-                Family::of(&c.address)
-            }
-            MapOp::SetFilterWord(..) | MapOp::TrustFilter(..) => Family::V4,
+            | MapOp::DeleteMaglev(..)
+            | MapOp::SetFilterWord(..)
+            | MapOp::TrustFilter(..) => None,
         }
     }
 
     pub fn map_name(&self) -> &'static str {
-        let family = self.family().names();
+        let family = || {
+            self.family()
+                .expect("a per-family operation has a family")
+                .names()
+        };
         match self {
-            MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => family.backends,
-            MapOp::UpsertService(..) | MapOp::DeleteService(..) => family.services,
-            MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => family.revnat,
-            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => family.source_ranges,
+            MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => family().backends,
+            MapOp::UpsertService(..) | MapOp::DeleteService(..) => family().services,
+            MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => family().revnat,
+            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => {
+                family().source_ranges
+            }
             MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => {
                 names::LB_AFFINITY_MATCH
             }
