@@ -152,9 +152,7 @@ impl MapOp {
             MapOp::UpsertBackend(..) | MapOp::DeleteBackend(..) => family().backends,
             MapOp::UpsertService(..) | MapOp::DeleteService(..) => family().services,
             MapOp::UpsertRevNat(..) | MapOp::DeleteRevNat(..) => family().revnat,
-            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => {
-                family().source_ranges
-            }
+            MapOp::UpsertSourceRange(..) | MapOp::DeleteSourceRange(..) => family().source_ranges,
             MapOp::UpsertAffinityMatch(..) | MapOp::DeleteAffinityMatch(..) => {
                 names::LB_AFFINITY_MATCH
             }
