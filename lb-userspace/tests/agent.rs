@@ -2,7 +2,7 @@
 //! metrics server and the event loop) over the fake maps, without root: it
 //! follows its services file through edits, keeps the last good state when
 //! the file turns invalid (and counts the error), answers /metrics, and
-//! stops when told, cancelling the reconciler. The process around it (the
+//! stops when told, its worker done within the wait. The process around it (the
 //! flags, the data path install, signals) is proven by the integration
 //! tests, which run the real binary as root.
 use std::{
@@ -140,7 +140,8 @@ fn an_agent_over_fake_maps_follows_its_file_keeps_the_last_good_state_and_stops_
         frontends() == 3
     });
 
-    // An invalid file: counted, and the maps keep the last good state.
+    // An invalid file: counted, and the maps keep the last good state,
+    // still so once everything after the error had time to arrive.
     let errors = || {
         sample(
             &get(addr, "/metrics").unwrap_or_default(),
@@ -157,25 +158,39 @@ fn an_agent_over_fake_maps_follows_its_file_keeps_the_last_good_state_and_stops_
         Duration::from_secs(10),
         || errors() > before,
     );
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(frontends(), 3, "the last good state stays");
+    let reconciles = sample(&get(addr, "/metrics").unwrap(), "lb_reconciles_total");
 
-    // The file fixed (and a reload asked, SIGHUP's message): followed again.
-    // Then stop.
+    // Fixed: followed again.
     write(&path, &services(1));
-    rt.block_on(control.send(Control::Reload)).unwrap();
     wait("the fixed file", Duration::from_secs(10), || {
         frontends() == 1
     });
-    rt.block_on(control.send(Control::Stop)).unwrap();
-    let stopped =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), running).await });
     assert!(
-        matches!(stopped, Ok(Ok(Ok(())))),
-        "the agent did not stop cleanly within 5 s"
+        sample(&get(addr, "/metrics").unwrap(), "lb_reconciles_total") > reconciles,
+        "the fixed file was reconciled"
+    );
+
+    let asked = Instant::now();
+    rt.block_on(control.send(Control::Stop)).unwrap();
+    let stopped = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(5), running).await })
+        .expect("the agent stops within 5 s")
+        .expect("the agent's task")
+        .expect("the agent stops without error");
+    assert!(
+        stopped.worker_stopped,
+        "the worker let go of its state within the wait"
+    );
+    assert!(
+        asked.elapsed() < lb::agent::assembly::WORKER_STOP_WAIT,
+        "an idle worker stops at once: {:?}",
+        asked.elapsed()
     );
     assert!(
         cancel.load(Ordering::Relaxed),
-        "stopping cancels a reconcile in progress"
+        "the reconciler was told to stop"
     );
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);

@@ -72,7 +72,18 @@ pub struct Agent<M: LbMaps> {
     /// Shared with the reconciler (`Reconciler::with_cancel`): set on stop,
     /// a reconcile in progress stops at the next service.
     cancel: Arc<AtomicBool>,
+    /// Set on stop too: the parts beside the agent (the conntrack
+    /// collector).
+    stop_flags: Vec<Arc<AtomicBool>>,
     bpf_logs: Option<BpfLogs>,
+}
+
+/// How the agent stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stopped {
+    /// The worker let go of its state within `WORKER_STOP_WAIT` (false: it
+    /// was still writing and was left to the process's exit).
+    pub worker_stopped: bool,
 }
 
 impl<M: LbMaps + Send + 'static> Agent<M> {
@@ -93,8 +104,16 @@ impl<M: LbMaps + Send + 'static> Agent<M> {
             registry,
             node_eligibility,
             cancel,
+            stop_flags: Vec::new(),
             bpf_logs: None,
         }
+    }
+
+    /// Sets `flag` when the agent stops, with the reconciler's cancel flag
+    /// and before the worker is waited for.
+    pub fn with_stop_flag(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.stop_flags.push(flag);
+        self
     }
 
     /// Runs `forward` beside the agent (the programs' log records).
@@ -106,7 +125,7 @@ impl<M: LbMaps + Send + 'static> Agent<M> {
     /// Serves until `control` says `Stop` (or closes); then stops the
     /// worker, waiting at most `WORKER_STOP_WAIT` for it. The data path is
     /// left as it is: it keeps forwarding.
-    pub async fn run(self, control: mpsc::Receiver<Control>) -> anyhow::Result<()> {
+    pub async fn run(self, control: mpsc::Receiver<Control>) -> anyhow::Result<Stopped> {
         let Self {
             worker,
             source,
@@ -115,6 +134,7 @@ impl<M: LbMaps + Send + 'static> Agent<M> {
             registry,
             node_eligibility,
             cancel,
+            stop_flags,
             bpf_logs,
         } = self;
         // The reconciler runs on a thread of its own, fed through a mailbox
@@ -182,10 +202,19 @@ impl<M: LbMaps + Send + 'static> Agent<M> {
         // the rest.
         cancel.store(true, Ordering::Relaxed);
         mailbox.close();
-        // The worker says so before it frees its state (`worker_stopped`).
-        if !mailbox.wait_worker_stopped(WORKER_STOP_WAIT) && !worker.is_finished() {
+        for flag in &stop_flags {
+            flag.store(true, Ordering::Relaxed);
+        }
+        // The worker says so before it frees its state (`worker_stopped`);
+        // waited for off the runtime's threads.
+        let said =
+            tokio::task::spawn_blocking(move || mailbox.wait_worker_stopped(WORKER_STOP_WAIT))
+                .await
+                .unwrap_or(false);
+        let worker_stopped = said || worker.is_finished();
+        if !worker_stopped {
             warn!("the reconcile worker is still writing; leaving it (the maps stay consistent per service)");
         }
-        Ok(())
+        Ok(Stopped { worker_stopped })
     }
 }

@@ -6,10 +6,7 @@
 //! without tearing the data path down.
 use std::{
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{atomic::AtomicBool, Arc},
     time::Duration,
 };
 
@@ -291,16 +288,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(logger) = report.logger {
         agent = agent.with_bpf_logs(Box::pin(forward_bpf_logs(logger)));
     }
+    // Stopped with the worker, before it is waited for.
+    agent = agent.with_stop_flag(background.gc_stop.clone());
     let outcome = rt.block_on(async {
         let control = signals()?;
-        agent.run(control).await
+        agent.run(control).await.map(|_| ())
     });
-    background.stop();
     // Sockets still pinned to removed backends: the list is not kept
     // anywhere, so a scan cut short stays undone after a restart.
     if !udp_scans.wait_idle(Duration::from_millis(500)) {
         warn!("stopping during a scan for connected UDP sockets to removed backends: some may stay connected to them");
     }
+    background.join_if_finished();
     exit_without_teardown(outcome)
 }
 
@@ -461,8 +460,9 @@ impl Background {
         })
     }
 
-    fn stop(self) {
-        self.gc_stop.store(true, Ordering::Relaxed);
+    /// After the stop (`gc_stop` set with the agent's): joins the
+    /// collector if it is done already; the process exits either way.
+    fn join_if_finished(self) {
         if let Some(gc) = self.gc {
             if gc.is_finished() {
                 let _ = gc.join();

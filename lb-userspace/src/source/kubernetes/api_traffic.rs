@@ -12,11 +12,15 @@
 //! cache: 410 Gone and a full relist. Counting them where the bytes pass is
 //! the only place left; it changes nothing of what kube does.
 //!
-//! The apiserver sends each watch event as one JSON object per line,
-//! `{"type":"BOOKMARK","object":{...}}` (k8s.io/apimachinery
-//! pkg/watch/json). Inside a JSON string a quote is always escaped, so the
-//! unescaped bytes `"type":"BOOKMARK"` can only be that key and value, never
-//! a label or annotation.
+//! The apiserver sends each watch event as one JSON object per line, its
+//! type first: `{"type":"BOOKMARK","object":{...}}` (metav1.WatchEvent
+//! through Go's json.Encoder, which ends every value with a newline). So a
+//! bookmark is `{"type":"BOOKMARK"` at the start of the body or right after
+//! a newline; the same bytes elsewhere are an object's field (a condition's
+//! `type`, say), and a string's newlines and quotes are always escaped.
+//!
+//! Only requests the apiserver answered with success are counted: a list
+//! refused during an outage (and retried with backoff) is not a relist.
 use std::{
     pin::Pin,
     task::{Context, Poll},
@@ -32,8 +36,9 @@ use prometheus_client::{
     registry::Registry,
 };
 
-/// What each watch event of type BOOKMARK carries, unescaped.
-const BOOKMARK: &[u8] = br#""type":"BOOKMARK""#;
+/// How a bookmark event starts, after the newline that ends the event
+/// before it (the body's start counts as one).
+const BOOKMARK: &[u8] = b"\n{\"type\":\"BOOKMARK\"";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
@@ -57,12 +62,12 @@ impl ApiTraffic {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "kubernetes_lists",
-            "Lists of a resource from the apiserver (first pages): the initial list and every relist (after 410 Gone or a change of apiserver)",
+            "Lists of a resource the apiserver answered (first pages): the initial list and every relist (after 410 Gone or a change of apiserver)",
             self.lists.clone(),
         );
         registry.register(
             "kubernetes_watches",
-            "Watch requests to the apiserver: a watch started after a list or resumed from the last resourceVersion",
+            "Watch requests the apiserver accepted: a watch started after a list or resumed from the last resourceVersion",
             self.watches.clone(),
         );
         registry.register(
@@ -70,15 +75,6 @@ impl ApiTraffic {
             "Bookmarks the apiserver sent on the watches (about one a minute per watch): they keep a quiet watch's resourceVersion recent, so a resumed watch needs no relist",
             self.bookmarks.clone(),
         );
-    }
-
-    /// The count of `family` for `resource` (tests, `lbctl`).
-    pub fn get(family: &Family<ResourceLabels, Counter>, resource: &str) -> u64 {
-        family
-            .get_or_create(&ResourceLabels {
-                resource: resource.to_string(),
-            })
-            .get()
     }
 }
 
@@ -93,7 +89,9 @@ enum Call {
 /// `/apis/discovery.k8s.io/v1/endpointslices`,
 /// `/api/v1/namespaces/x/services`) with `watch=true` or without a
 /// `continue` token; anything else (a probe, a get of one object, a later
-/// page) is not counted.
+/// page) is not counted. (A namespace's subresource,
+/// `/api/v1/namespaces/x/status`, would read as a collection; the agent
+/// asks for none.)
 fn classify(method: &http::Method, uri: &http::Uri) -> Option<Call> {
     if method != http::Method::GET {
         return None;
@@ -164,24 +162,27 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let bookmarks = match classify(req.method(), req.uri()) {
-            Some(Call::List(resource)) => {
-                self.traffic
-                    .lists
-                    .get_or_create(&ResourceLabels { resource })
-                    .inc();
-                None
-            }
-            Some(Call::Watch(resource)) => {
-                let labels = ResourceLabels { resource };
-                self.traffic.watches.get_or_create(&labels).inc();
-                Some(self.traffic.bookmarks.get_or_create(&labels).clone())
-            }
-            None => None,
-        };
+        let call = classify(req.method(), req.uri());
+        let traffic = self.traffic.clone();
         let response = self.inner.call(req);
         Box::pin(async move {
             let response = response.await?;
+            let answered = response.status().is_success();
+            let bookmarks = match call {
+                Some(Call::List(resource)) if answered => {
+                    traffic
+                        .lists
+                        .get_or_create(&ResourceLabels { resource })
+                        .inc();
+                    None
+                }
+                Some(Call::Watch(resource)) if answered => {
+                    let labels = ResourceLabels { resource };
+                    traffic.watches.get_or_create(&labels).inc();
+                    Some(traffic.bookmarks.get_or_create(&labels).clone())
+                }
+                _ => None,
+            };
             Ok(response.map(|body| Counted {
                 inner: Box::pin(body),
                 bookmarks,
@@ -192,10 +193,18 @@ where
 }
 
 /// Finds `BOOKMARK` in a stream of chunks, across chunk boundaries.
-#[derive(Default)]
 struct Scanner {
-    /// The last `BOOKMARK.len() - 1` bytes of the previous chunk.
+    /// The last `BOOKMARK.len() - 1` bytes of the previous chunk; at first
+    /// a newline, so that an event at the body's start is found too.
     tail: Vec<u8>,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Self {
+            tail: b"\n".to_vec(),
+        }
+    }
 }
 
 impl Scanner {
@@ -292,8 +301,14 @@ mod tests {
     }
 
     #[test]
-    fn bookmarks_are_found_across_chunk_boundaries_and_never_inside_strings() {
+    fn bookmarks_are_found_across_chunk_boundaries_and_never_inside_objects() {
         let stream = concat!(
+            r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"5"}}}"#,
+            "\n",
+            r#"{"type":"MODIFIED","object":{"status":{"conditions":[{"type":"BOOKMARK"}]}}}"#,
+            "\n",
+            r#"{"type":"ADDED","object":{"metadata":{"annotations":{"a":"x\n{\"type\":\"BOOKMARK\""}}}}"#,
+            "\n",
             r#"{"type":"ADDED","object":{"metadata":{"annotations":{"a":"\"type\":\"BOOKMARK\""}}}}"#,
             "\n",
             r#"{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"7"}}}"#,
@@ -304,11 +319,12 @@ mod tests {
             "\n",
         )
         .as_bytes();
-        // Every split of the stream into chunks of every size finds two.
+        // Every split of the stream into chunks of every size finds the
+        // three bookmarks, and nothing inside the objects.
         for size in 1..=stream.len() {
             let mut s = Scanner::default();
             let found: u64 = stream.chunks(size).map(|c| s.scan(c)).sum();
-            assert_eq!(found, 2, "chunks of {size} bytes");
+            assert_eq!(found, 3, "chunks of {size} bytes");
         }
     }
 }
