@@ -95,6 +95,11 @@ pub struct KubeBreakdown {
     /// The reconciler: the model, the mirror of the maps, ids.
     pub reconciler: u64,
     pub total: u64,
+    /// Live heap blocks (allocations), all and the reconciler's: each
+    /// costs the allocator a header and rounding that `total` does not
+    /// count and RSS does.
+    pub blocks: u64,
+    pub reconciler_blocks: u64,
     /// How much the process's resident memory grew meanwhile (the heap
     /// above plus the allocator's overhead and what it keeps).
     pub rss_kib: u64,
@@ -134,6 +139,7 @@ pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
     let started = Instant::now();
     let rss_before = crate::memory::rss_kib(std::process::id());
     let before = live();
+    let blocks_before = crate::memory::blocks();
     let mut store = Store::new("bench-node", Default::default());
     store.on_node(Event::Init);
     store.on_node(Event::InitApply(node()));
@@ -162,11 +168,19 @@ pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
     r.reconcile_model(model).expect("reconcile into null maps");
     let total = (live() - before) as u64;
     let feed_s = started.elapsed().as_secs_f64();
+    // As the agent does after every full model (agent/worker.rs): the
+    // decoding's freed buffers go back to the kernel; what stays resident
+    // is the heap the store and the reconciler hold, and the allocator's
+    // overhead on it.
+    lb::sys::heap::release_free_memory();
     let rss_kib = crate::memory::rss_kib(std::process::id()).saturating_sub(rss_before);
+    let blocks = (crate::memory::blocks() - blocks_before) as u64;
     // Each part is what dropping it gives back.
     let b = live();
+    let bb = crate::memory::blocks();
     drop(r);
     let reconciler = (b - live()) as u64;
+    let reconciler_blocks = (bb - crate::memory::blocks()) as u64;
     drop(store);
 
     // What the store held before: the k8s-openapi types, whole.
@@ -188,6 +202,8 @@ pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
         store: total.saturating_sub(reconciler),
         reconciler,
         total,
+        blocks,
+        reconciler_blocks,
         rss_kib,
         feed_s,
         openapi_per_service: openapi / openapi_services.max(1) as u64,

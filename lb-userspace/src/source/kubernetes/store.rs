@@ -17,6 +17,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Node;
+use smallvec::SmallVec;
 
 use super::slim::{EndpointSlice, Service as K8sService};
 use kube::runtime::watcher::Event;
@@ -200,10 +201,11 @@ impl Store {
                 .push((service_name(&s), ServiceRecord::new(&s))),
             Event::InitDone => {
                 let items = self.svc_relist.buffer.take().unwrap_or_default();
-                self.services = items
-                    .into_iter()
-                    .filter_map(|(name, r)| Some((name, r?)))
-                    .collect();
+                // Sized once for the list: a map grown by doubling leaves its
+                // old tables as holes in the heap.
+                let mut services = HashMap::with_capacity(items.len());
+                services.extend(items.into_iter().filter_map(|(name, r)| Some((name, r?))));
+                self.services = services;
                 self.svc_relist.synced = true;
                 self.full_pending = true;
             }
@@ -254,8 +256,8 @@ impl Store {
                         self.note_trigger(s);
                     }
                 }
-                self.slices.clear();
-                self.slice_owner.clear();
+                self.slices = HashMap::with_capacity(items.len());
+                self.slice_owner = HashMap::with_capacity(items.len());
                 for s in items {
                     self.put_slice(s);
                 }
@@ -275,11 +277,17 @@ impl Store {
             self.dirty.insert(old);
         }
         if let Some(owner) = owner {
+            // The service's own name when it is known: one shared text
+            // instead of a second copy per service.
+            let owner = match self.services.get_key_value(&owner) {
+                Some((name, _)) => name.clone(),
+                None => owner,
+            };
             self.dirty.insert(owner.clone());
             self.slices
                 .entry(owner.clone())
                 .or_default()
-                .insert(key.name(), record);
+                .insert(&key, record);
             self.slice_owner.insert(key, owner);
         }
     }
@@ -352,14 +360,19 @@ impl Store {
             self.sent.clear();
             let mut names: Vec<ServiceName> = self.services.keys().cloned().collect();
             names.sort();
-            let mut todo: BTreeSet<ServiceName> = names.into_iter().collect();
-            let mut model = Model::default();
-            // Claims settle in name order, so one pass suffices for a full build.
-            while let Some(name) = todo.pop_first() {
+            // Claims settle in name order, so one pass suffices for a full
+            // build (what it wakes is built later in the same pass). The
+            // map is built from the sorted pairs at once: full B-tree nodes,
+            // where inserting one by one leaves them half full.
+            let mut built = Vec::with_capacity(names.len());
+            for name in names {
                 if let Some(svc) = self.build(&name, &mut BTreeSet::new()) {
-                    model.services.insert(name, svc);
+                    built.push((name, svc));
                 }
             }
+            let model = Model {
+                services: built.into_iter().collect(),
+            };
             for (name, svc) in &model.services {
                 self.sent.entry(name.clone()).or_default().print = Some(fingerprint(svc));
             }
@@ -442,7 +455,8 @@ impl Store {
                 }
             }
         }
-        self.sent.entry(name.clone()).or_default().asked = wanted.into_boxed_slice();
+        // (From a slice: exact room, where `from_vec` would keep the vector's spare.)
+        self.sent.entry(name.clone()).or_default().asked = SmallVec::from_slice(&wanted);
         let claims = &self.claims;
         let mut lost = Vec::new();
         svc.frontends.retain(|f| {
@@ -474,8 +488,9 @@ impl Store {
 /// What the store last asked and output for a service.
 #[derive(Default)]
 struct Sent {
-    /// The frontends it claimed.
-    asked: Box<[FrontendId]>,
+    /// The frontends it claimed (one inline: most services have one port
+    /// and one address, and a block per service is 48 B of RSS).
+    asked: SmallVec<[FrontendId; 1]>,
     /// A fingerprint of the service as output, to skip no-op changes (the
     /// reconciler holds the service itself: no second copy here).
     print: Option<u64>,
@@ -536,28 +551,32 @@ impl Claimants {
 }
 
 /// A service's slices by name: almost always one, so a small vector, not a
-/// map (a B-tree's first node alone would take a dozen slices' room).
+/// map (a B-tree's first node alone would take a dozen slices' room). Each
+/// slice is named by its key, the text `slice_owner` holds too (shared).
 #[derive(Default)]
-struct SliceSet(Vec<(Box<str>, SliceRecord)>);
+struct SliceSet(Vec<(ServiceName, SliceRecord)>);
 
 impl SliceSet {
     fn get(&self, name: &str) -> Option<&SliceRecord> {
-        self.0.iter().find(|(n, _)| &**n == name).map(|(_, s)| s)
+        self.0.iter().find(|(n, _)| n.name() == name).map(|(_, s)| s)
     }
 
-    fn insert(&mut self, name: &str, slice: SliceRecord) {
-        match self.0.iter_mut().find(|(n, _)| &**n == name) {
+    fn insert(&mut self, key: &ServiceName, slice: SliceRecord) {
+        match self.0.iter_mut().find(|(n, _)| n.name() == key.name()) {
             Some((_, old)) => *old = slice,
             None => {
-                self.0.push((name.into(), slice));
+                // Room for exactly one more: a first push would reserve four
+                // (320 B where one slice of a service is the rule).
+                self.0.reserve_exact(1);
+                self.0.push((key.clone(), slice));
                 // Sorted by name, as the map was: the translation's order.
-                self.0.sort_by(|a, b| a.0.cmp(&b.0));
+                self.0.sort_by(|a, b| a.0.name().cmp(b.0.name()));
             }
         }
     }
 
     fn remove(&mut self, name: &str) {
-        self.0.retain(|(n, _)| &**n != name);
+        self.0.retain(|(n, _)| n.name() != name);
     }
 
     fn values(&self) -> impl Iterator<Item = &SliceRecord> {

@@ -125,14 +125,26 @@ pub struct ServiceRecord {
     addresses: Box<[(IpAddr, FrontendKind)]>,
     ports: Box<[PortRecord]>,
     affinity_timeout_s: Option<u32>,
-    source_ranges: Box<[crate::net::Cidr]>,
     internal_local: bool,
     external_local: bool,
-    algorithm: AlgorithmChoice,
+    /// The algorithm annotation when it names one we know; None: the
+    /// node's default (absent, or not one we know: see `Rare`).
+    algorithm: Option<Algorithm>,
+    health_check_node_port: Option<u16>,
+    /// What few services have, behind one pointer: the record of a plain
+    /// service stays small (56 B instead of 120 B, kept per service).
+    rare: Option<Box<Rare>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Rare {
+    source_ranges: Box<[crate::net::Cidr]>,
     /// The maglev-table-size annotation, as written.
     maglev_table_size: Option<Box<str>>,
-    health_check_node_port: Option<u16>,
-    warnings: Option<Box<[Warning]>>,
+    /// An algorithm annotation that is not one we know, as written (warned
+    /// about at every translation, with the node's default used).
+    unknown_algorithm: Option<Box<str>>,
+    warnings: Box<[Warning]>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,15 +154,6 @@ struct PortRecord {
     port: u16,
     protocol: Protocol,
     node_port: Option<u16>,
-}
-
-/// The algorithm annotation: absent (the node's default), one we know, or
-/// not one we know (warned about with the node's default).
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum AlgorithmChoice {
-    Default,
-    Set(Algorithm),
-    Invalid(Box<str>),
 }
 
 /// What the store keeps of an EndpointSlice: its ports and its endpoints'
@@ -383,11 +386,11 @@ impl ServiceRecord {
                 .and_then(|a| a.get(key))
                 .map(String::as_str)
         };
-        let algorithm = match annotation(ANNOTATION_ALGORITHM) {
-            None => AlgorithmChoice::Default,
-            Some("random") => AlgorithmChoice::Set(Algorithm::Random),
-            Some("maglev") => AlgorithmChoice::Set(Algorithm::Maglev),
-            Some(other) => AlgorithmChoice::Invalid(other.into()),
+        let (algorithm, unknown_algorithm) = match annotation(ANNOTATION_ALGORITHM) {
+            None => (None, None),
+            Some("random") => (Some(Algorithm::Random), None),
+            Some("maglev") => (Some(Algorithm::Maglev), None),
+            Some(other) => (None, Some(other.into())),
         };
         let maglev_table_size = annotation(ANNOTATION_MAGLEV_TABLE_SIZE).map(|v| v.trim().into());
 
@@ -446,22 +449,26 @@ impl ServiceRecord {
                 node_port,
             });
         }
+        let rare = Rare {
+            source_ranges: source_ranges.into_boxed_slice(),
+            maglev_table_size,
+            unknown_algorithm,
+            warnings: warnings.into_boxed_slice(),
+        };
         Some(Self {
             load_balancer,
             addresses: addresses.into_boxed_slice(),
             ports: ports.into_boxed_slice(),
             affinity_timeout_s,
-            source_ranges: source_ranges.into_boxed_slice(),
             internal_local,
             external_local,
             algorithm,
-            maglev_table_size,
             health_check_node_port: (load_balancer && external_local)
                 .then_some(spec.health_check_node_port)
                 .flatten()
                 .and_then(|p| u16::try_from(p).ok())
                 .filter(|p| *p != 0),
-            warnings: (!warnings.is_empty()).then(|| warnings.into_boxed_slice()),
+            rare: (rare != Rare::default()).then(|| Box::new(rare)),
         })
     }
 }
@@ -489,16 +496,13 @@ pub fn translate_records<'a>(
     slices: impl IntoIterator<Item = &'a SliceRecord>,
     node: &NodeContext,
 ) -> Translation {
-    let mut warnings: Vec<Warning> = svc.warnings.iter().flatten().cloned().collect();
-    let algorithm = match &svc.algorithm {
-        AlgorithmChoice::Default => node.default_algorithm,
-        AlgorithmChoice::Set(a) => *a,
-        AlgorithmChoice::Invalid(other) => {
-            warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using the default ({:?})", node.default_algorithm));
-            node.default_algorithm
-        }
-    };
-    let maglev_table_size = match svc.maglev_table_size.as_deref() {
+    let rare = svc.rare.as_deref();
+    let mut warnings: Vec<Warning> = rare.map(|r| r.warnings.to_vec()).unwrap_or_default();
+    if let Some(other) = rare.and_then(|r| r.unknown_algorithm.as_deref()) {
+        warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using the default ({:?})", node.default_algorithm));
+    }
+    let algorithm = svc.algorithm.unwrap_or(node.default_algorithm);
+    let maglev_table_size = match rare.and_then(|r| r.maglev_table_size.as_deref()) {
         None => None,
         Some(_) if algorithm != Algorithm::Maglev => {
             warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_MAGLEV_TABLE_SIZE} is set but the service does not use Maglev (set {ANNOTATION_ALGORITHM}: maglev); ignored"));
@@ -522,7 +526,7 @@ pub fn translate_records<'a>(
         affinity_timeout_s: svc.affinity_timeout_s,
         internal_local: svc.internal_local,
         external_local: svc.external_local,
-        source_ranges: &svc.source_ranges,
+        source_ranges: rare.map_or(&[][..], |r| &r.source_ranges),
     };
     let mut frontends = Vec::new();
     for port in &svc.ports {
@@ -539,11 +543,18 @@ pub fn translate_records<'a>(
     }
     frontends.sort_by_key(|a| (a.address, a.port, a.protocol));
     frontends.dedup_by(|a, b| (a.address, a.port, a.protocol) == (b.address, b.port, b.protocol));
+    let mut service = Service {
+        frontends,
+        health_check_node_port: svc.health_check_node_port,
+    };
+    // Shrunk here, as it is made: the spare room a shrink gives back is a
+    // hole the next service's allocations fill. Shrunk later, when the
+    // reconciler takes the whole model (`Model::shrink_to_fit`), every
+    // service left a hole between live blocks that no page-sized trim can
+    // return: 360 B of RSS per service at 100 000 services.
+    service.shrink_to_fit();
     Translation {
-        service: Some(Service {
-            frontends,
-            health_check_node_port: svc.health_check_node_port,
-        }),
+        service: Some(service),
         warnings,
     }
 }
