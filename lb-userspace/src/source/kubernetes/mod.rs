@@ -8,8 +8,10 @@
 //!   the translation of a service's record and its slices' into the model;
 //! * `store`: the records, complete lists before any output, frontend
 //!   claims, and what changed since the last output;
+//! * `port_names`: one shared copy of each port name the records hold;
 //! * `api_traffic`: lists, watch requests and bookmarks, counted on the wire.
 pub mod api_traffic;
+pub mod port_names;
 pub mod slim;
 pub mod store;
 pub mod translate;

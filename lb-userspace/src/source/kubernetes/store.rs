@@ -22,6 +22,7 @@ use smallvec::SmallVec;
 use super::slim::{EndpointSlice, Service as K8sService};
 use kube::runtime::watcher::Event;
 
+use super::port_names::PortNames;
 use super::translate::{
     self, service_name, slice_service, NodeContext, ServiceRecord, SliceRecord, Warning,
 };
@@ -76,6 +77,8 @@ pub struct Store {
     sent: HashMap<ServiceName, Sent>,
     warnings: Vec<Warning>,
     eligible: Option<bool>,
+    /// Port names, one copy each, shared by the records.
+    port_names: PortNames,
     /// When this store started: trigger times before it are not ours to
     /// measure (kube-proxy's endpointsChangeTracker.trackerStartTime).
     started: SystemTime,
@@ -133,6 +136,7 @@ impl Store {
             sent: HashMap::new(),
             warnings: Vec::new(),
             eligible: None,
+            port_names: PortNames::default(),
             started: SystemTime::now(),
             triggers: Vec::new(),
         }
@@ -183,7 +187,7 @@ impl Store {
             Event::Apply(s) => {
                 let name = service_name(&s);
                 self.dirty.insert(name.clone());
-                match ServiceRecord::new(&s) {
+                match ServiceRecord::new(&s, &mut self.port_names) {
                     Some(r) => self.services.insert(name, r),
                     None => self.services.remove(&name),
                 };
@@ -194,11 +198,10 @@ impl Store {
                 self.services.remove(&name);
             }
             Event::Init => self.svc_relist.buffer = Some(Vec::new()),
-            Event::InitApply(s) => self
-                .svc_relist
-                .buffer
-                .get_or_insert_with(Vec::new)
-                .push((service_name(&s), ServiceRecord::new(&s))),
+            Event::InitApply(s) => self.svc_relist.buffer.get_or_insert_with(Vec::new).push((
+                service_name(&s),
+                ServiceRecord::new(&s, &mut self.port_names),
+            )),
             Event::InitDone => {
                 let items = self.svc_relist.buffer.take().unwrap_or_default();
                 // Sized once for the list: a map grown by doubling leaves its
@@ -213,11 +216,11 @@ impl Store {
     }
 
     /// The record of a slice, filed under its service.
-    fn file(&self, s: &EndpointSlice) -> Filed {
+    fn file(&mut self, s: &EndpointSlice) -> Filed {
         Filed {
             key: slice_key(s),
             owner: slice_service(s),
-            record: SliceRecord::new(s, &self.node_name),
+            record: SliceRecord::new(s, &self.node_name, &mut self.port_names),
         }
     }
 
@@ -376,6 +379,8 @@ impl Store {
             for (name, svc) in &model.services {
                 self.sent.entry(name.clone()).or_default().print = Some(fingerprint(svc));
             }
+            // After a relist: names only deleted objects had.
+            self.port_names.prune();
             return Some(Output::Full(model));
         }
         if self.dirty.is_empty() {
@@ -558,7 +563,10 @@ struct SliceSet(Vec<(ServiceName, SliceRecord)>);
 
 impl SliceSet {
     fn get(&self, name: &str) -> Option<&SliceRecord> {
-        self.0.iter().find(|(n, _)| n.name() == name).map(|(_, s)| s)
+        self.0
+            .iter()
+            .find(|(n, _)| n.name() == name)
+            .map(|(_, s)| s)
     }
 
     fn insert(&mut self, key: &ServiceName, slice: SliceRecord) {

@@ -24,8 +24,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
 };
 
+use super::port_names::PortNames;
 use super::slim::{EndpointSlice, Service as K8sService};
 
 use crate::model::{
@@ -150,7 +152,8 @@ struct Rare {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct PortRecord {
     index: u16,
-    name: Box<str>,
+    /// Shared with every port of that name (`PortNames`).
+    name: Arc<str>,
     port: u16,
     protocol: Protocol,
     node_port: Option<u16>,
@@ -173,7 +176,8 @@ pub struct SliceRecord {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct SlicePort {
-    name: Box<str>,
+    /// Shared with every port of that name (`PortNames`).
+    name: Arc<str>,
     /// None: a protocol the load balancer does not serve.
     protocol: Option<Protocol>,
     /// None: no port, or 0 or out of range.
@@ -191,7 +195,7 @@ struct EndpointRecord {
 
 impl SliceRecord {
     /// The record of `slice` for the agent on node `node_name`.
-    pub fn new(slice: &EndpointSlice, node_name: &str) -> Self {
+    pub fn new(slice: &EndpointSlice, node_name: &str, names: &mut PortNames) -> Self {
         let trigger = slice
             .metadata
             .annotations
@@ -210,7 +214,7 @@ impl SliceRecord {
             .iter()
             .flatten()
             .map(|p| SlicePort {
-                name: p.name.as_deref().unwrap_or("").into(),
+                name: names.get(p.name.as_deref().unwrap_or("")),
                 protocol: Protocol::from_name(p.protocol.as_deref().unwrap_or("TCP")),
                 port: p
                     .port
@@ -280,7 +284,7 @@ impl SliceRecord {
 impl ServiceRecord {
     /// The record of `svc`; None when nothing of it is for us (headless,
     /// ExternalName, another proxy's, no spec).
-    pub fn new(svc: &K8sService) -> Option<Self> {
+    pub fn new(svc: &K8sService, names: &mut PortNames) -> Option<Self> {
         let name = service_name(svc);
         let mut warnings = Vec::new();
         let spec = svc.spec.as_ref()?;
@@ -443,7 +447,7 @@ impl ServiceRecord {
             };
             ports.push(PortRecord {
                 index: i as u16,
-                name: port.name.as_deref().unwrap_or("").into(),
+                name: names.get(port.name.as_deref().unwrap_or("")),
                 port: number,
                 protocol,
                 node_port,
@@ -480,12 +484,13 @@ pub fn translate<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     node: &NodeContext,
 ) -> Translation {
-    let Some(record) = ServiceRecord::new(svc) else {
+    let mut names = PortNames::default();
+    let Some(record) = ServiceRecord::new(svc, &mut names) else {
         return Translation::default();
     };
     let slices: Vec<SliceRecord> = slices
         .into_iter()
-        .map(|s| SliceRecord::new(s, &node.name))
+        .map(|s| SliceRecord::new(s, &node.name, &mut names))
         .collect();
     translate_records(&service_name(svc), &record, &slices, node)
 }
