@@ -87,6 +87,13 @@ impl ServiceName {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// Both hold the one shared copy of the text (the store keeps one per
+    /// service).
+    #[cfg(test)]
+    pub(crate) fn shares_text_with(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.text, &other.text)
+    }
 }
 
 impl Ord for ServiceName {

@@ -35,6 +35,12 @@ impl PortNames {
     pub fn prune(&mut self) {
         self.names.retain(|n| Arc::strong_count(n) > 1);
         self.kept = self.names.len();
+        // A table once grown for many names (a cluster that had them) would
+        // otherwise keep its size for good.
+        let room = 2 * self.kept.max(64);
+        if self.names.capacity() > 2 * room {
+            self.names.shrink_to(room);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -77,5 +83,20 @@ mod tests {
         }
         names.prune();
         assert_eq!(names.len(), held.len());
+    }
+
+    #[test]
+    fn a_table_grown_for_many_names_shrinks_when_they_are_let_go() {
+        let mut names = PortNames::default();
+        let many: Vec<Arc<str>> = (0..10_000).map(|i| names.get(&format!("p-{i}"))).collect();
+        assert!(names.names.capacity() >= 10_000);
+        drop(many);
+        names.prune();
+        assert!(names.is_empty());
+        assert!(
+            names.names.capacity() <= 4 * 64,
+            "capacity {} after every name was let go",
+            names.names.capacity()
+        );
     }
 }

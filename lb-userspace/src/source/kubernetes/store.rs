@@ -185,7 +185,7 @@ impl Store {
     pub fn on_service(&mut self, ev: Event<K8sService>) {
         match ev {
             Event::Apply(s) => {
-                let name = service_name(&s);
+                let name = self.held_name(service_name(&s));
                 self.dirty.insert(name.clone());
                 match ServiceRecord::new(&s, &mut self.port_names) {
                     Some(r) => self.services.insert(name, r),
@@ -207,11 +207,28 @@ impl Store {
                 // Sized once for the list: a map grown by doubling leaves its
                 // old tables as holes in the heap.
                 let mut services = HashMap::with_capacity(items.len());
-                services.extend(items.into_iter().filter_map(|(name, r)| Some((name, r?))));
+                for (name, r) in items {
+                    if let Some(r) = r {
+                        services.insert(self.held_name(name), r);
+                    }
+                }
                 self.services = services;
                 self.svc_relist.synced = true;
                 self.full_pending = true;
             }
+        }
+    }
+
+    /// `name`, or the same name as the store already holds it (a service's
+    /// key, else its slices' owner): one shared text per service instead of
+    /// a copy for each map, whichever of the lists arrives first.
+    fn held_name(&self, name: ServiceName) -> ServiceName {
+        if let Some((held, _)) = self.services.get_key_value(&name) {
+            return held.clone();
+        }
+        match self.slices.get_key_value(&name) {
+            Some((held, _)) => held.clone(),
+            None => name,
         }
     }
 
@@ -280,12 +297,7 @@ impl Store {
             self.dirty.insert(old);
         }
         if let Some(owner) = owner {
-            // The service's own name when it is known: one shared text
-            // instead of a second copy per service.
-            let owner = match self.services.get_key_value(&owner) {
-                Some((name, _)) => name.clone(),
-                None => owner,
-            };
+            let owner = self.held_name(owner);
             self.dirty.insert(owner.clone());
             self.slices
                 .entry(owner.clone())
@@ -363,8 +375,9 @@ impl Store {
             self.sent.clear();
             let mut names: Vec<ServiceName> = self.services.keys().cloned().collect();
             names.sort();
-            // Claims settle in name order, so one pass suffices for a full
-            // build (what it wakes is built later in the same pass). The
+            // Claims settle in name order, and a full build claims in name
+            // order from nothing: no service takes a frontend from one built
+            // before it, nothing is woken, one pass builds all. The
             // map is built from the sorted pairs at once: full B-tree nodes,
             // where inserting one by one leaves them half full.
             let mut built = Vec::with_capacity(names.len());
@@ -668,6 +681,32 @@ mod tests {
             "status": {"addresses": ips.iter().map(|ip| json!({"type": "InternalIP", "address": ip})).collect::<Vec<_>>()}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_service_and_its_slices_share_one_copy_of_its_name_whichever_list_comes_first() {
+        let shared = |s: &Store| {
+            let (key, _) = s.services.iter().next().expect("a service");
+            let (owner, _) = s.slices.iter().next().expect("a slice set");
+            let filed = s.slice_owner.values().next().expect("a slice's owner");
+            key.shares_text_with(owner) && owner.shares_text_with(filed)
+        };
+        // Services listed first, then slices (the usual order).
+        let s = synced(vec![svc("a", "10.96.0.1", &[])], vec![slice("a-1", "a", &["10.244.0.1"])]);
+        assert!(shared(&s), "slices listed after the service");
+        // Slices first: the service takes the name its slices hold.
+        let mut s = Store::new("node-a", NodePortAddresses::default());
+        s.on_slice(Event::Init);
+        s.on_slice(Event::InitApply(slice("a-1", "a", &["10.244.0.1"])));
+        s.on_slice(Event::InitDone);
+        s.on_service(Event::Init);
+        s.on_service(Event::InitApply(svc("a", "10.96.0.1", &[])));
+        s.on_service(Event::InitDone);
+        assert!(shared(&s), "service listed after its slices");
+        // A service created by a watch event after its slice.
+        let mut s = synced(vec![], vec![slice("a-1", "a", &["10.244.0.1"])]);
+        s.on_service(Event::Apply(svc("a", "10.96.0.1", &[])));
+        assert!(shared(&s), "service watched after its slice");
     }
 
     fn synced(services: Vec<K8sService>, slices: Vec<EndpointSlice>) -> Store {
