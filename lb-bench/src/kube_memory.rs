@@ -137,6 +137,9 @@ pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
     let rec = Recorded::load();
     let wire = (rec.service(0).len() + rec.slice(0, endpoints).len()) as u64;
     let started = Instant::now();
+    // Trimmed first too: the recorded list's own freed buffers would
+    // otherwise be counted against the store.
+    lb::sys::heap::release_free_memory();
     let rss_before = crate::memory::rss_kib(std::process::id());
     let before = live();
     let blocks_before = crate::memory::blocks();
@@ -211,7 +214,7 @@ pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
 }
 
 /// The agent at scale on the real control plane.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct KubeScale {
     pub services: usize,
     /// Seconds to create the services and their slices through the

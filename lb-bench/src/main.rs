@@ -63,6 +63,11 @@ enum Command {
     /// fresh process, printed as JSON.
     #[command(hide = true)]
     KubeMemory { services: usize, endpoints: usize },
+    /// Internal: Kubernetes mode through the real apiserver at one count
+    /// (`kube_memory::scale`), printed as JSON: one row of the memory part
+    /// alone, to compare changes without the whole run.
+    #[command(hide = true)]
+    KubeScale { services: usize },
     /// Internal: one kind of connect in a loop, to profile beside it.
     #[command(hide = true)]
     ProfileConnect {
@@ -95,6 +100,11 @@ fn main() {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("lb-bench: loads BPF programs and creates network namespaces: run as root (cargo xtask bench)");
         std::process::exit(1);
+    }
+    if let Some(Command::KubeScale { services }) = cli.command {
+        let s = kube_memory::scale(services);
+        println!("{}", serde_json::to_string(&s).unwrap());
+        return;
     }
     if let Some(Command::ProfileConnect {
         dial,
