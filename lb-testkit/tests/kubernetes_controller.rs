@@ -30,6 +30,7 @@ async fn start(api: &FakeApiServer) -> Watch {
         debounce: Duration::from_millis(30),
         node_eligibility: Default::default(),
         default_algorithm: Default::default(),
+        changes: Default::default(),
     };
     Watch {
         rx,

@@ -244,7 +244,8 @@ fn with_only_its_shipped_rbac_over_tls_the_agent_serves_a_clusterip_from_real_en
 /// EndpointSlice controller: ready → not ready → deleted (terminating) →
 /// gone; and a rolling replacement of every pod under load fails no connect.
 #[test]
-fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_connect() {
+fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_connect_timed_under_ours_and_kube_proxys_metric_names(
+) {
     let w = World::new("k8sreal_roll", 3);
     let _servers = w.tcp_servers(8080, false);
     let ns = unique("roll").to_lowercase().replace('_', "-");
@@ -312,6 +313,70 @@ fn pod_readiness_and_a_rolling_update_under_load_reach_the_maps_with_no_failed_c
         "mean {} s over {count}",
         sum / count
     );
+    // The same under kube-proxy's names, so its dashboards keep working:
+    // every latency ours has, under the slice's family; every reconcile as
+    // a sync of both families, its time as the last one; every Service and
+    // EndpointSlice the watches brought as a change.
+    // (One scrape can fall between our observation and kube-proxy's: the
+    // check is asked again of a new scrape, for up to 5 s.)
+    let kube_proxys_names = || -> Result<(), String> {
+        let (_, metrics) = agent.http_get("/metrics");
+        let value = |line_start: &str| -> Result<f64, String> {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(line_start)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| format!("no {line_start}:\n{metrics}"))
+        };
+        let ours = value("lb_network_programming_duration_seconds_count")?;
+        let family = |f: &str| {
+            value(&format!(
+                "kubeproxy_network_programming_duration_seconds_count{{ip_family=\"{f}\"}}"
+            ))
+        };
+        let v4 = family("IPv4")?;
+        let theirs = v4 + family("IPv6").unwrap_or(0.0);
+        if !(v4 >= 2.0 && theirs == ours) {
+            return Err(format!("network programming: kube-proxy's {theirs} ({v4} IPv4, this test's family), ours {ours}"));
+        }
+        let reconciles = value("lb_reconcile_duration_seconds_count")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        for f in ["IPv4", "IPv6"] {
+            let syncs = value(&format!(
+                "kubeproxy_sync_proxy_rules_duration_seconds_count{{ip_family=\"{f}\"}}"
+            ))?;
+            let last = value(&format!(
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family=\"{f}\"}}"
+            ))?;
+            if !(syncs >= 1.0 && syncs == reconciles && (0.0..60.0).contains(&(now - last))) {
+                return Err(format!(
+                    "{f}: {syncs} syncs, {reconciles} reconciles, last sync {last}, now {now}"
+                ));
+            }
+        }
+        // At least this test's service, and its slice as listed and its two
+        // flips (other tests' objects come on top: one control plane).
+        let services = value("kubeproxy_sync_proxy_rules_service_changes_total")?;
+        let slices = value("kubeproxy_sync_proxy_rules_endpoint_changes_total")?;
+        if !(services >= 1.0 && slices >= 3.0) {
+            return Err(format!(
+                "{services} service changes, {slices} endpoint changes"
+            ));
+        }
+        Ok(())
+    };
+    let mut last = kube_proxys_names();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while last.is_err() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        last = kube_proxys_names();
+    }
+    if let Err(e) = last {
+        panic!("kube-proxy's metric names: {e}");
+    }
 
     // A rolling replacement under load: web-3 comes up, then each old pod
     // is deleted (terminating while no kubelet confirms it, then gone).

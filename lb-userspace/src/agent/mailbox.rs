@@ -7,7 +7,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Condvar, Mutex},
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use crate::{
@@ -27,7 +27,7 @@ pub struct Pending {
     /// When the oldest of these changes was observed (propagation delay).
     pub observed: Option<Instant>,
     /// When they were made upstream (network programming latency).
-    pub triggers: Vec<SystemTime>,
+    pub triggers: Vec<crate::source::Trigger>,
 }
 
 impl Pending {

@@ -84,6 +84,7 @@ fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Resu
                 debounce: args.min_sync_period,
                 node_eligibility: node_eligibility.clone(),
                 default_algorithm: args.lb_algorithm.into(),
+                changes: Default::default(),
             }))
         }
         _ => bail!("choose a source: --services FILE (standalone) or --kubernetes"),
@@ -251,8 +252,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let external_ips = crate::desired::ExternalIpsInCluster::from(args.external_ips_in_cluster);
     let reconciler = restore(&args, &cfg, external_ips, cancel.clone())?;
     let (metrics, mut registry) = Metrics::new(cfg.pin_dir.clone());
-    if matches!(mode, Mode::Kubernetes(_)) {
-        api_traffic.register(&mut registry);
+    if let Mode::Kubernetes(watch) = &mode {
+        api_traffic.register(registry.sub_registry_with_prefix("lb"));
+        watch.changes.register(&mut registry);
     }
     metrics.health.lock().unwrap().installed = true;
     let background = Background::start(&args, &cfg, &metrics)?;

@@ -40,7 +40,7 @@ pub struct Worker<M: LbMaps> {
     retry_every: Duration,
     /// Upstream change times not yet in the maps (network programming
     /// latency is observed when a reconcile succeeds).
-    unprogrammed: Vec<std::time::SystemTime>,
+    unprogrammed: Vec<crate::source::Trigger>,
     /// Reads this node's addresses, each round (at least every
     /// `retry_every`): an external IP that becomes or stops being the
     /// node's changes what sockets do with it (CVE-2020-8554).

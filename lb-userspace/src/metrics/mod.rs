@@ -3,6 +3,7 @@
 //! translations) are read from the pinned per-CPU maps at scrape time by
 //! `collector::BpfCollector`, so they are exact and cost nothing between scrapes.
 pub mod collector;
+pub mod kube_proxy;
 pub mod server;
 
 use std::{
@@ -61,6 +62,8 @@ pub struct Metrics {
     pub conntrack_gc: crate::conntrack::gc::GcMetrics,
     pub health: Arc<Mutex<Health>>,
     pub health_check_listen_errors: Counter,
+    /// The same syncs and latencies under kube-proxy's names.
+    pub kube_proxy: kube_proxy::KubeProxyMetrics,
 }
 
 /// What `/healthz` reports, like kube-proxy's: healthy while every observed
@@ -82,9 +85,10 @@ impl Health {
 
 impl Metrics {
     /// Creates the metrics and registers them (and the BPF collector for
-    /// `pin_dir`) in a new registry.
+    /// `pin_dir`) in a new registry: ours under `lb_` (the registry's
+    /// `lb` sub-registry), kube-proxy's names at its root.
     pub fn new(pin_dir: PathBuf) -> (Self, Registry) {
-        let mut registry = Registry::with_prefix("lb");
+        let mut root = Registry::default();
         let m = Metrics {
             // 10 µs .. ~5 s
             reconcile_duration: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
@@ -105,7 +109,10 @@ impl Metrics {
             conntrack_gc: Default::default(),
             health: Arc::new(Mutex::new(Health::default())),
             health_check_listen_errors: Counter::default(),
+            kube_proxy: Default::default(),
         };
+        m.kube_proxy.register(&mut root);
+        let registry = root.sub_registry_with_prefix("lb");
         registry.register(
             "health_check_listen_errors",
             "healthCheckNodePorts that could not be opened (each failure streak once)",
@@ -205,7 +212,7 @@ impl Metrics {
             gc.last_duration_ms.clone(),
         );
         registry.register_collector(Box::new(collector::BpfCollector { pin_dir }));
-        (m, registry)
+        (m, root)
     }
 
     pub fn observed_change(&self) {
@@ -239,12 +246,13 @@ impl Metrics {
     }
 
     /// Changes made upstream at `triggers` are now in the maps.
-    pub fn network_programmed(&self, triggers: &[std::time::SystemTime]) {
+    pub fn network_programmed(&self, triggers: &[crate::source::Trigger]) {
         let now = std::time::SystemTime::now();
         for t in triggers {
             // A clock behind the controller's counts as zero, not negative.
-            let d = now.duration_since(*t).unwrap_or_default();
-            self.network_programming.observe(d.as_secs_f64());
+            let d = now.duration_since(t.at).unwrap_or_default().as_secs_f64();
+            self.network_programming.observe(d);
+            self.kube_proxy.programmed(t.family, d);
         }
     }
 
@@ -263,6 +271,8 @@ impl Metrics {
             .inc();
         self.reconcile_duration
             .observe(stats.duration.as_secs_f64());
+        self.kube_proxy
+            .synced(stats.duration.as_secs_f64(), SystemTime::now());
         if let Some(t) = observed {
             self.propagation_delay.observe(t.elapsed().as_secs_f64());
         }

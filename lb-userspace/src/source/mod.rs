@@ -9,6 +9,15 @@ use std::time::{Instant, SystemTime};
 
 use crate::model::{Model, Service, ServiceName};
 
+/// A change made upstream at `at` to endpoints of `family` (an
+/// EndpointSlice's last-change-trigger-time and address type): the start of
+/// kube-proxy's network programming latency, which it reports per family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub at: SystemTime,
+    pub family: crate::maps::Family,
+}
+
 #[derive(Debug)]
 pub enum SourceEvent {
     /// The complete set of services (a services file, a Kubernetes initial
@@ -19,13 +28,13 @@ pub enum SourceEvent {
         /// When the changes in it were made upstream, where the source knows
         /// (EndpointSlices' last-change-trigger-time): the start of
         /// kube-proxy's network programming latency.
-        triggers: Vec<SystemTime>,
+        triggers: Vec<Trigger>,
     },
     /// Some services changed; `None` means the service is gone.
     Changes {
         changes: Vec<(ServiceName, Option<Service>)>,
         observed: Instant,
-        triggers: Vec<SystemTime>,
+        triggers: Vec<Trigger>,
     },
     /// The source could not be read or gave invalid input; the maps keep
     /// their state. `source` ("file", "kubernetes") and `reason` are short

@@ -28,7 +28,8 @@ use super::translate::{
 };
 use crate::model::{Model, Service, ServiceName};
 
-use crate::source::nodeports::NodePortAddresses;
+use crate::maps::Family;
+use crate::source::{nodeports::NodePortAddresses, Trigger};
 
 type FrontendId = (IpAddr, u16, u8);
 
@@ -52,6 +53,9 @@ struct Filed {
     key: ServiceName,
     owner: Option<ServiceName>,
     record: SliceRecord,
+    /// The slice's address type (None: FQDN), for its trigger time only:
+    /// not kept in the record.
+    family: Option<Family>,
 }
 
 pub struct Store {
@@ -83,7 +87,7 @@ pub struct Store {
     /// measure (kube-proxy's endpointsChangeTracker.trackerStartTime).
     started: SystemTime,
     /// `last-change-trigger-time`s of slices changed since the last take.
-    triggers: Vec<SystemTime>,
+    triggers: Vec<Trigger>,
 }
 
 /// The EndpointSlice controller's stamp of when the change that produced a
@@ -144,19 +148,19 @@ impl Store {
 
     /// Trigger times of the slice changes output so far (taken once): the
     /// agent measures from each to the moment the maps hold the change.
-    pub fn take_triggers(&mut self) -> Vec<SystemTime> {
+    pub fn take_triggers(&mut self) -> Vec<Trigger> {
         std::mem::take(&mut self.triggers)
     }
 
     /// Notes `new`'s trigger time when it is not the one the stored version
     /// of the slice has, and not older than the store.
     fn note_trigger(&mut self, new: &Filed) {
-        let Some(t) = new.record.trigger else {
+        let (Some(t), Some(family)) = (new.record.trigger, new.family) else {
             return;
         };
         let old = self.stored_slice(&new.key).and_then(|s| s.trigger);
         if old != Some(t) && t >= self.started {
-            self.triggers.push(t);
+            self.triggers.push(Trigger { at: t, family });
         }
     }
 
@@ -238,6 +242,11 @@ impl Store {
             key: slice_key(s),
             owner: slice_service(s),
             record: SliceRecord::new(s, &self.node_name, &mut self.port_names),
+            family: match s.address_type.as_str() {
+                "IPv4" => Some(Family::V4),
+                "IPv6" => Some(Family::V6),
+                _ => None,
+            },
         }
     }
 
@@ -288,7 +297,9 @@ impl Store {
     }
 
     fn put_slice(&mut self, f: Filed) {
-        let Filed { key, owner, record } = f;
+        let Filed {
+            key, owner, record, ..
+        } = f;
         // A slice can move to another service only by a label change: file it anew.
         if let Some(old) = self.slice_owner.remove(&key) {
             if let Some(m) = self.slices.get_mut(&old) {
@@ -692,7 +703,10 @@ mod tests {
             key.shares_text_with(owner) && owner.shares_text_with(filed)
         };
         // Services listed first, then slices (the usual order).
-        let s = synced(vec![svc("a", "10.96.0.1", &[])], vec![slice("a-1", "a", &["10.244.0.1"])]);
+        let s = synced(
+            vec![svc("a", "10.96.0.1", &[])],
+            vec![slice("a-1", "a", &["10.244.0.1"])],
+        );
         assert!(shared(&s), "slices listed after the service");
         // Slices first: the service takes the name its slices hold.
         let mut s = Store::new("node-a", NodePortAddresses::default());
@@ -765,7 +779,8 @@ mod tests {
         s.on_slice(Event::Apply(stamped(slice("a-1", "a", &["10.244.0.3"]), t)));
         let got = s.take_triggers();
         assert_eq!(got.len(), 1);
-        let skew = got[0].duration_since(t).unwrap_or_else(|e| e.duration());
+        assert_eq!(got[0].family, Family::V4, "the slice's address type");
+        let skew = got[0].at.duration_since(t).unwrap_or_else(|e| e.duration());
         assert!(
             skew < std::time::Duration::from_millis(1),
             "parsed back to {got:?}, wrote {t:?}"

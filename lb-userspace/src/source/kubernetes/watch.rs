@@ -25,6 +25,7 @@ use kube::{
     runtime::{watcher, WatchStreamExt as _},
     Api, Client,
 };
+use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio::sync::mpsc;
 
 use super::{
@@ -74,6 +75,42 @@ pub struct WatchConfig {
     pub node_eligibility: std::sync::Arc<crate::health::NodeEligibility>,
     /// --lb-algorithm: for Services without the algorithm annotation.
     pub default_algorithm: crate::model::Algorithm,
+    /// Counts the objects the watches deliver.
+    pub changes: ObjectChanges,
+}
+
+/// Services and EndpointSlices the watches delivered, list items included:
+/// what kube-proxy's change trackers count on every informer event
+/// (`kubeproxy_sync_proxy_rules_{service,endpoint}_changes_total`).
+#[derive(Clone, Debug, Default)]
+pub struct ObjectChanges {
+    pub services: Counter,
+    pub endpoint_slices: Counter,
+}
+
+impl ObjectChanges {
+    /// Registers under kube-proxy's names: `registry` must have no prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            self.services.clone(),
+        );
+        registry.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            self.endpoint_slices.clone(),
+        );
+    }
+
+    /// Counts `ev` when it carries an object (an add, update, delete or list
+    /// item; not a list's start or end).
+    fn count<K>(counter: &Counter, ev: &watcher::Event<K>) {
+        use watcher::Event;
+        if matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitApply(_)) {
+            counter.inc();
+        }
+    }
 }
 
 fn watch_error(kind: &str, e: &watcher::Error) -> SourceEvent {
@@ -235,11 +272,17 @@ async fn watch(
                 continue;
             }
             Some(ev) = services.next() => match ev {
-                Ok(ev) => store.on_service(unwrap(ev)),
+                Ok(ev) => {
+                    ObjectChanges::count(&cfg.changes.services, &ev);
+                    store.on_service(unwrap(ev));
+                }
                 Err(e) => if tx.send(watch_error("services", &e)).await.is_err() { return Ended::Closed },
             },
             Some(ev) = slices.next() => match ev {
-                Ok(ev) => store.on_slice(unwrap(ev)),
+                Ok(ev) => {
+                    ObjectChanges::count(&cfg.changes.endpoint_slices, &ev);
+                    store.on_slice(unwrap(ev));
+                }
                 Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return Ended::Closed },
             },
             Some(ev) = nodes.next() => match ev {
