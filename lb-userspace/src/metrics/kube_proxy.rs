@@ -15,7 +15,17 @@
 //!   included, as kube-proxy's change trackers count every informer event.
 //!
 //! Not kept: the `_pending` gauges, the full/partial sync split, and the
-//! iptables/nftables rule counts, which have no meaning here.
+//! iptables/nftables rule counts, which have no meaning here. Two
+//! differences a scrape shows: help texts lack component-base's `[ALPHA] `
+//! stability prefix, and bucket bounds are written `le="1.0"` where Go
+//! writes `le="1"` (prometheus-client's float format; Prometheus 3 reads
+//! both as the same bound, Prometheus 2 keeps the text).
+//!
+//! Where the meaning differs from kube-proxy's: a sync is observed only when
+//! it succeeded (kube-proxy times failed ones too), and nothing syncs on a
+//! timer while nothing changes (kube-proxy resyncs periodically), so the last
+//! sync time of a quiet cluster grows old and an alert on its age needs a
+//! longer threshold than kube-proxy's.
 use std::time::SystemTime;
 
 use prometheus_client::{
@@ -61,11 +71,13 @@ fn sync_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
-/// kube-proxy's `NetworkProgrammingLatency` buckets: 0.25 s, 0.5 s, every
-/// second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
+/// kube-proxy's `NetworkProgrammingLatency` buckets: 0, 0.25 s, 0.5 s,
+/// every second to 59 s, every 5 s to 115 s, every 30 s to 5 min (the 0 is
+/// component-base's `MergeBuckets`, which starts from one zero bound).
 fn programming_buckets() -> Histogram {
     Histogram::new(
-        linear_buckets(0.25, 0.25, 2)
+        std::iter::once(0.0)
+            .chain(linear_buckets(0.25, 0.25, 2))
             .chain(linear_buckets(1.0, 1.0, 59))
             .chain(linear_buckets(60.0, 5.0, 12))
             .chain(linear_buckets(120.0, 30.0, 7)),
@@ -149,17 +161,18 @@ mod tests {
         assert_eq!(sync[0], "0.001");
         assert_eq!(sync[14], "16.384");
         let prog = bounds("kubeproxy_network_programming_duration_seconds", "IPv6");
-        assert_eq!(prog.len(), 2 + 59 + 12 + 7 + 1, "{prog:?}");
+        assert_eq!(prog.len(), 1 + 2 + 59 + 12 + 7 + 1, "{prog:?}");
         for (i, want) in [
-            (0, "0.25"),
-            (1, "0.5"),
-            (2, "1.0"),
-            (60, "59.0"),
-            (61, "60.0"),
-            (72, "115.0"),
-            (73, "120.0"),
-            (79, "300.0"),
-            (80, "+Inf"),
+            (0, "0.0"),
+            (1, "0.25"),
+            (2, "0.5"),
+            (3, "1.0"),
+            (61, "59.0"),
+            (62, "60.0"),
+            (73, "115.0"),
+            (74, "120.0"),
+            (80, "300.0"),
+            (81, "+Inf"),
         ] {
             assert_eq!(prog[i], want, "bound {i}");
         }
