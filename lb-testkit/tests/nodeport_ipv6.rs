@@ -397,6 +397,62 @@ fn ipv6_load_balancer_source_ranges_admit_only_their_networks() {
     assert_eq!(rc, XDP_DROP);
 }
 
+/// A source range cannot be passed by writing an IPv4 client as an
+/// IPv4-mapped IPv6 source (`::ffff:192.168.50.1`): a dual-stack
+/// LoadBalancer whose IPv4 range holds that client admits it on its IPv4
+/// address, not on its IPv6 one (the IPv6 trie holds only IPv6 networks),
+/// on tc and XDP; the IPv6 range still admits its own clients.
+#[test]
+fn ipv6_a_v4_mapped_source_does_not_pass_the_ipv4_range_of_a_dual_stack_load_balancer() {
+    let mut dp = dataplane("np6_mapped");
+    dp.apply_with_extra(
+        r#"
+services:
+  - name: dual
+    type: LoadBalancer
+    clusterIPs: [10.96.0.40, "fd00:96::40"]
+    loadBalancerIPs: [203.0.113.40, "2001:db8:113::40"]
+    loadBalancerSourceRanges: [192.168.50.0/24, "fd00:50::/64"]
+    ports: [{port: 80, targetPort: 8080}]
+    backends: [{address: 10.244.1.40, local: true}, {address: "fd00:244:1::40", local: true}]
+"#,
+    );
+    let lb4: std::net::Ipv4Addr = "203.0.113.40".parse().unwrap();
+    let lb6 = ip6("2001:db8:113::40");
+    let (rc, out) = dp.tc_ingress(&packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, lb4, 40040, 80, SYN, b"",
+    ));
+    assert_eq!(rc, TC_ACT_OK, "the IPv4 client in the IPv4 range");
+    assert_eq!(
+        packets::inspect(&out).daddr,
+        "10.244.1.40".parse::<std::net::Ipv4Addr>().unwrap()
+    );
+    let (rc, out) = dp.tc_ingress(&syn6(lb6, 80, 40041, b""));
+    assert_eq!(rc, TC_ACT_OK, "the IPv6 client in the IPv6 range");
+    assert_eq!(inspect6(&out).daddr, ip6("fd00:244:1::40"));
+
+    let mapped = packets::tcp6(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP.to_ipv6_mapped(),
+        lb6,
+        40042,
+        80,
+        SYN,
+        b"",
+    );
+    let before = dp.drops("source-range");
+    let (rc, _) = dp.tc_ingress(&mapped);
+    assert_eq!(
+        rc, TC_ACT_SHOT,
+        "the IPv4 client written as IPv4-mapped IPv6"
+    );
+    assert_eq!(dp.drops("source-range"), before + 1);
+    let (rc, _) = dp.xdp(&mapped);
+    assert_eq!(rc, XDP_DROP);
+    assert_eq!(dp.drops("source-range"), before + 2);
+}
+
 /// As kube-proxy's REJECT: a frontend without endpoints answers "port
 /// unreachable" (ICMPv6 destination unreachable, code 4), counted.
 #[test]

@@ -1017,6 +1017,103 @@ fn a_routers_frag_needed_for_a_snat_flow_reaches_the_client_translated() {
     assert_eq!((rc, out), (TC_ACT_OK, stray));
 }
 
+/// Spoofed ICMP errors aimed at a translated flow (docs/security.md,
+/// "Hostile input on the wire"): an error is translated only when it quotes
+/// the flow's whole tuple and is addressed to the quoted source. One that
+/// quotes another backend address, another backend port, another
+/// protocol, or comes to another address is left to the stack untouched,
+/// counted nowhere, and the flow still answers its client. As with
+/// netfilter's NAT, the error's own source is not checked: an error from
+/// any host that quotes the flow exactly is translated, its source kept.
+#[test]
+fn a_spoofed_icmp_error_is_translated_only_when_it_quotes_the_flows_whole_tuple() {
+    let dp = dataplane("np_icmp_spoof");
+    let (rc, sent) = dp.tc_ingress(&syn_to(30002, 42200));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let snat_port = inspect(&sent).sport;
+    let quote = |edit: &dyn Fn(&mut Vec<u8>)| {
+        // The IP header and 8 bytes of what node A sent to the backend,
+        // edited, with the quoted header's checksum made right again.
+        let mut frame = sent[..14 + 28].to_vec();
+        edit(&mut frame);
+        fix_ip_checksum(&mut frame);
+        frame[14..].to_vec()
+    };
+    let error = |from: Ipv4Addr, to: Ipv4Addr, quoted: &[u8]| {
+        packets::icmp_error(NODE_B_MAC, EXT0_MAC, from, to, 3, 4, [0, 0, 5, 20], quoted)
+    };
+    let translated = dp.counter(lb_common::config::CNT_ICMP_TRANSLATED);
+    let spoofed: [(&str, Vec<u8>); 5] = [
+        (
+            "another backend address",
+            error(
+                NODE_B_IP,
+                NODE_IP,
+                &quote(&|f| f[30..34].copy_from_slice(&[10, 244, 2, 99])),
+            ),
+        ),
+        (
+            "another backend port",
+            error(
+                NODE_B_IP,
+                NODE_IP,
+                &quote(&|f| f[36..38].copy_from_slice(&8081u16.to_be_bytes())),
+            ),
+        ),
+        (
+            "UDP, not TCP",
+            error(NODE_B_IP, NODE_IP, &quote(&|f| f[23] = 17)),
+        ),
+        (
+            "another SNAT port",
+            error(
+                NODE_B_IP,
+                NODE_IP,
+                &quote(&|f| f[34..36].copy_from_slice(&snat_port.wrapping_add(1).to_be_bytes())),
+            ),
+        ),
+        (
+            "addressed to another host than the quoted source",
+            error(NODE_B_IP, ip("192.168.50.99"), &quote(&|_| {})),
+        ),
+    ];
+    for (what, err) in &spoofed {
+        let (rc, out) = dp.tc_ingress(err);
+        assert_eq!(
+            (rc, &out),
+            (TC_ACT_OK, err),
+            "{what}: left to the stack untouched"
+        );
+        let (rc, _) = dp.xdp(err);
+        assert_eq!(rc, XDP_PASS, "{what}: XDP passes it too");
+    }
+    assert_eq!(
+        dp.counter(lb_common::config::CNT_ICMP_TRANSLATED),
+        translated,
+        "none was translated"
+    );
+    // The flow is untouched: the backend's reply still reaches the client.
+    let (rc, out) = dp.tc_ingress(&from_backend_on_node_b(snat_port, SYN | ACK));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = inspect(&out);
+    assert_eq!(
+        (v.saddr, v.sport, v.daddr, v.dport),
+        (NODE_IP, 30002, CLIENT_IP, 42200)
+    );
+
+    // The exact quote from a host that is no router on the path: translated
+    // (the source is not checked), its source kept.
+    let stranger = ip("198.51.100.7");
+    let (rc, out) = dp.tc_ingress(&error(stranger, NODE_IP, &quote(&|_| {})));
+    assert_eq!(rc, TC_ACT_REDIRECT, "toward the client");
+    let v = packets::inspect_icmp(&out);
+    assert_eq!((v.saddr, v.daddr), (stranger, CLIENT_IP));
+    assert_eq!(
+        dp.counter(lb_common::config::CNT_ICMP_TRANSLATED),
+        translated + 1
+    );
+}
+
 /// A local backend's ICMP error about a flow it got through the NodePort
 /// leaves quoting the NodePort, from the node's address.
 #[test]
