@@ -133,7 +133,9 @@ pub fn breakdown_apart(services: usize, endpoints: usize) -> KubeBreakdown {
     serde_json::from_slice(&out.stdout).expect("lb-bench kube-memory's JSON")
 }
 
-pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
+/// `watched`: the objects arrive as watch events after empty lists, as
+/// services created through the apiserver do, instead of as one list.
+pub fn breakdown(services: usize, endpoints: usize, watched: bool) -> KubeBreakdown {
     let rec = Recorded::load();
     let wire = (rec.service(0).len() + rec.slice(0, endpoints).len()) as u64;
     let started = Instant::now();
@@ -147,28 +149,66 @@ pub fn breakdown(services: usize, endpoints: usize) -> KubeBreakdown {
     store.on_node(Event::Init);
     store.on_node(Event::InitApply(node()));
     store.on_node(Event::InitDone);
-    store.on_service(Event::Init);
-    for i in 0..services {
+    let mut r = lb::reconcile::Reconciler::restore(crate::memory::NullMaps).expect("null maps");
+    let decode_service = |i: usize| -> slim::Service {
         let w: Watched<slim::Service> =
             serde_json::from_str(&rec.service(i)).expect("recorded service");
-        store.on_service(Event::InitApply(w.object));
-    }
-    store.on_service(Event::InitDone);
-    store.on_slice(Event::Init);
-    for i in 0..services {
+        w.object
+    };
+    let decode_slice = |i: usize| -> slim::EndpointSlice {
         let w: Watched<slim::EndpointSlice> =
             serde_json::from_str(&rec.slice(i, endpoints)).expect("recorded slice");
-        store.on_slice(Event::InitApply(w.object));
-    }
-    store.on_slice(Event::InitDone);
-    let Some(Output::Full(model)) = store.take_output() else {
-        panic!("the store gave no full model after complete lists");
+        w.object
     };
-    assert_eq!(model.services.len(), services, "every service translated");
-    let _ = store.take_warnings();
-    let _ = store.take_triggers();
-    let mut r = lb::reconcile::Reconciler::restore(crate::memory::NullMaps).expect("null maps");
-    r.reconcile_model(model).expect("reconcile into null maps");
+    if watched {
+        // As services created through the apiserver reach the agent: empty
+        // lists, then each object as a watch event, applied a batch at a
+        // time (what one debounce gathers while a parallel client writes).
+        for done in [Event::Init, Event::InitDone] {
+            store.on_service(done);
+        }
+        for done in [Event::Init, Event::InitDone] {
+            store.on_slice(done);
+        }
+        let Some(Output::Full(model)) = store.take_output() else {
+            panic!("the store gave no full model after complete lists");
+        };
+        r.reconcile_model(model).expect("reconcile into null maps");
+        const BATCH: usize = 64;
+        let mut changed = 0;
+        for i in 0..services {
+            store.on_service(Event::Apply(decode_service(i)));
+            store.on_slice(Event::Apply(decode_slice(i)));
+            if (i + 1) % BATCH == 0 || i + 1 == services {
+                if let Some(Output::Changes(changes)) = store.take_output() {
+                    changed += changes.len();
+                    r.reconcile_changes(changes)
+                        .expect("reconcile into null maps");
+                }
+                let _ = store.take_warnings();
+                let _ = store.take_triggers();
+            }
+        }
+        assert_eq!(changed, services, "every service translated once");
+    } else {
+        store.on_service(Event::Init);
+        for i in 0..services {
+            store.on_service(Event::InitApply(decode_service(i)));
+        }
+        store.on_service(Event::InitDone);
+        store.on_slice(Event::Init);
+        for i in 0..services {
+            store.on_slice(Event::InitApply(decode_slice(i)));
+        }
+        store.on_slice(Event::InitDone);
+        let Some(Output::Full(model)) = store.take_output() else {
+            panic!("the store gave no full model after complete lists");
+        };
+        assert_eq!(model.services.len(), services, "every service translated");
+        let _ = store.take_warnings();
+        let _ = store.take_triggers();
+        r.reconcile_model(model).expect("reconcile into null maps");
+    }
     let total = (live() - before) as u64;
     let feed_s = started.elapsed().as_secs_f64();
     // As the agent does after every full model (agent/worker.rs): the

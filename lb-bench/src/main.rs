@@ -62,7 +62,13 @@ enum Command {
     /// Internal: Kubernetes mode's heap (`kube_memory::breakdown`) in a
     /// fresh process, printed as JSON.
     #[command(hide = true)]
-    KubeMemory { services: usize, endpoints: usize },
+    KubeMemory {
+        services: usize,
+        endpoints: usize,
+        /// The objects as watch events after empty lists, not as a list.
+        #[arg(long)]
+        watched: bool,
+    },
     /// Internal: Kubernetes mode through the real apiserver at one count
     /// (`kube_memory::scale`), printed as JSON: one row of the memory part
     /// alone, to compare changes without the whole run.
@@ -90,9 +96,10 @@ fn main() {
     if let Some(Command::KubeMemory {
         services,
         endpoints,
+        watched,
     }) = cli.command
     {
-        let b = kube_memory::breakdown(services, endpoints);
+        let b = kube_memory::breakdown(services, endpoints, watched);
         println!("{}", serde_json::to_string(&b).unwrap());
         return;
     }
