@@ -236,6 +236,19 @@ impl Store {
         }
     }
 
+    /// Takes slice `key` out of `owner`'s set, and the set out of the map
+    /// when it was the last: an empty set would keep a deleted service's
+    /// name until the next relist, and a churn of services with new names
+    /// would grow the map without bound.
+    fn unfile(&mut self, owner: &ServiceName, key: &ServiceName) {
+        if let Some(m) = self.slices.get_mut(owner) {
+            m.remove(key.name());
+            if m.0.is_empty() {
+                self.slices.remove(owner);
+            }
+        }
+    }
+
     /// The record of a slice, filed under its service.
     fn file(&mut self, s: &EndpointSlice) -> Filed {
         Filed {
@@ -261,9 +274,7 @@ impl Store {
             Event::Delete(s) => {
                 let key = slice_key(&s);
                 if let Some(owner) = self.slice_owner.remove(&key) {
-                    if let Some(m) = self.slices.get_mut(&owner) {
-                        m.remove(key.name());
-                    }
+                    self.unfile(&owner, &key);
                     self.dirty.insert(owner);
                 }
             }
@@ -302,9 +313,7 @@ impl Store {
         } = f;
         // A slice can move to another service only by a label change: file it anew.
         if let Some(old) = self.slice_owner.remove(&key) {
-            if let Some(m) = self.slices.get_mut(&old) {
-                m.remove(key.name());
-            }
+            self.unfile(&old, &key);
             self.dirty.insert(old);
         }
         if let Some(owner) = owner {
@@ -721,6 +730,35 @@ mod tests {
         let mut s = synced(vec![], vec![slice("a-1", "a", &["10.244.0.1"])]);
         s.on_service(Event::Apply(svc("a", "10.96.0.1", &[])));
         assert!(shared(&s), "service watched after its slice");
+    }
+
+    /// Services created and deleted with their slices, each with a new
+    /// name, leave nothing behind in any of the store's maps.
+    #[test]
+    fn a_churn_of_services_with_new_names_leaves_no_entry_behind() {
+        let mut s = synced(vec![], vec![]);
+        for i in 0..50 {
+            let name = format!("churn-{i}");
+            let svc = svc(&name, &format!("10.96.1.{i}"), &[]);
+            let sl = slice(&format!("{name}-1"), &name, &["10.244.0.1"]);
+            s.on_service(Event::Apply(svc.clone()));
+            s.on_slice(Event::Apply(sl.clone()));
+            let _ = s.take_output();
+            s.on_slice(Event::Delete(sl));
+            s.on_service(Event::Delete(svc));
+            let _ = s.take_output();
+        }
+        assert_eq!(
+            (
+                s.services.len(),
+                s.slices.len(),
+                s.slice_owner.len(),
+                s.sent.len(),
+                s.claims.len()
+            ),
+            (0, 0, 0, 0, 0),
+            "services, slice sets, slice owners, sent, claims"
+        );
     }
 
     fn synced(services: Vec<K8sService>, slices: Vec<EndpointSlice>) -> Store {
