@@ -26,6 +26,11 @@ pub type OnRemovedUdp = Box<dyn FnMut(Vec<(IpAddr, u16)>) + Send>;
 /// enough freed memory behind to give back (see `crate::sys::heap`).
 const LARGE_BATCH: usize = 1000;
 
+/// Small batches trim at most this often: `malloc_trim` holds each arena's
+/// lock while it walks it, and a rolling update over a large cluster can
+/// change a thousand services in well under a second.
+const TRIM_AT_MOST_EVERY: Duration = Duration::from_secs(10);
+
 /// Refused services are retried this often without new input.
 pub const RETRY_EVERY: Duration = Duration::from_secs(10);
 
@@ -51,6 +56,7 @@ pub struct Worker<M: LbMaps> {
     /// freed decode and change buffers resident (5 000 services created
     /// through the apiserver: 12.1 MiB of growth, 11.0 MiB with this).
     changed_since_trim: usize,
+    last_trim: Instant,
 }
 
 /// At most this many trigger times wait for a successful reconcile; beyond
@@ -73,6 +79,7 @@ impl<M: LbMaps> Worker<M> {
             unprogrammed: Vec::new(),
             node_addresses: None,
             changed_since_trim: 0,
+            last_trim: Instant::now(),
         }
     }
 
@@ -145,7 +152,10 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         // (the parse, the old target, the change lists); so do many small
         // ones.
         self.changed_since_trim += p.changes.len();
-        let large = p.full.is_some() || self.changed_since_trim >= LARGE_BATCH;
+        let large = p.full.is_some()
+            || p.changes.len() >= LARGE_BATCH
+            || (self.changed_since_trim >= LARGE_BATCH
+                && self.last_trim.elapsed() >= TRIM_AT_MOST_EVERY);
         if let Some(model) = p.full {
             self.metrics.observed_change();
             // A complete view: the services that differ from the last one
@@ -174,6 +184,7 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         if large && !self.reconciler.cancelled() {
             crate::sys::heap::release_free_memory();
             self.changed_since_trim = 0;
+            self.last_trim = Instant::now();
         }
         let gone = self.reconciler.take_removed_udp();
         if !gone.is_empty() {
