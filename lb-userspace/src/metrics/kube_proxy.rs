@@ -15,9 +15,10 @@
 //!   included, as kube-proxy's change trackers count every informer event.
 //!
 //! Not kept: the `_pending` gauges, the full/partial sync split, and the
-//! iptables/nftables rule counts, which have no meaning here. Two
+//! iptables/nftables rule counts, which have no meaning here. Three
 //! differences a scrape shows: help texts lack component-base's `[ALPHA] `
-//! stability prefix, and bucket bounds are written `le="1.0"` where Go
+//! stability prefix and end in a full stop (prometheus-client adds one),
+//! and bucket bounds are written `le="1.0"` where Go
 //! writes `le="1"` (prometheus-client's float format; Prometheus 3 reads
 //! both as the same bound, Prometheus 2 keeps the text).
 //!
