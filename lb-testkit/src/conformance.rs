@@ -245,7 +245,7 @@ pub const RESULT_DEPENDS_ON: &[&str] = &[
     "lb-userspace/src/conntrack",
     "lb-userspace/src/datapath",
     "lb-userspace/src/desired",
-    "lb-userspace/src/diff.rs",
+    "lb-userspace/src/diff",
     "lb-userspace/src/health",
     "lb-userspace/src/maps",
     "lb-userspace/src/model",

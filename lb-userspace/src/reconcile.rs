@@ -30,7 +30,7 @@ pub use pipeline::FROM_SERVICES;
 use crate::{
     collections::{HashMap, HashSet},
     desired::{self, BuildConfig, Desired, DesiredError, Ids},
-    diff::{diff, sweep},
+    diff::{diff, filter, sweep},
     maps::{capacity::Bounded, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
     model::{Model, Service, ServiceName},
 };
@@ -416,7 +416,8 @@ impl<M: LbMaps> Reconciler<M> {
             let sweep_ops = sweep(&self.state, &unowned);
             ops += sweep_ops.len();
             self.write("full-sync sweep", &sweep_ops)?;
-            self.repair_filter()?;
+            let repair = filter::repair(&self.state);
+            self.write("frontend filter", &repair)?;
             self.ids.retain_applied(&self.state);
             self.needs_full_sync = false;
         }
@@ -612,84 +613,9 @@ impl<M: LbMaps> Reconciler<M> {
         Ok(ops.len())
     }
 
-    /// Writes `ops`, keeping LB4_FE_FILTER a superset of the IPv4 frontends
-    /// in the maps at every moment: the bits of new frontends are set before
-    /// them, bits no frontend uses any more are cleared after their deletes
-    /// (`lb_common::filter`).
+    /// Writes `ops` as they are (a diff or a sweep: the frontend filter's
+    /// words are part of them, `diff::filter`), the mirror following.
     fn write(&mut self, what: &str, ops: &[MapOp]) -> Result<(), ReconcileError> {
-        let before = self.filter_words_for(ops, true);
-        self.write_ops(what, &before)?;
-        self.write_ops(what, ops)?;
-        let after = self.filter_words_for(ops, false);
-        self.write_ops(what, &after)
-    }
-
-    /// `set`: the words that must gain the bits of the frontends `ops`
-    /// upserts; else: the words that can lose the bits of the frontends
-    /// `ops` deleted, now that no entry uses them.
-    fn filter_words_for(&self, ops: &[MapOp], set: bool) -> Vec<MapOp> {
-        let mut words: BTreeMap<u32, u64> = BTreeMap::new();
-        for op in ops {
-            let key = match op {
-                MapOp::UpsertService(k, _) if set => k,
-                MapOp::DeleteService(k) if !set => k,
-                _ => continue,
-            };
-            let Some(bit) = crate::maps::state::filter_bit(key) else {
-                continue;
-            };
-            let change = if set {
-                !self.state.filter_bit_set(bit)
-            } else {
-                self.state.filter_bit_set(bit) && !self.state.filter_bit_used(bit)
-            };
-            if change {
-                let (w, mask) = lb_common::filter::word_and_mask(bit);
-                let word = words
-                    .entry(w)
-                    .or_insert_with(|| self.state.filter_words.get(&w).copied().unwrap_or(0));
-                if set {
-                    *word |= mask;
-                } else {
-                    *word &= !mask;
-                }
-            }
-        }
-        words
-            .into_iter()
-            .map(|(w, v)| MapOp::SetFilterWord(w, v))
-            .collect()
-    }
-
-    /// After a full sync: the filter made exactly what the entries need
-    /// (set bits first, then clear the rest), then trusted.
-    fn repair_filter(&mut self) -> Result<(), ReconcileError> {
-        let wanted = self.state.filter_wanted();
-        let want = |w: &u32| wanted.get(w).copied().unwrap_or(0);
-        let have = |w: &u32| self.state.filter_words.get(w).copied().unwrap_or(0);
-        // In word order, for a log that reads the same every time.
-        let words: BTreeSet<u32> = wanted
-            .keys()
-            .chain(self.state.filter_words.keys())
-            .copied()
-            .collect();
-        let sets = words
-            .iter()
-            .filter(|w| have(w) | want(w) != have(w))
-            .map(|w| MapOp::SetFilterWord(*w, have(w) | want(w)));
-        // After the sets, a word holds have | want: clear what is not wanted.
-        let clears = words
-            .iter()
-            .filter(|w| have(w) | want(w) != want(w))
-            .map(|w| MapOp::SetFilterWord(*w, want(w)));
-        let mut ops: Vec<MapOp> = sets.chain(clears).collect();
-        if !self.state.filter_trusted {
-            ops.push(MapOp::TrustFilter(true));
-        }
-        self.write_ops("frontend filter", &ops)
-    }
-
-    fn write_ops(&mut self, what: &str, ops: &[MapOp]) -> Result<(), ReconcileError> {
         if ops.is_empty() {
             return Ok(());
         }

@@ -34,7 +34,7 @@ pub struct MapState {
     pub filter_words: HashMap<u32, u64>,
     /// Whether the programs trust the filter (CFG_FRONTEND_FILTER).
     pub filter_trusted: bool,
-    /// filter bit → IPv4 frontend entries (slot 0, markers included) on it.
+    /// filter bit → frontend entries (slot 0, markers included) on it.
     filter_refs: HashMap<u32, u32>,
 }
 
@@ -71,8 +71,8 @@ impl PartialEq for MapState {
 impl Eq for MapState {}
 
 /// The LB4_FE_FILTER bit of a services-map key the packet programs look
-/// up first (an IPv4 frontend's master entry or an address marker); None
-/// for backend slots and IPv6.
+/// up first (a frontend's master entry or an address marker, IPv6 folded
+/// to 32 bits); None for backend slots.
 pub fn filter_bit(k: &SvcKey) -> Option<u32> {
     match k.address {
         IpAddr::V4(a) if k.slot == 0 => Some(lb_common::filter::filter_bit(
@@ -94,9 +94,14 @@ pub fn filter_bit(k: &SvcKey) -> Option<u32> {
 }
 
 impl MapState {
-    /// Whether an IPv4 frontend entry uses this filter bit.
+    /// Whether a frontend entry uses this filter bit.
     pub fn filter_bit_used(&self, bit: u32) -> bool {
         self.filter_refs.contains_key(&bit)
+    }
+
+    /// How many frontend entries use this filter bit.
+    pub fn filter_users(&self, bit: u32) -> u32 {
+        self.filter_refs.get(&bit).copied().unwrap_or(0)
     }
 
     /// Whether the filter as written has this bit set.

@@ -10,8 +10,13 @@
 //! 4. VIP markers and backends nobody references any more.
 //!
 //! Only entries whose value changes are written. `sweep` removes what no
-//! frontend accounts for (after a restart or a failed write).
+//! frontend accounts for (after a restart or a failed write). Both wrap
+//! their entries in the frontend filter's words (`filter`), so what they
+//! return is every write to make, in order; `filter::repair` makes the
+//! filter exact after a full sync.
 use std::net::IpAddr;
+
+pub mod filter;
 
 use lb_common::service::{SVC_FLAG_CLUSTER_IP, SVC_FLAG_VIP_MARKER};
 
@@ -35,6 +40,11 @@ struct Deltas {
 /// `replaced`: master keys of the frontends the desired state replaces (the
 /// frontends the services being reconciled own now).
 pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
+    filter::guard(current, entries(current, replaced, desired))
+}
+
+/// `diff` without the filter's words.
+fn entries(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -> Vec<MapOp> {
     let mut early = Vec::new(); // affinity entries to withdraw before anything else
     let mut after_masters = Vec::new(); // Maglev tables that shrink or go
     let mut range_deletes = Vec::new(); // source ranges withdrawn, after the master
@@ -181,6 +191,11 @@ pub fn diff(current: &MapState, replaced: &HashSet<SvcKey>, desired: &Desired) -
 /// master's end or without a master, a reverse-NAT entry of no frontend, a
 /// VIP marker without a ClusterIP, a backend no slot names).
 pub fn sweep(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
+    filter::guard(current, sweep_entries(current, unowned))
+}
+
+/// `sweep` without the filter's words.
+fn sweep_entries(current: &MapState, unowned: &HashSet<SvcKey>) -> Vec<MapOp> {
     let mut ops = Vec::new();
     let mut d = Deltas::default();
     let mut gone: Vec<SvcKey> = unowned.iter().copied().collect();
