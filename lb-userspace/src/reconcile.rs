@@ -1,8 +1,9 @@
 //! The reconciler: model → desired state → diff → apply, one service at a time.
 //!
 //! It keeps a mirror of what the maps hold (restored from the pinned maps on
-//! start), the target model (the latest from the sources) and which service
-//! owns which frontend. A change is applied per service: its desired entries
+//! start), the target model (the latest from the sources) and which service's
+//! entries hold each frontend (the sources decided who owns it,
+//! `model::claims`). A change is applied per service: its desired entries
 //! are computed, diffed against the mirror and written, so the cost follows
 //! the size of the change, not of the cluster, and a service that does not
 //! fit is refused on its own (nothing of it written) while the others apply.
@@ -157,12 +158,16 @@ pub struct Reconciler<M: LbMaps> {
     ids: Ids,
     /// The model to converge to.
     target: Model,
-    /// Master key → the service that owns that frontend.
-    owners: HashMap<SvcKey, ServiceName>,
-    /// Service → master keys it owns (one frontend inline: most services
+    /// Master key → the service whose entries hold that frontend in the
+    /// maps. Bookkeeping, not a choice: the sources settle ownership before
+    /// the model (`model::claims`), so no two services of a target share a
+    /// frontend; this says which service's removal may delete it while a
+    /// frontend moves from one service to another within a run.
+    holder: HashMap<SvcKey, ServiceName>,
+    /// Service → master keys it holds (one frontend inline: most services
     /// have one port and one address, and a heap block per service was
     /// memory scattered through the heap at 100 000 services).
-    owned: HashMap<ServiceName, SmallVec<[SvcKey; 1]>>,
+    held: HashMap<ServiceName, SmallVec<[SvcKey; 1]>>,
     /// Services that were refused and wait for a retry.
     pending: BTreeSet<ServiceName>,
     needs_full_sync: bool,
@@ -191,8 +196,8 @@ impl<M: LbMaps> Reconciler<M> {
             state,
             ids,
             target: Model::default(),
-            owners: HashMap::default(),
-            owned: HashMap::default(),
+            holder: HashMap::default(),
+            held: HashMap::default(),
             pending: BTreeSet::new(),
             needs_full_sync: true,
             cfg: BuildConfig::default(),
@@ -394,8 +399,8 @@ impl<M: LbMaps> Reconciler<M> {
         let started = Instant::now();
         let full = self.needs_full_sync;
         if full {
-            self.owners.clear();
-            self.owned.clear();
+            self.holder.clear();
+            self.held.clear();
             dirty = self.target.services.keys().cloned().collect();
             // Frontends of services that are gone are swept below.
         }
@@ -411,7 +416,7 @@ impl<M: LbMaps> Reconciler<M> {
                 .state
                 .frontends()
                 .map(|(k, _)| *k)
-                .filter(|k| !self.owners.contains_key(k))
+                .filter(|k| !self.holder.contains_key(k))
                 .collect();
             let sweep_ops = sweep(&self.state, &unowned);
             ops += sweep_ops.len();
@@ -568,14 +573,14 @@ impl<M: LbMaps> Reconciler<M> {
 
     /// Makes the maps match the target for one service. Returns the writes made.
     fn apply_service(&mut self, name: &ServiceName) -> Result<usize, Step> {
-        // Frontends this service owns now; one another service took over in
-        // this same batch is not ours to remove.
+        // Frontends this service's entries hold now; one another service
+        // took over in this same batch is not ours to remove.
         let replaced: HashSet<SvcKey> = self
-            .owned
+            .held
             .get(name)
             .into_iter()
             .flatten()
-            .filter(|k| self.owners.get(k) == Some(name))
+            .filter(|k| self.holder.get(k) == Some(name))
             .copied()
             .collect();
         let mut desired = Desired::default();
@@ -599,16 +604,16 @@ impl<M: LbMaps> Reconciler<M> {
         self.write(&name.to_string(), &ops).map_err(Step::Write)?;
 
         for k in &replaced {
-            self.owners.remove(k);
+            self.holder.remove(k);
         }
         let keys: SmallVec<[SvcKey; 1]> = desired.frontends.iter().map(|f| f.key).collect();
         for k in &keys {
-            self.owners.insert(*k, name.clone());
+            self.holder.insert(*k, name.clone());
         }
         if keys.is_empty() {
-            self.owned.remove(name);
+            self.held.remove(name);
         } else {
-            self.owned.insert(name.clone(), keys);
+            self.held.insert(name.clone(), keys);
         }
         Ok(ops.len())
     }

@@ -1,6 +1,7 @@
 //! The model: what services exist and where their backends are, independent
 //! of where that knowledge came from (services file or apiserver) and of how
 //! the data path stores it.
+pub mod claims;
 pub mod expand;
 
 use std::{

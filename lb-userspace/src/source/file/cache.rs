@@ -25,7 +25,10 @@ use std::{collections::BTreeMap, net::IpAddr};
 use crate::collections::{HashMap, HashSet};
 
 use super::parse::{self as file, Converter, FileContext, FileError, ServiceSpec, ServicesFile};
-use crate::model::{Model, Service, ServiceName};
+use crate::model::{
+    claims::{frontend_id, FrontendClaims},
+    Model, Service, ServiceName,
+};
 
 /// One service as read before: its spec, and its conversion once made.
 struct Piece {
@@ -51,8 +54,8 @@ pub enum Read {
 #[derive(Default)]
 struct Claims {
     names: HashSet<ServiceName>,
-    /// (address, port, protocol) of each frontend.
-    frontends: HashSet<(IpAddr, u16, u8)>,
+    /// Each frontend's services (a file is refused while one has two).
+    frontends: FrontendClaims,
     /// Backend address → (entries saying local, entries saying not).
     locality: HashMap<IpAddr, (u32, u32)>,
 }
@@ -61,13 +64,12 @@ impl Claims {
     /// Adds a service's claims; false if one clashes with another service's
     /// (or its own): the file is refused, and a whole parse says why.
     fn add(&mut self, spec: &ServiceSpec, service: &Service) -> bool {
-        let mut ok = self
-            .names
-            .insert(ServiceName::new(&spec.namespace, &spec.name));
+        let name = ServiceName::new(&spec.namespace, &spec.name);
+        let mut ok = self.names.insert(name.clone());
         for fe in &service.frontends {
-            ok &= self
-                .frontends
-                .insert((fe.address, fe.port, fe.protocol.number()));
+            let id = frontend_id(fe);
+            self.frontends.claim(id, &name);
+            ok &= self.frontends.rival(&id, &name).is_none();
         }
         for b in &spec.backends {
             let Ok(address) = b.address.trim().parse::<IpAddr>() else {
@@ -86,11 +88,10 @@ impl Claims {
 
     /// Takes back what `add` added for this service (which was good).
     fn remove(&mut self, spec: &ServiceSpec, service: &Service) {
-        self.names
-            .remove(&ServiceName::new(&spec.namespace, &spec.name));
+        let name = ServiceName::new(&spec.namespace, &spec.name);
+        self.names.remove(&name);
         for fe in &service.frontends {
-            self.frontends
-                .remove(&(fe.address, fe.port, fe.protocol.number()));
+            self.frontends.release(frontend_id(fe), &name);
         }
         for b in &spec.backends {
             let Ok(address) = b.address.trim().parse::<IpAddr>() else {

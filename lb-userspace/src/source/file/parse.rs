@@ -31,6 +31,7 @@ use std::{collections::BTreeSet, fmt, net::IpAddr};
 use serde::Deserialize;
 
 use crate::model::{
+    claims::{frontend_id, FrontendClaims},
     expand::{port_frontends, Candidate, Port, Shape},
     Algorithm, Backend, BackendState, FrontendKind, Model, Service, ServiceName,
     MAX_BACKENDS_PER_FRONTEND,
@@ -213,8 +214,10 @@ pub(crate) struct Converter<'a> {
     model: Model,
     /// Specs seen so far (the index of the next one).
     index: usize,
-    /// frontend (address, port, protocol) → (index, name) of its service.
-    frontend_owner: crate::collections::HashMap<(IpAddr, u16, u8), (usize, ServiceName)>,
+    /// Each frontend's services (a second one refuses the file).
+    frontends: FrontendClaims,
+    /// Where each service was defined, to name the first of two claimants.
+    index_of: crate::collections::HashMap<ServiceName, usize>,
     /// backend address → (local, service index, backend index) where first set.
     locality: crate::collections::HashMap<IpAddr, (bool, usize, usize)>,
     /// The error that stopped a streamed parse.
@@ -227,7 +230,8 @@ impl<'a> Converter<'a> {
             ctx,
             model: Model::default(),
             index: 0,
-            frontend_owner: Default::default(),
+            frontends: FrontendClaims::default(),
+            index_of: Default::default(),
             locality: Default::default(),
             error: None,
         }
@@ -277,8 +281,10 @@ impl<'a> Converter<'a> {
             }
         };
         for fe in &service.frontends {
-            let key = (fe.address, fe.port, fe.protocol.number());
-            if let Some((pi, prev)) = self.frontend_owner.insert(key, (i, name.clone())) {
+            let id = frontend_id(fe);
+            self.frontends.claim(id, &name);
+            if let Some(prev) = self.frontends.rival(&id, &name) {
+                let pi = self.index_of.get(prev).copied().unwrap_or_default();
                 return Err(err(
                     at.clone(),
                     format!(
@@ -290,6 +296,7 @@ impl<'a> Converter<'a> {
                 ));
             }
         }
+        self.index_of.entry(name.clone()).or_insert(i);
         if self.model.services.insert(name.clone(), service).is_some() {
             return Err(err(
                 format!("{at}.name"),

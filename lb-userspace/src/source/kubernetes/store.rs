@@ -9,7 +9,7 @@
 //!   last one (debouncing is the caller's job).
 //! * Two services claiming the same frontend (an externalIP, say): the
 //!   service whose name sorts first keeps it, the other gets a warning; when
-//!   the owner lets go, the other takes over.
+//!   the owner lets go, the other takes over (`crate::model::claims`).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
@@ -26,12 +26,13 @@ use super::port_names::PortNames;
 use super::translate::{
     self, service_name, slice_service, NodeContext, ServiceRecord, SliceRecord, Warning,
 };
-use crate::model::{Model, Service, ServiceName};
+use crate::model::{
+    claims::{frontend_id, FrontendClaims, FrontendId},
+    Model, Service, ServiceName,
+};
 
 use crate::maps::Family;
 use crate::source::{nodeports::NodePortAddresses, Trigger};
-
-type FrontendId = (IpAddr, u16, u8);
 
 struct Relist<K> {
     buffer: Option<Vec<K>>,
@@ -76,7 +77,7 @@ pub struct Store {
     dirty: BTreeSet<ServiceName>,
     full_pending: bool,
     /// frontend → services that want it; the first by name owns it.
-    claims: HashMap<FrontendId, Claimants>,
+    claims: FrontendClaims,
     /// What each service asked for and was given last.
     sent: HashMap<ServiceName, Sent>,
     warnings: Vec<Warning>,
@@ -136,7 +137,7 @@ impl Store {
             node_relist: Relist::default(),
             dirty: BTreeSet::new(),
             full_pending: false,
-            claims: HashMap::new(),
+            claims: FrontendClaims::default(),
             sent: HashMap::new(),
             warnings: Vec::new(),
             eligible: None,
@@ -453,11 +454,7 @@ impl Store {
         });
         let wanted: Vec<FrontendId> = translated
             .iter()
-            .flat_map(|s| {
-                s.frontends
-                    .iter()
-                    .map(|f| (f.address, f.port, f.protocol.number()))
-            })
+            .flat_map(|s| s.frontends.iter().map(frontend_id))
             .collect();
         // Let go of frontends no longer wanted; the next claimant takes over.
         let asked = self
@@ -466,41 +463,21 @@ impl Store {
             .map(|s| std::mem::take(&mut s.asked))
             .unwrap_or_default();
         for &id in &asked {
-            if wanted.contains(&id) {
-                continue;
-            }
-            if let Some(set) = self.claims.get_mut(&id) {
-                let was_owner = set.first() == Some(name);
-                set.remove(name);
-                if was_owner {
-                    if let Some(next) = set.first() {
-                        woken.insert(next.clone());
-                    }
-                }
-                if set.is_empty() {
-                    self.claims.remove(&id);
-                }
+            if !wanted.contains(&id) {
+                woken.extend(self.claims.release(id, name));
             }
         }
         let mut svc = translated?;
         for id in &wanted {
-            let set = self.claims.entry(*id).or_default();
-            let previous_owner = set.first().cloned();
-            set.insert(name);
-            if let Some(prev) = previous_owner {
-                if &prev != name && set.first() == Some(name) {
-                    woken.insert(prev); // we sort first: it loses the frontend
-                }
-            }
+            // We sort first: the previous owner loses the frontend.
+            woken.extend(self.claims.claim(*id, name));
         }
         // (From a slice: exact room, where `from_vec` would keep the vector's spare.)
         self.sent.entry(name.clone()).or_default().asked = SmallVec::from_slice(&wanted);
         let claims = &self.claims;
         let mut lost = Vec::new();
         svc.frontends.retain(|f| {
-            let owner = claims
-                .get(&(f.address, f.port, f.protocol.number()))
-                .and_then(|s| s.first());
+            let owner = claims.owner(&frontend_id(f));
             let ours = owner == Some(name);
             if !ours {
                 lost.push(format!(
@@ -532,60 +509,6 @@ struct Sent {
     /// A fingerprint of the service as output, to skip no-op changes (the
     /// reconciler holds the service itself: no second copy here).
     print: Option<u64>,
-}
-
-/// The services that claim a frontend, sorted by name (the first owns
-/// it). Almost always one, held without a vector.
-#[derive(Default)]
-enum Claimants {
-    #[default]
-    None,
-    One(ServiceName),
-    Many(Vec<ServiceName>),
-}
-
-impl Claimants {
-    fn first(&self) -> Option<&ServiceName> {
-        match self {
-            Self::None => None,
-            Self::One(n) => Some(n),
-            Self::Many(v) => v.first(),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.first().is_none()
-    }
-
-    fn insert(&mut self, name: &ServiceName) {
-        match self {
-            Self::None => *self = Self::One(name.clone()),
-            Self::One(n) if n == name => {}
-            Self::One(n) => {
-                let mut v = vec![n.clone(), name.clone()];
-                v.sort();
-                *self = Self::Many(v);
-            }
-            Self::Many(v) => {
-                if let Err(at) = v.binary_search(name) {
-                    v.insert(at, name.clone());
-                }
-            }
-        }
-    }
-
-    fn remove(&mut self, name: &ServiceName) {
-        match self {
-            Self::One(n) if n == name => *self = Self::None,
-            Self::Many(v) => {
-                v.retain(|n| n != name);
-                if v.len() == 1 {
-                    *self = Self::One(v.pop().unwrap());
-                }
-            }
-            _ => {}
-        }
-    }
 }
 
 /// A service's slices by name: almost always one, so a small vector, not a
