@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lb::{
     datapath::{self, MapSizes},
-    maps::{bpf::BpfMaps, Capacity, LbMaps, MapOp, MapState, MapWriteError},
+    maps::{bpf::BpfMaps, LbMaps, MapOp, MapState, MapWriteError},
     model::{FrontendKind, ServiceName},
     reconcile::{Reconciler, FROM_SERVICES},
 };
@@ -60,14 +60,14 @@ impl LbMaps for NullMaps {
     fn dump(&self) -> anyhow::Result<MapState> {
         Ok(MapState::default())
     }
-    fn capacity(&self) -> Capacity {
+    fn capacity(&self) -> MapSizes {
         let big = u32::MAX / 2;
-        Capacity {
+        MapSizes {
             services: big,
             backends: big,
-            revnat: big,
             maglev: big,
             source_ranges: big,
+            ..MapSizes::default()
         }
     }
 }
@@ -90,7 +90,6 @@ fn one_scale(p: &Profile, n: usize) -> ControlResult {
     let sizes = MapSizes {
         services: size(n * (ENDPOINTS + 2) + 16),
         backends: size(n * ENDPOINTS + 16),
-        revnat: size(n + 16),
         ..MapSizes::default()
     };
     let (_ebpf, _) = datapath::load(&pins.path, &sizes).expect("loading the object");
@@ -246,7 +245,6 @@ mod tests {
         let sizes = MapSizes {
             services: 1 << 18,
             backends: 1 << 17,
-            revnat: 1 << 16,
             ..MapSizes::default()
         };
         let (_ebpf, _) = datapath::load(&pins.path, &sizes).unwrap();

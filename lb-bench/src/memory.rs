@@ -148,13 +148,13 @@ impl lb::maps::LbMaps for NullMaps {
     fn dump(&self) -> anyhow::Result<lb::maps::MapState> {
         Ok(Default::default())
     }
-    fn capacity(&self) -> lb::maps::Capacity {
-        lb::maps::Capacity {
+    fn capacity(&self) -> lb::maps::MapSizes {
+        lb::maps::MapSizes {
             services: u32::MAX,
             backends: u32::MAX,
-            revnat: u32::MAX,
             maglev: u32::MAX,
             source_ranges: u32::MAX,
+            ..Default::default()
         }
     }
 }

@@ -214,7 +214,6 @@ fn prepare(n: usize, new_flows: usize) -> Prepared {
     let sizes = MapSizes {
         services: map_size(4 * n + 16),
         backends: map_size(2 * n + 16),
-        revnat: map_size(n + 16),
         ct: (new_flows * 4 + 1024).max(262_144).next_power_of_two() as u32,
         ..MapSizes::default()
     };

@@ -112,7 +112,7 @@ fn every_map_of_the_catalog_is_pinned_as_the_catalog_describes_it() {
     };
     let (_ebpf, reused) = datapath::load(&pins.path, &sizes).expect("loading");
     assert!(!reused);
-    for m in datapath::catalog::CATALOG {
+    for m in lb::maps::catalog::CATALOG {
         assert!(pins.path.join(m.name).exists(), "{} is not pinned", m.name);
     }
     let layout = datapath::PinLayout::new(&pins.path);
@@ -181,7 +181,7 @@ fn preallocated_maps_reserve_their_capacity_serve_packets_and_a_restart_must_kee
             .info()
             .unwrap()
     };
-    for m in datapath::catalog::CATALOG
+    for m in lb::maps::catalog::CATALOG
         .iter()
         .filter(|m| m.preallocatable)
     {
@@ -207,7 +207,7 @@ fn preallocated_maps_reserve_their_capacity_serve_packets_and_a_restart_must_kee
         memlock(&usual.path.join("LB4_SERVICES")),
     );
     let all = |dir: &std::path::Path| -> u64 {
-        datapath::catalog::CATALOG
+        lb::maps::catalog::CATALOG
             .iter()
             .filter(|m| m.preallocatable)
             .map(|m| memlock(&dir.join(m.name)))
@@ -253,7 +253,7 @@ fn preallocated_maps_reserve_their_capacity_serve_packets_and_a_restart_must_kee
         "{err}"
     );
     let ids = |dir: &std::path::Path| -> Vec<u32> {
-        datapath::catalog::CATALOG
+        lb::maps::catalog::CATALOG
             .iter()
             .filter(|m| m.preallocatable)
             .map(|m| {

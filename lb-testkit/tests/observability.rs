@@ -155,6 +155,27 @@ fn metrics_endpoint_is_valid_exposition_with_reconcile_map_fill_and_healthz() {
         sample(&scrape, "lb_map_capacity", &[("map", "LB4_SERVICES")]),
         Some(65536.0)
     );
+    // Every map a reconcile fills is reported, whichever fills first.
+    use lb_common::maps as m;
+    for (map, capacity) in [
+        (m::LB6_REVNAT, m::DEFAULT_SERVICES_MAX),
+        (m::LB_MAGLEV, m::DEFAULT_MAGLEV_MAX),
+        (m::LB_AFFINITY_MATCH, m::DEFAULT_SERVICES_MAX),
+        (m::LB_AFFINITY_GROUP, m::DEFAULT_SERVICES_MAX),
+        (m::LB4_SRC_RANGES, m::DEFAULT_SOURCE_RANGES_MAX),
+        (m::LB6_SRC_RANGES, m::DEFAULT_SOURCE_RANGES_MAX),
+    ] {
+        assert_eq!(
+            sample(&scrape, "lb_map_capacity", &[("map", map)]),
+            Some(f64::from(capacity)),
+            "{map}: {body}"
+        );
+        assert_eq!(
+            sample(&scrape, "lb_map_entries", &[("map", map)]),
+            Some(0.0),
+            "{map}: these services use none"
+        );
+    }
     assert_eq!(
         sample(&scrape, "lb_reconciles_total", &[("result", "ok")]),
         Some(1.0)

@@ -141,7 +141,7 @@ pub struct Reconciler<M: LbMaps> {
     /// None only while a pipelined run lends the maps to its writer thread.
     maps: Option<M>,
     /// The maps' capacity, read at the start of each run.
-    capacity: crate::maps::Capacity,
+    capacity: crate::maps::MapSizes,
     /// Where a pipelined run sends its writes (None: written here, at once).
     pipe: Option<pipeline::Sender>,
     /// Runs of at least this many services are pipelined.

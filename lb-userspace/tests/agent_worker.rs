@@ -17,7 +17,7 @@ use lb::{
         worker::{AgentStatus, Worker},
     },
     desired::{BuildConfig, ExternalIpsInCluster},
-    maps::{fake::FakeMaps, Capacity, LbMaps as _},
+    maps::{fake::FakeMaps, LbMaps as _, MapSizes},
     metrics::Metrics,
     model::Model,
     reconcile::Reconciler,
@@ -51,7 +51,7 @@ impl Drop for Harness {
     }
 }
 
-fn harness(tag: &str, capacity: Capacity) -> Harness {
+fn harness(tag: &str, capacity: MapSizes) -> Harness {
     harness_with(tag, capacity, BuildConfig::default())
 }
 
@@ -63,7 +63,7 @@ fn owned_only() -> BuildConfig {
     }
 }
 
-fn harness_with(tag: &str, capacity: Capacity, cfg: BuildConfig) -> Harness {
+fn harness_with(tag: &str, capacity: MapSizes, cfg: BuildConfig) -> Harness {
     let dir = std::env::temp_dir().join(format!("lb-worker-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (metrics, registry) = Metrics::new(dir.join("pins"));
@@ -102,7 +102,7 @@ const TWO: &str = "services:
 
 #[test]
 fn a_full_model_then_changes_reach_the_maps_and_removed_udp_backends_reach_the_socket_cleanup() {
-    let mut h = harness("full", Capacity::default());
+    let mut h = harness("full", MapSizes::default());
     h.worker.step(full(TWO));
     let state = h.worker.reconciler().maps().dump().unwrap();
     assert_eq!(state.frontends().count(), 2);
@@ -138,9 +138,9 @@ fn a_service_that_does_not_fit_is_left_for_lbctl_status_and_the_rest_is_applied(
     // Room for one service's entries (marker, master, two slots), not two.
     let mut h = harness(
         "refused",
-        Capacity {
+        MapSizes {
             services: 5,
-            ..Capacity::default()
+            ..MapSizes::default()
         },
     );
     h.worker.step(full(TWO));
@@ -162,7 +162,7 @@ fn a_service_that_does_not_fit_is_left_for_lbctl_status_and_the_rest_is_applied(
 
 #[test]
 fn a_source_error_changes_nothing_and_is_counted() {
-    let mut h = harness("error", Capacity::default());
+    let mut h = harness("error", MapSizes::default());
     h.worker.step(full(TWO));
     let before = h.worker.reconciler().maps().dump().unwrap();
     h.worker.step(Pending {
@@ -186,7 +186,7 @@ fn a_source_error_changes_nothing_and_is_counted() {
 /// losing the address writes nothing.
 #[test]
 fn by_default_every_external_ip_is_translated_for_sockets_whoever_holds_it() {
-    let mut h = harness("extip-default", Capacity::default());
+    let mut h = harness("extip-default", MapSizes::default());
     h.worker.step(full(
         "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]",
     ));
@@ -211,7 +211,7 @@ fn by_default_every_external_ip_is_translated_for_sockets_whoever_holds_it() {
 
 #[test]
 fn owned_only_the_nodes_addresses_decide_whether_sockets_may_translate_an_external_ip() {
-    let mut h = harness_with("extip", Capacity::default(), owned_only());
+    let mut h = harness_with("extip", MapSizes::default(), owned_only());
     h.worker.step(full(
         "services: [{name: ext, clusterIPs: [10.96.0.5], externalIPs: [198.51.100.7], ports: [{port: 80}], backends: [{address: 10.0.0.1}]}]",
     ));
@@ -241,7 +241,7 @@ fn owned_only_the_nodes_addresses_decide_whether_sockets_may_translate_an_extern
 /// writes nothing when idle (its empty target would sweep the pinned state).
 #[test]
 fn a_failed_write_is_repaired_by_the_idle_retry_and_nothing_is_written_before_any_input() {
-    let mut h = harness("retry", Capacity::default());
+    let mut h = harness("retry", MapSizes::default());
     h.worker.step(Pending::default());
     assert!(
         h.worker.reconciler_mut().maps_mut().take_log().is_empty(),
@@ -279,7 +279,7 @@ fn node_addresses_changing_before_the_first_model_sweep_nothing_and_reach_the_fi
         .with_config(owned_only());
     before.reconcile(&model(EXT)).unwrap();
     let pinned = before.maps().state.clone();
-    let mut h = harness_with("extip-restart", Capacity::default(), owned_only());
+    let mut h = harness_with("extip-restart", MapSizes::default(), owned_only());
     *h.worker.reconciler_mut() = Reconciler::restore(FakeMaps {
         state: pinned.clone(),
         ..Default::default()

@@ -7,7 +7,7 @@ use std::{
 };
 
 use lb::{
-    maps::{fake::FakeMaps, state::is_marker, Capacity, MapOp, MapState},
+    maps::{fake::FakeMaps, state::is_marker, MapOp, MapSizes, MapState},
     model::{Backend, BackendState, Frontend, FrontendKind, Model, Protocol, Service, ServiceName},
     reconcile::{ReconcileError, Reconciler, ServiceError},
 };
@@ -61,14 +61,15 @@ fn cluster(n: u32) -> Model {
     m
 }
 
-/// Fake maps of these sizes (maglev and source ranges: 10).
-fn sized(services: u32, backends: u32, revnat: u32) -> Reconciler<FakeMaps> {
-    Reconciler::restore(FakeMaps::with_capacity(Capacity {
+/// Fake maps of these sizes (the reverse-NAT maps: as many as services,
+/// as `--map-size-services` makes them; maglev and source ranges: 10).
+fn sized(services: u32, backends: u32) -> Reconciler<FakeMaps> {
+    Reconciler::restore(FakeMaps::with_capacity(MapSizes {
         services,
         backends,
-        revnat,
         maglev: 10,
         source_ranges: 10,
+        ..MapSizes::default()
     }))
     .unwrap()
 }
@@ -321,7 +322,7 @@ fn ids_stay_stable_when_other_services_come_and_go() {
 #[test]
 fn service_that_does_not_fit_is_refused_whole_while_the_others_apply_and_retried_later() {
     let model = cluster(10);
-    let mut r = sized(60, 100, 100);
+    let mut r = sized(60, 100);
     r.reconcile(&model).unwrap(); // 10 × (master + 3 slots) + 10 markers = 50 entries
     r.maps_mut().take_log();
     // Three more services of 5 entries each: two fit (60), the third does not.
@@ -381,7 +382,7 @@ fn a_service_too_big_for_several_maps_is_refused_naming_the_first_ipv4_one() {
         backends.join(", ")
     ))
     .unwrap();
-    let mut r = sized(8, 4, 100);
+    let mut r = sized(8, 4);
     let err = r.reconcile(&model).unwrap_err();
     let ReconcileError::Refused(refused) = &err else {
         panic!("{err}")
@@ -894,7 +895,7 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
             .insert(name(i), service(i, 80, &[(i % 200) as u8]));
     }
     // Services: marker + master + slot, room for 300 of them.
-    let mut r = sized(900, 1_000, 1_000);
+    let mut r = sized(900, 1_000);
     let err = r.reconcile(&model).unwrap_err();
     let ReconcileError::Refused(refused) = &err else {
         panic!("{err}")

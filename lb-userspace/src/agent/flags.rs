@@ -306,7 +306,6 @@ impl RunArgs {
         MapSizes {
             services: self.map_size_services,
             backends: self.map_size_backends,
-            revnat: self.map_size_services,
             sock_revnat: self.map_size_sock_revnat,
             affinity: self.map_size_affinity,
             ct: self.map_size_ct,
@@ -389,6 +388,25 @@ mod tests {
             "999",
         ])
         .map_sizes();
-        assert_eq!((m.services, m.revnat, m.backends), (1234, 1234, 999));
+        assert_eq!((m.services, m.backends), (1234, 999));
+        let revnat = crate::maps::catalog::spec_of(lb_common::maps::LB6_REVNAT).unwrap();
+        assert_eq!(revnat.max_entries(&m), Some(1234));
+    }
+
+    /// The map table's flag names are this command's: each one given a
+    /// value of its own lands in the field the table reads for it.
+    #[test]
+    fn every_size_flag_of_the_map_table_is_a_flag_that_sets_its_field() {
+        use crate::maps::SizeFlag;
+        let mut args = vec!["--services".to_string(), "x.yaml".to_string()];
+        for (i, f) in SizeFlag::ALL.iter().enumerate() {
+            args.push(f.flag().to_string());
+            args.push((2048 + i).to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let m = flags(&args).map_sizes();
+        for (i, f) in SizeFlag::ALL.iter().enumerate() {
+            assert_eq!(f.get(&m), 2048 + u32::try_from(i).unwrap(), "{}", f.flag());
+        }
     }
 }

@@ -3,7 +3,6 @@
 //! external devices, each through a pinned BPF link; on a restart or an
 //! upgrade, swap the new program into the existing link. And the reverse:
 //! uninstall.
-pub mod catalog;
 pub mod config;
 pub mod features;
 pub mod pins;
@@ -31,7 +30,8 @@ use lb_common::{
 };
 use tracing::{info, warn};
 
-pub use pins::{MapSizes, PinLayout};
+pub use crate::maps::MapSizes;
+pub use pins::PinLayout;
 
 use crate::{
     maps::{bpf::open_pinned, convert::ip4_to_map},
@@ -185,7 +185,7 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(pin_dir);
     // BTF map definitions carry no pinning attribute: pin by path.
-    for m in catalog::CATALOG.iter().filter(|m| m.btf) {
+    for m in crate::maps::catalog::CATALOG.iter().filter(|m| m.btf) {
         loader.map_pin_path(m.name, layout.map(m.name));
     }
     for (name, size) in sizes.entries() {

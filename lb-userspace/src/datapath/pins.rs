@@ -5,6 +5,8 @@ use anyhow::{bail, Context as _};
 use aya::maps::MapData;
 use lb_common::maps as names;
 
+use crate::maps::MapSizes;
+
 /// Default pin directory; the layout version is part of the path because the
 /// kernel reuses a pin without checking its key and value sizes.
 pub fn default_pin_dir() -> PathBuf {
@@ -15,54 +17,6 @@ pub fn default_pin_dir() -> PathBuf {
 /// holds a state that a restart keeps serving).
 pub fn has_state(pin_dir: &Path) -> bool {
     pin_dir.join(names::LB4_SERVICES).exists()
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapSizes {
-    pub services: u32,
-    pub backends: u32,
-    pub revnat: u32,
-    pub sock_revnat: u32,
-    /// LB_AFFINITY: remembered (client, service) choices.
-    pub affinity: u32,
-    /// LB4_CT and LB6_CT, each: north-south flows (each uses one to two entries).
-    pub ct: u32,
-    /// LB_MAGLEV: services with a Maglev table.
-    pub maglev: u32,
-    /// LB4_SRC_RANGES: loadBalancerSourceRanges entries of all frontends.
-    pub source_ranges: u32,
-    /// Make the services, backends and reverse-NAT maps preallocated
-    /// (`--preallocate-maps`): their full capacity is reserved at creation,
-    /// and a full sync's inserts cost the kernel about half as much.
-    pub preallocate: bool,
-}
-
-impl Default for MapSizes {
-    fn default() -> Self {
-        Self {
-            services: names::DEFAULT_SERVICES_MAX,
-            backends: names::DEFAULT_BACKENDS_MAX,
-            revnat: names::DEFAULT_REVNAT_MAX,
-            sock_revnat: names::DEFAULT_SOCK_REVNAT_MAX,
-            affinity: names::DEFAULT_AFFINITY_MAX,
-            ct: names::DEFAULT_CT_MAX,
-            maglev: names::DEFAULT_MAGLEV_MAX,
-            source_ranges: names::DEFAULT_SOURCE_RANGES_MAX,
-            preallocate: false,
-        }
-    }
-}
-
-impl MapSizes {
-    /// Map name → capacity of every map a `--map-size-*` flag sizes (the
-    /// catalog says which); both families get the same sizes.
-    pub fn entries(&self) -> Vec<(&'static str, u32)> {
-        super::catalog::CATALOG
-            .iter()
-            .filter(|m| matches!(m.capacity, super::catalog::Capacity::Sized(_)))
-            .filter_map(|m| Some((m.name, m.max_entries(self)?)))
-            .collect()
-    }
 }
 
 pub struct PinLayout {
@@ -92,7 +46,7 @@ impl PinLayout {
     /// requested sizes. Returns whether any map was pinned already.
     pub fn check_pinned_maps(&self, sizes: &MapSizes) -> anyhow::Result<bool> {
         let mut any = false;
-        for m in super::catalog::CATALOG {
+        for m in crate::maps::catalog::CATALOG {
             let (name, max) = (m.name, m.max_entries(sizes));
             let Some((key, value)) = m.sizes else {
                 continue;
@@ -167,7 +121,10 @@ impl PinLayout {
         sizes: &MapSizes,
         made: &mut Vec<PathBuf>,
     ) -> anyhow::Result<()> {
-        for m in super::catalog::CATALOG.iter().filter(|m| m.preallocatable) {
+        for m in crate::maps::catalog::CATALOG
+            .iter()
+            .filter(|m| m.preallocatable)
+        {
             let path = self.map(m.name);
             let (Some((key, value)), Some(max)) = (m.sizes, m.max_entries(sizes)) else {
                 bail!("{}: the catalog gives no sizes to make it with", m.name);

@@ -15,8 +15,9 @@ use lb_common::{
 };
 
 use super::{
+    catalog,
     family::{BothFamilies, RunMap},
-    Capacity, Family, LbMaps, MapOp, MapState, MapWriteError,
+    Family, LbMaps, MapOp, MapSizes, MapState, MapWriteError, SizeFlag,
 };
 
 pub struct BpfMaps {
@@ -36,7 +37,7 @@ pub struct BpfMaps {
     /// (the move failed, or the run of deletes stopped at a failure): moved
     /// before anything else is written, and by `settle`.
     gen_due: bool,
-    capacity: Capacity,
+    capacity: MapSizes,
 }
 
 /// Inner maps of LB_MAGLEV may have any size (the configured M): the flag
@@ -84,16 +85,25 @@ pub fn max_entries(pin_dir: &Path, name: &str) -> anyhow::Result<u32> {
         .max_entries())
 }
 
+/// The sizes the pinned maps were made with: each flag's value read from
+/// the first map the catalog sizes with it (both families share the sizes;
+/// a map not pinned leaves the default).
+fn pinned_sizes(pin_dir: &Path) -> anyhow::Result<MapSizes> {
+    let mut sizes = MapSizes::default();
+    for flag in SizeFlag::ALL {
+        let first = catalog::CATALOG
+            .iter()
+            .find(|m| matches!(m.capacity, catalog::Capacity::Sized(f) if f == flag));
+        if let Some(m) = first.filter(|m| pin_dir.join(m.name).exists()) {
+            flag.set(&mut sizes, max_entries(pin_dir, m.name)?);
+        }
+    }
+    Ok(sizes)
+}
+
 impl BpfMaps {
     pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
-        // Both families share the sizes; read them from the v4 maps.
-        let capacity = Capacity {
-            services: max_entries(pin_dir, names::LB4_SERVICES)?,
-            backends: max_entries(pin_dir, names::LB4_BACKENDS)?,
-            revnat: max_entries(pin_dir, names::LB4_REVNAT)?,
-            maglev: max_entries(pin_dir, names::LB_MAGLEV)?,
-            source_ranges: max_entries(pin_dir, names::LB4_SRC_RANGES)?,
-        };
+        let capacity = pinned_sizes(pin_dir)?;
         let backends_gen: Option<Array<MapData, u32>> =
             if pin_dir.join(names::LB_BACKENDS_GEN).exists() {
                 Some(Array::try_from(open_pinned(
@@ -401,7 +411,7 @@ impl LbMaps for BpfMaps {
         Ok(state)
     }
 
-    fn capacity(&self) -> Capacity {
+    fn capacity(&self) -> MapSizes {
         self.capacity
     }
 }

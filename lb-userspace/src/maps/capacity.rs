@@ -4,7 +4,10 @@
 //! E2BIG, so tests meet the same limits as the real maps).
 use lb_common::{filter::FILTER_WORDS, maps as names};
 
-use super::{Capacity, Family, MapOp, MapState};
+use super::{
+    catalog::{spec_of, MapSpec},
+    Family, MapOp, MapSizes, MapState, SizeFlag,
+};
 
 /// A map with a fixed number of entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,27 +51,27 @@ impl Bounded {
         }
     }
 
-    /// The agent flag that sizes it.
-    pub fn flag(self) -> &'static str {
+    /// The map the catalog sizes it as (both source-range maps have the
+    /// same size).
+    fn sized_as(self) -> &'static str {
         match self {
-            Bounded::Services(_)
-            | Bounded::RevNat(_)
-            | Bounded::AffinityMatch
-            | Bounded::AffinityGroup => "--map-size-services",
-            Bounded::Backends(_) => "--map-size-backends",
-            Bounded::Maglev => "--map-size-maglev",
-            Bounded::SourceRanges => "--map-size-source-ranges",
+            Bounded::SourceRanges => names::LB4_SRC_RANGES,
+            other => other.map(),
         }
     }
 
-    pub fn max(self, cap: &Capacity) -> u32 {
-        match self {
-            Bounded::Services(_) | Bounded::AffinityMatch | Bounded::AffinityGroup => cap.services,
-            Bounded::Backends(_) => cap.backends,
-            Bounded::RevNat(_) => cap.revnat,
-            Bounded::Maglev => cap.maglev,
-            Bounded::SourceRanges => cap.source_ranges,
-        }
+    /// The agent flag that sizes it (the catalog's).
+    pub fn flag(self) -> &'static str {
+        spec_of(self.sized_as())
+            .and_then(MapSpec::size_flag)
+            .map_or("(a fixed size)", SizeFlag::flag)
+    }
+
+    /// How many entries it holds at most with `sizes` (the catalog's).
+    pub fn max(self, sizes: &MapSizes) -> u32 {
+        spec_of(self.sized_as())
+            .and_then(|m| m.max_entries(sizes))
+            .unwrap_or(0)
     }
 
     /// Entries it holds in `state`.
@@ -127,52 +130,39 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{
-        datapath::{catalog::CATALOG, MapSizes},
-        maps::fake::FakeMaps,
-        maps::LbMaps as _,
-    };
+    use crate::{maps::fake::FakeMaps, maps::LbMaps as _};
 
-    /// The checks and the maps the install creates agree: each bounded
-    /// map's limit is the catalog's capacity for it, with sizes that all
-    /// differ (so a wrong flag shows).
+    /// Every bounded map is sized by a flag in the catalog, and its limit
+    /// is that flag's value (sizes that all differ, so a wrong flag shows).
     #[test]
-    fn every_bounded_map_is_limited_by_the_catalogs_capacity() {
-        let sizes = MapSizes {
-            services: 11,
-            backends: 12,
-            revnat: 13,
-            maglev: 14,
-            source_ranges: 15,
-            ..MapSizes::default()
-        };
-        let cap = Capacity {
-            services: sizes.services,
-            backends: sizes.backends,
-            revnat: sizes.revnat,
-            maglev: sizes.maglev,
-            source_ranges: sizes.source_ranges,
-        };
-        let catalog = |name: &str| {
-            CATALOG
-                .iter()
-                .find(|m| m.name == name)
-                .unwrap_or_else(|| panic!("{name} not in the catalog"))
-                .max_entries(&sizes)
-        };
+    fn every_bounded_map_is_limited_by_the_flag_the_catalog_gives_it() {
+        let mut sizes = MapSizes::default();
+        for (i, f) in SizeFlag::ALL.iter().enumerate() {
+            f.set(&mut sizes, 11 + u32::try_from(i).unwrap());
+        }
         for m in Bounded::ALL {
-            let names: Vec<&str> = m.map().split(" and ").collect();
-            for name in names {
-                assert_eq!(catalog(name), Some(m.max(&cap)), "{m:?} ({name})");
+            let flag = SizeFlag::ALL
+                .into_iter()
+                .find(|f| f.flag() == m.flag())
+                .unwrap_or_else(|| panic!("{m:?} is sized by {}, not a flag", m.flag()));
+            assert_eq!(m.max(&sizes), flag.get(&sizes), "{m:?}");
+            for name in m.map().split(" and ") {
+                let spec = spec_of(name).unwrap_or_else(|| panic!("{name} not in the catalog"));
+                assert_eq!(
+                    spec.max_entries(&sizes),
+                    Some(m.max(&sizes)),
+                    "{m:?} ({name})"
+                );
             }
         }
+        assert_eq!(Bounded::RevNat(Family::V6).flag(), "--map-size-services");
     }
 
     #[test]
     fn the_fake_refuses_what_the_kernel_refuses() {
-        let mut fake = FakeMaps::with_capacity(Capacity {
+        let mut fake = FakeMaps::with_capacity(MapSizes {
             services: 1,
-            ..Capacity::default()
+            ..MapSizes::default()
         });
         fake.apply(&MapOp::SetAffinityGroup(1, 1)).unwrap();
         // Updating an entry takes no room; a second one does not fit.

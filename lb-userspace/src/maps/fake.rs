@@ -1,12 +1,12 @@
 //! In-memory maps for tests of the reconciler: same `LbMaps` contract as the
 //! BPF maps, records every operation, can be told to fail.
-use super::{capacity, Capacity, LbMaps, MapOp, MapState, MapWriteError};
+use super::{capacity, LbMaps, MapOp, MapSizes, MapState, MapWriteError};
 
 #[derive(Debug, Default)]
 pub struct FakeMaps {
     pub state: MapState,
     pub log: Vec<MapOp>,
-    pub capacity: Capacity,
+    pub capacity: MapSizes,
     /// Fail the n-th next operation (0 = the next one) with EIO.
     pub fail_after: Option<usize>,
     /// Moments between two writes when a Maglev master named a table size
@@ -19,7 +19,7 @@ pub struct FakeMaps {
 }
 
 impl FakeMaps {
-    pub fn with_capacity(capacity: Capacity) -> Self {
+    pub fn with_capacity(capacity: MapSizes) -> Self {
         Self {
             capacity,
             ..Default::default()
@@ -123,7 +123,7 @@ impl LbMaps for FakeMaps {
         Ok(self.state.clone())
     }
 
-    fn capacity(&self) -> Capacity {
+    fn capacity(&self) -> MapSizes {
         self.capacity
     }
 }

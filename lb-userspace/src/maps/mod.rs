@@ -9,9 +9,11 @@
 //! (conversions in `convert.rs`).
 pub mod bpf;
 pub mod capacity;
+pub mod catalog;
 pub mod convert;
 pub mod fake;
 pub mod family;
+pub mod sizes;
 pub mod state;
 
 use std::{net::IpAddr, sync::Arc};
@@ -20,6 +22,7 @@ use lb_common::maps as names;
 
 use crate::net::Cidr;
 pub use lb_common::service::ServiceValue;
+pub use sizes::{MapSizes, SizeFlag};
 pub use state::MapState;
 
 /// Address family of an entry; selects the LB4_* or LB6_* map.
@@ -166,30 +169,6 @@ impl MapOp {
     }
 }
 
-/// How many entries each agent-written map can hold (the same for both families).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacity {
-    pub services: u32,
-    pub backends: u32,
-    pub revnat: u32,
-    /// Services with a Maglev table.
-    pub maglev: u32,
-    /// loadBalancerSourceRanges entries, all frontends together.
-    pub source_ranges: u32,
-}
-
-impl Default for Capacity {
-    fn default() -> Self {
-        Self {
-            services: names::DEFAULT_SERVICES_MAX,
-            backends: names::DEFAULT_BACKENDS_MAX,
-            revnat: names::DEFAULT_REVNAT_MAX,
-            maglev: names::DEFAULT_MAGLEV_MAX,
-            source_ranges: names::DEFAULT_SOURCE_RANGES_MAX,
-        }
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 #[error("{op} in {map} failed: {source}")]
 pub struct MapWriteError {
@@ -223,5 +202,5 @@ pub trait LbMaps: Send {
     }
     /// Reads back everything the agent owns.
     fn dump(&self) -> anyhow::Result<MapState>;
-    fn capacity(&self) -> Capacity;
+    fn capacity(&self) -> MapSizes;
 }

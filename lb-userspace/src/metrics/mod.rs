@@ -24,7 +24,7 @@ use prometheus_client::{
 };
 
 use crate::{
-    maps::{Capacity, Family as AddrFamily, MapState},
+    maps::{capacity::Bounded, MapSizes, MapState},
     reconcile::ReconcileStats,
 };
 
@@ -262,7 +262,7 @@ impl Metrics {
         observed: Option<Instant>,
         state: &MapState,
         services: usize,
-        cap: Capacity,
+        cap: MapSizes,
     ) {
         self.reconciles
             .get_or_create(&ResultLabels {
@@ -280,23 +280,29 @@ impl Metrics {
         self.services.set(services as i64);
         self.frontends.set(state.frontends().count() as i64);
         self.backends.set(state.backends.len() as i64);
-        for family in [AddrFamily::V4, AddrFamily::V6] {
-            let (s, b, r) = state.counts(family);
-            let p = if family == AddrFamily::V4 {
-                "LB4"
+        // Every map a reconcile can fill (`Bounded`), so an alert on
+        // entries / capacity covers whichever fills first.
+        for m in Bounded::ALL {
+            let max = i64::from(m.max(&cap));
+            let per_map: Vec<(&str, usize)> = if m == Bounded::SourceRanges {
+                // Counted together by the checks; each family has its map.
+                let v4 = state
+                    .source_ranges
+                    .values()
+                    .flatten()
+                    .filter(|c| c.address.is_ipv4())
+                    .count();
+                vec![
+                    (lb_common::maps::LB4_SRC_RANGES, v4),
+                    (lb_common::maps::LB6_SRC_RANGES, m.len(state) - v4),
+                ]
             } else {
-                "LB6"
+                vec![(m.map(), m.len(state))]
             };
-            for (name, n, c) in [
-                ("SERVICES", s, cap.services),
-                ("BACKENDS", b, cap.backends),
-                ("REVNAT", r, cap.revnat),
-            ] {
-                let labels = MapLabels {
-                    map: format!("{p}_{name}"),
-                };
+            for (map, n) in per_map {
+                let labels = MapLabels { map: map.into() };
                 self.map_entries.get_or_create(&labels).set(n as i64);
-                self.map_capacity.get_or_create(&labels).set(i64::from(c));
+                self.map_capacity.get_or_create(&labels).set(max);
             }
         }
         let mut h = self.health.lock().unwrap();

@@ -21,13 +21,15 @@ use lb_common::{
     sock::{sock_tcp_slots, SockPeers, SockTcpSlot, UdpChoices},
 };
 
-use super::pins::MapSizes;
+use super::sizes::{MapSizes, SizeFlag};
 
 /// Where a map's capacity comes from.
 #[derive(Clone, Copy, Debug)]
 pub enum Capacity {
-    /// Set by a `--map-size-*` flag (a `MapSizes` field).
-    Sized(fn(&MapSizes) -> u32),
+    /// Set by a `--map-size-*` flag.
+    Sized(SizeFlag),
+    /// Follows from a flag's size (`LB_SOCK_TCP`: a power of two).
+    DerivedFrom(SizeFlag, fn(u32) -> u32),
     /// Fixed by the layout.
     Fixed(u32),
     /// Not checked (socket storage: its capacity is the sockets').
@@ -76,42 +78,42 @@ pub const CATALOG: [MapSpec; 31] = [
     synced(
         names::LB4_SERVICES,
         kv::<Service4Key, ServiceValue>(),
-        Capacity::Sized(|s| s.services),
+        Capacity::Sized(SizeFlag::Services),
     ),
     synced(
         names::LB4_BACKENDS,
         kv::<u32, Backend4>(),
-        Capacity::Sized(|s| s.backends),
+        Capacity::Sized(SizeFlag::Backends),
     ),
     synced(
         names::LB4_REVNAT,
         kv::<u32, RevNat4>(),
-        Capacity::Sized(|s| s.revnat),
+        Capacity::Sized(SizeFlag::Services),
     ),
     spec(
         names::LB4_SOCK_REVNAT,
         kv::<SockRevNat4Key, SockRevNat4Value>(),
-        Capacity::Sized(|s| s.sock_revnat),
+        Capacity::Sized(SizeFlag::SockRevNat),
     ),
     synced(
         names::LB6_SERVICES,
         kv::<Service6Key, ServiceValue>(),
-        Capacity::Sized(|s| s.services),
+        Capacity::Sized(SizeFlag::Services),
     ),
     synced(
         names::LB6_BACKENDS,
         kv::<u32, Backend6>(),
-        Capacity::Sized(|s| s.backends),
+        Capacity::Sized(SizeFlag::Backends),
     ),
     synced(
         names::LB6_REVNAT,
         kv::<u32, RevNat6>(),
-        Capacity::Sized(|s| s.revnat),
+        Capacity::Sized(SizeFlag::Services),
     ),
     spec(
         names::LB6_SOCK_REVNAT,
         kv::<SockRevNat6Key, SockRevNat6Value>(),
-        Capacity::Sized(|s| s.sock_revnat),
+        Capacity::Sized(SizeFlag::SockRevNat),
     ),
     // Socket storage: the key is the socket (an int fd from user space).
     MapSpec {
@@ -124,7 +126,7 @@ pub const CATALOG: [MapSpec; 31] = [
     spec(
         names::LB_SOCK_TCP,
         kv::<u32, SockTcpSlot>(),
-        Capacity::Sized(|s| sock_tcp_slots(s.sock_revnat)),
+        Capacity::DerivedFrom(SizeFlag::SockRevNat, sock_tcp_slots),
     ),
     spec(
         names::LB_SOCK_FILTER,
@@ -146,23 +148,23 @@ pub const CATALOG: [MapSpec; 31] = [
     spec(
         names::LB_AFFINITY,
         kv::<AffinityKey, AffinityValue>(),
-        Capacity::Sized(|s| s.affinity),
+        Capacity::Sized(SizeFlag::Affinity),
     ),
     spec(
         names::LB_AFFINITY_MATCH,
         kv::<AffinityMatchKey, u8>(),
-        Capacity::Sized(|s| s.services),
+        Capacity::Sized(SizeFlag::Services),
     ),
     // One entry per frontend at most: the services map's size holds them.
     spec(
         names::LB_AFFINITY_GROUP,
         kv::<u32, u32>(),
-        Capacity::Sized(|s| s.services),
+        Capacity::Sized(SizeFlag::Services),
     ),
     spec(
         names::LB4_CT,
         kv::<Ct4Key, Ct4Value>(),
-        Capacity::Sized(|s| s.ct),
+        Capacity::Sized(SizeFlag::Ct),
     ),
     spec(
         names::LB4_FRAGS,
@@ -177,7 +179,7 @@ pub const CATALOG: [MapSpec; 31] = [
     spec(
         names::LB6_CT,
         kv::<Ct6Key, Ct6Value>(),
-        Capacity::Sized(|s| s.ct),
+        Capacity::Sized(SizeFlag::Ct),
     ),
     spec(
         names::LB6_DEVICES,
@@ -187,7 +189,7 @@ pub const CATALOG: [MapSpec; 31] = [
     MapSpec {
         name: names::LB_MAGLEV,
         sizes: kv::<u32, u32>(),
-        capacity: Capacity::Sized(|s| s.maglev),
+        capacity: Capacity::Sized(SizeFlag::Maglev),
         btf: true,
         preallocatable: false,
     },
@@ -198,7 +200,7 @@ pub const CATALOG: [MapSpec; 31] = [
             size_of::<u32>() + size_of::<SourceRange4>(),
             size_of::<u8>(),
         )),
-        Capacity::Sized(|s| s.source_ranges),
+        Capacity::Sized(SizeFlag::SourceRanges),
     ),
     spec(
         names::LB6_SRC_RANGES,
@@ -206,7 +208,7 @@ pub const CATALOG: [MapSpec; 31] = [
             size_of::<u32>() + size_of::<SourceRange6>(),
             size_of::<u8>(),
         )),
-        Capacity::Sized(|s| s.source_ranges),
+        Capacity::Sized(SizeFlag::SourceRanges),
     ),
     spec(
         names::LB4_FE_FILTER,
@@ -241,11 +243,25 @@ pub const CATALOG: [MapSpec; 31] = [
     ),
 ];
 
+/// The catalog's row of a map.
+pub fn spec_of(name: &str) -> Option<&'static MapSpec> {
+    CATALOG.iter().find(|m| m.name == name)
+}
+
 impl MapSpec {
+    /// The flag that sizes this map, if one does.
+    pub fn size_flag(&self) -> Option<SizeFlag> {
+        match self.capacity {
+            Capacity::Sized(f) | Capacity::DerivedFrom(f, _) => Some(f),
+            Capacity::Fixed(_) | Capacity::Unchecked => None,
+        }
+    }
+
     /// The capacity this map must have with `sizes`; `None`: not checked.
     pub fn max_entries(&self, sizes: &MapSizes) -> Option<u32> {
         match self.capacity {
-            Capacity::Sized(f) => Some(f(sizes)),
+            Capacity::Sized(f) => Some(f.get(sizes)),
+            Capacity::DerivedFrom(f, derive) => Some(derive(f.get(sizes))),
             Capacity::Fixed(n) => Some(n),
             Capacity::Unchecked => None,
         }
