@@ -8,9 +8,12 @@
 pub mod affinity;
 pub mod backend;
 pub mod config;
+pub mod conntrack;
+pub mod devices;
 pub mod drop;
 pub mod event;
 pub mod filter;
+pub mod fragments;
 pub mod layout;
 pub mod maps;
 pub mod nodeport;

@@ -9,15 +9,17 @@ use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
     config::{RateState, CONFIG_SLOTS, COUNTER_SLOTS},
+    conntrack::{Ct4Key, Ct4Value, Ct6Key, Ct6Value},
+    devices::{Device, Device6},
     drop::DROP_SLOTS,
     event::EVENTS_RING_BYTES,
     filter::{FILTER_WORDS, SOCK_COOKIE_SLOTS, SOCK_FILTER_SLOTS},
+    fragments::{Frag4Key, Frag4Value},
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
         DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX,
         DEFAULT_SOCK_REVNAT_MAX, DEFAULT_SOURCE_RANGES_MAX,
     },
-    nodeport::{Ct4Key, Ct4Value, Ct6Key, Ct6Value, Device, Device6, Frag4Key, Frag4Value},
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
@@ -125,7 +127,7 @@ pub static LB_SOCK_TCP: Array<SockTcpSlot> =
 pub static LB_SOCK_COOKIES: Array<u8> = Array::pinned(SOCK_COOKIE_SLOTS, 0);
 
 /// The backends' generation (one slot): the agent moves it on after every
-/// backend it deletes (`lb_common::nodeport::next_backends_gen`) and at
+/// backend it deletes (`lb_common::conntrack::next_backends_gen`) and at
 /// every start. A known flow whose entry saw its backend in this
 /// generation skips the backend lookup (`packet::known_flow`).
 #[map]

@@ -475,9 +475,9 @@ impl Dataplane {
     }
 
     /// A conntrack entry, as the programs left it.
-    pub fn ct(&self, key: &lb_common::nodeport::Ct4Key) -> Option<lb_common::nodeport::Ct4Value> {
+    pub fn ct(&self, key: &lb_common::conntrack::Ct4Key) -> Option<lb_common::conntrack::Ct4Value> {
         use aya::maps::{HashMap, MapData};
-        let map: HashMap<MapData, lb_common::nodeport::Ct4Key, lb_common::nodeport::Ct4Value> =
+        let map: HashMap<MapData, lb_common::conntrack::Ct4Key, lb_common::conntrack::Ct4Value> =
             HashMap::try_from(
                 lb::maps::bpf::open_pinned(&self.pins.path, lb_common::maps::LB4_CT).unwrap(),
             )
@@ -486,9 +486,12 @@ impl Dataplane {
     }
 
     /// An IPv6 conntrack entry, as the programs left it.
-    pub fn ct6(&self, key: &lb_common::nodeport::Ct6Key) -> Option<lb_common::nodeport::Ct6Value> {
+    pub fn ct6(
+        &self,
+        key: &lb_common::conntrack::Ct6Key,
+    ) -> Option<lb_common::conntrack::Ct6Value> {
         use aya::maps::{HashMap, MapData};
-        let map: HashMap<MapData, lb_common::nodeport::Ct6Key, lb_common::nodeport::Ct6Value> =
+        let map: HashMap<MapData, lb_common::conntrack::Ct6Key, lb_common::conntrack::Ct6Value> =
             HashMap::try_from(
                 lb::maps::bpf::open_pinned(&self.pins.path, lb_common::maps::LB6_CT).unwrap(),
             )

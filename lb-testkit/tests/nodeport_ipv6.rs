@@ -4,10 +4,11 @@
 //! (etherparse computes them from scratch, pseudo-header included).
 use std::net::{IpAddr, Ipv6Addr};
 
-use lb::datapath::ip6_to_words;
+use lb::maps::convert::ip6_to_words;
 use lb_common::{
     config::{CFG_LB_MODE, CNT_CT_CREATED},
-    nodeport::{flow_hash6, Ct6Key, CT_F_SNAT, CT_REVERSE, CT_SERVICE, MODE_DSR, MODE_HYBRID},
+    conntrack::{Ct6Key, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
+    nodeport::{flow_hash6, MODE_DSR, MODE_HYBRID},
 };
 use lb_testkit::{
     dataplane::*,

@@ -7,7 +7,7 @@ use lb::{
     maps::{LbMaps as _, MapOp, ServiceValue},
     source::file::parse::parse_with,
 };
-use lb_common::{config::CFG_LB_MODE, nodeport::*};
+use lb_common::{config::CFG_LB_MODE, conntrack::*, nodeport::*};
 use lb_testkit::{
     dataplane::*,
     packets::{self, inspect, ACK, FIN, SYN},

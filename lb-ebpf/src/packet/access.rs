@@ -128,7 +128,7 @@ pub fn store<T: Copy, P: Pkt>(p: &P, off: usize, v: T) -> bool {
 #[inline(never)]
 pub fn socket_holds<I: super::family::Ip>(
     ctx: *mut core::ffi::c_void,
-    key: &lb_common::nodeport::CtKey<I::Addr>,
+    key: &lb_common::conntrack::CtKey<I::Addr>,
 ) -> bool {
     let tcp = key.proto == IPPROTO_TCP;
     use aya_ebpf::{

@@ -10,7 +10,7 @@
 //! on a closing flow's tuple starts a new flow (`ct_reset_closing`): the
 //! tuple is being reused, it must choose a backend afresh.
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
-use lb_common::nodeport::{ct_lifetime_setting, CtKey, CtValue, CT_F_CLOSING, CT_F_ESTABLISHED};
+use lb_common::conntrack::{ct_lifetime_setting, CtKey, CtValue, CT_F_CLOSING, CT_F_ESTABLISHED};
 
 use super::{
     access::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},

@@ -12,11 +12,9 @@
 //! pseudo-header holds neither IP options nor extension headers.
 use lb_common::{
     config::CNT_DSR_LEARNED,
+    conntrack::{CtValue, CT_F_CLOSING, CT_F_DSR, CT_REVERSE},
     drop::DropReason,
-    nodeport::{
-        CtValue, CT_F_CLOSING, CT_F_DSR, CT_REVERSE, DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE,
-        DSR_OPT_LEN, DSR_OPT_TYPE,
-    },
+    nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
     service::{SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
 };
 

@@ -23,7 +23,8 @@ use aya_ebpf::{
 use lb_common::{
     affinity::CLIENT_IS_ADDRESS,
     backend::{Backend4, Backend6},
-    nodeport::{flow_hash, flow_hash6, CtKey, CtValue},
+    conntrack::{CtKey, CtValue},
+    nodeport::{flow_hash, flow_hash6},
     service::{Service4Key, Service6Key, SourceRange4, SourceRange6},
     sock::{bytes_to_words, words_to_bytes},
 };

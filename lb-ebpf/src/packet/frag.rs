@@ -5,7 +5,7 @@
 //! `cilium_ipv4_frag_datagrams` (bpf/lib/ipv4.h). A later fragment whose
 //! first one was not seen (it came first, or the LRU forgot it) cannot be
 //! placed and is left to the stack.
-use lb_common::nodeport::{Frag4Key, Frag4Value};
+use lb_common::fragments::{Frag4Key, Frag4Value};
 
 use super::{
     family::Ip,

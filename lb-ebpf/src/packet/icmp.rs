@@ -15,8 +15,8 @@
 //! tc only: XDP hands these packets to tc untouched.
 use lb_common::{
     config::{CNT_ICMP_SENT, CNT_ICMP_TRANSLATED},
+    conntrack::{CT_F_DSR, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
     drop::DropReason,
-    nodeport::{CT_F_DSR, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
 };
 
 use super::{

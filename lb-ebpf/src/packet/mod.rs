@@ -65,6 +65,7 @@ use lb_common::{
         CFG_SNAT_PORT_MIN, CNT_CT_CREATED, CNT_CT_REOPENED, CNT_FRAGMENTS, CNT_NP_FORWARD,
         CNT_NP_REVERSE,
     },
+    conntrack::*,
     drop::{Direction, DropReason},
     event::Event,
     filter::{filter_bit, fold6, word_and_mask},

@@ -1,7 +1,8 @@
 //! Parsing a packet into the flow the packet programs act on: `parse4`
 //! for IPv4, `parse6` for IPv6, one `Flow` for both.
-use lb_common::nodeport::{
-    CtKey, DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE,
+use lb_common::{
+    conntrack::CtKey,
+    nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
 };
 
 use super::{access::*, family::Ip};

@@ -32,7 +32,7 @@
 //! finishes on its CPU and tc or XDP does not nest into itself there, as for
 //! the scratch maps): no torn entries. A flow whose packets arrive on
 //! several CPUs has an entry on each.
-use lb_common::nodeport::CtKey;
+use lb_common::conntrack::CtKey;
 
 use super::{family::Ip, fib, fib::Route, parse::Flow, scratch, Hook};
 

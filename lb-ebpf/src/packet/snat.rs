@@ -24,7 +24,7 @@
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use lb_common::{
     config::{CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN, CNT_SNAT_REUSED},
-    nodeport::{CtKey, CT_F_CLOSING, CT_F_SNAT, CT_REVERSE, CT_SERVICE, SNAT_REUSE_CLOSING_NS},
+    conntrack::{CtKey, CT_F_CLOSING, CT_F_SNAT, CT_REVERSE, CT_SERVICE, SNAT_REUSE_CLOSING_NS},
 };
 
 use super::{

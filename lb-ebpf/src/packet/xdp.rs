@@ -80,7 +80,7 @@ impl Hook for Xdp<'_> {
         false
     }
     #[inline(always)]
-    fn socket_holds<I: Ip>(&self, key: &lb_common::nodeport::CtKey<I::Addr>) -> bool {
+    fn socket_holds<I: Ip>(&self, key: &lb_common::conntrack::CtKey<I::Addr>) -> bool {
         super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }
     #[inline(always)]

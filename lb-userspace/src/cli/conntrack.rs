@@ -1,7 +1,7 @@
 //! `lbctl ct list`: the north-south conntrack tables (LB4_CT, LB6_CT).
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use lb_common::nodeport::*;
+use lb_common::conntrack::*;
 use serde::Serialize;
 
 use crate::model::Protocol;

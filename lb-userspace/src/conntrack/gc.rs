@@ -19,8 +19,8 @@ use aya::{
     Pod,
 };
 use lb_common::{
+    conntrack::{CtKey, CtTimeouts, CtValue},
     maps as names,
-    nodeport::{CtKey, CtTimeouts, CtValue},
 };
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 use tracing::{debug, warn};

@@ -11,7 +11,7 @@ pub mod gc;
 
 use lb_common::{
     config::{CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S},
-    nodeport::{
+    conntrack::{
         ct_lifetime_s, CtKey, CtTimeouts, CtValue, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE,
     },
 };
@@ -108,7 +108,7 @@ pub fn expired_keys<A: Copy + Eq + std::hash::Hash>(
 
 #[cfg(test)]
 mod tests {
-    use lb_common::nodeport::{Ct4Key, Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
+    use lb_common::conntrack::{Ct4Key, Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
 
     use super::*;
 

@@ -25,8 +25,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use lb_common::{
+    devices::{Device, Device6},
     maps as names,
-    nodeport::{Device, Device6},
 };
 use tracing::{info, warn};
 
@@ -488,7 +488,7 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
             map6.insert(
                 ifindex,
                 Device6 {
-                    address: ip6_to_words(addr),
+                    address: crate::maps::convert::ip6_to_words(addr),
                 },
                 0,
             )?;
@@ -520,11 +520,6 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
         map6.remove(&k)?;
     }
     Ok(())
-}
-
-/// An IPv6 address as the programs keep it: four words in network byte order.
-pub fn ip6_to_words(a: std::net::Ipv6Addr) -> [u32; 4] {
-    lb_common::sock::bytes_to_words(&a.octets())
 }
 
 /// What `uninstall` removed.

@@ -9,9 +9,9 @@ use aya::maps::{
 use lb_common::{
     affinity::AffinityMatchKey,
     config::CFG_FRONTEND_FILTER,
+    conntrack::next_backends_gen,
     drop::{drop_index, Direction, DropReason},
     maps as names,
-    nodeport::next_backends_gen,
 };
 
 use super::{
@@ -30,7 +30,7 @@ pub struct BpfMaps {
     config: Array<MapData, u32>,
     /// `LB_BACKENDS_GEN`: moved on after every run of backend deletes, so
     /// known flows check their backend again
-    /// (`lb_common::nodeport::CtValue::backends_gen`). None: pins of a
+    /// (`lb_common::conntrack::CtValue::backends_gen`). None: pins of a
     /// build without it, read by lbctl; a write that needs it fails.
     backends_gen: Option<Array<MapData, u32>>,
     /// A backend delete was tried and the generation has not moved since
@@ -486,15 +486,15 @@ pub fn read_ct<A>(
     name: &str,
 ) -> anyhow::Result<
     Vec<(
-        lb_common::nodeport::CtKey<A>,
-        lb_common::nodeport::CtValue<A>,
+        lb_common::conntrack::CtKey<A>,
+        lb_common::conntrack::CtValue<A>,
     )>,
 >
 where
-    lb_common::nodeport::CtKey<A>: aya::Pod,
-    lb_common::nodeport::CtValue<A>: aya::Pod,
+    lb_common::conntrack::CtKey<A>: aya::Pod,
+    lb_common::conntrack::CtValue<A>: aya::Pod,
 {
-    let map: HashMap<MapData, lb_common::nodeport::CtKey<A>, lb_common::nodeport::CtValue<A>> =
+    let map: HashMap<MapData, lb_common::conntrack::CtKey<A>, lb_common::conntrack::CtValue<A>> =
         HashMap::try_from(open_pinned(pin_dir, name)?)?;
     // An LRU entry can vanish between listing its key and reading it.
     Ok(map.iter().flatten().collect())

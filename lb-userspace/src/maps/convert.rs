@@ -12,6 +12,13 @@ use lb_common::{
 
 use super::{BackendEntry, RevNatEntry, SvcKey};
 
+/// An IPv6 address as the programs keep it in the conntrack and device
+/// maps: four words in network byte order (the service and backend maps
+/// keep the 16 bytes; the bytes are the same).
+pub fn ip6_to_words(a: Ipv6Addr) -> [u32; 4] {
+    lb_common::sock::bytes_to_words(&a.octets())
+}
+
 pub fn ip4_to_map(address: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(address.octets())
 }

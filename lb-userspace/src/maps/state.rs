@@ -79,16 +79,10 @@ pub fn filter_bit(k: &SvcKey) -> Option<u32> {
             u32::from_ne_bytes(a.octets()),
             k.port.to_be(),
         )),
-        IpAddr::V6(a) if k.slot == 0 => {
-            let o = a.octets();
-            let words: [u32; 4] = std::array::from_fn(|i| {
-                u32::from_ne_bytes([o[i * 4], o[i * 4 + 1], o[i * 4 + 2], o[i * 4 + 3]])
-            });
-            Some(lb_common::filter::filter_bit(
-                lb_common::filter::fold6(words),
-                k.port.to_be(),
-            ))
-        }
+        IpAddr::V6(a) if k.slot == 0 => Some(lb_common::filter::filter_bit(
+            lb_common::filter::fold6(super::convert::ip6_to_words(a)),
+            k.port.to_be(),
+        )),
         _ => None,
     }
 }
