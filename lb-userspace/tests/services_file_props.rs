@@ -9,7 +9,7 @@ fn address() -> impl Strategy<Value = String> {
     // Mostly good addresses, so that some whole files are valid (roughly
     // one in ten, nearly all of one service) and the oracle checks
     // acceptance as well as refusal. The rules across services (names,
-    // frontends) are met here rarely; parse.rs's unit tests cover them.
+    // frontends) are met here rarely; parse/mod.rs's unit tests cover them.
     prop_oneof![
         12 => (1u8..=254, 0u8..=255, 1u8..=254).prop_map(|(a, b, c)| format!("10.{a}.{b}.{c}")),
         2 => Just("fd00::10".to_string()),
