@@ -85,6 +85,57 @@ services:
     backends: [{address: 10.244.3.10}]
 "#;
 
+/// The IPv6 twins of `SERVICES` (NodePorts 31001, 31002, 31007, 31008),
+/// a source-ranged LoadBalancer, and an IPv4-only NodePort (31009) that an
+/// IPv6 packet must not reach.
+pub const SERVICES6: &str = r#"
+services:
+  - name: local6
+    type: NodePort
+    clusterIPs: ["fd00:96::1"]
+    ports: [{port: 80, targetPort: 8080, nodePort: 31001}]
+    backends: [{address: "fd00:244:1::10", local: true}]
+  - name: remote6
+    type: NodePort
+    clusterIPs: ["fd00:96::2"]
+    ports: [{port: 80, targetPort: 8080, nodePort: 31002}]
+    backends: [{address: "fd00:244:2::10"}]
+  - name: dns6
+    type: LoadBalancer
+    clusterIPs: ["fd00:96::3"]
+    loadBalancerIPs: ["2001:db8:113::10"]
+    ports: [{port: 53, protocol: UDP, targetPort: 5353}]
+    backends: [{address: "fd00:244:2::20"}]
+  - name: web6
+    type: LoadBalancer
+    algorithm: maglev
+    clusterIPs: ["fd00:96::5"]
+    loadBalancerIPs: ["2001:db8:113::20"]
+    ports: [{port: 80, targetPort: 8080}]
+    backends: [{address: "fd00:244:2::31"}, {address: "fd00:244:2::32"}, {address: "fd00:244:2::33"}]
+  - name: ranged6
+    type: LoadBalancer
+    clusterIPs: ["fd00:96::6"]
+    loadBalancerIPs: ["2001:db8:113::30"]
+    loadBalancerSourceRanges: ["fd00:50::/64"]
+    ports: [{port: 80, targetPort: 8080}]
+    backends: [{address: "fd00:244:2::40"}]
+  - name: empty6
+    type: NodePort
+    clusterIPs: ["fd00:96::7"]
+    ports: [{port: 80, nodePort: 31007}]
+  - name: narrow6
+    type: NodePort
+    clusterIPs: ["fd00:96::8"]
+    ports: [{port: 80, targetPort: 8080, nodePort: 31008}]
+    backends: [{address: "fd00:244:3::10"}]
+  - name: v4only
+    type: NodePort
+    clusterIPs: [10.96.0.9]
+    ports: [{port: 80, targetPort: 8080, nodePort: 31009}]
+    backends: [{address: 10.244.2.10}]
+"#;
+
 /// What the services file needs to serve NodePorts on this node.
 pub fn node_context() -> FileContext {
     FileContext {

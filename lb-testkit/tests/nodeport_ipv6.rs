@@ -1,68 +1,17 @@
-//! IPv6 north-south on crafted packets (BPF_PROG_TEST_RUN): the same
-//! programs as IPv4 (one body over the address family), with IPv6 frontends
-//! from the services file. Checksums are verified independently
+//! IPv6 north-south on crafted packets (BPF_PROG_TEST_RUN): what only IPv6
+//! has, or tests in its own way (the behaviours both families share run
+//! for each from one body in nodeport_both_families.rs), with IPv6
+//! frontends from the services file (`dataplane::SERVICES6`). Checksums are verified independently
 //! (etherparse computes them from scratch, pseudo-header included).
 use std::net::{IpAddr, Ipv6Addr};
 
 use lb::maps::convert::ip6_to_words;
-use lb_common::{
-    config::{CFG_LB_MODE, CNT_CT_CREATED},
-    conntrack::{Ct6Key, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
-    nodeport::{flow_hash6, MODE_DSR, MODE_HYBRID},
-};
+use lb_common::{config::CNT_CT_CREATED, nodeport::flow_hash6};
 use lb_testkit::{
     dataplane::*,
     packets::{self, inspect6, ACK, SYN},
     unique,
 };
-
-const SERVICES6: &str = r#"
-services:
-  - name: local6
-    type: NodePort
-    clusterIPs: ["fd00:96::1"]
-    ports: [{port: 80, targetPort: 8080, nodePort: 31001}]
-    backends: [{address: "fd00:244:1::10", local: true}]
-  - name: remote6
-    type: NodePort
-    clusterIPs: ["fd00:96::2"]
-    ports: [{port: 80, targetPort: 8080, nodePort: 31002}]
-    backends: [{address: "fd00:244:2::10"}]
-  - name: dns6
-    type: LoadBalancer
-    clusterIPs: ["fd00:96::3"]
-    loadBalancerIPs: ["2001:db8:113::10"]
-    ports: [{port: 53, protocol: UDP, targetPort: 5353}]
-    backends: [{address: "fd00:244:2::20"}]
-  - name: web6
-    type: LoadBalancer
-    algorithm: maglev
-    clusterIPs: ["fd00:96::5"]
-    loadBalancerIPs: ["2001:db8:113::20"]
-    ports: [{port: 80, targetPort: 8080}]
-    backends: [{address: "fd00:244:2::31"}, {address: "fd00:244:2::32"}, {address: "fd00:244:2::33"}]
-  - name: ranged6
-    type: LoadBalancer
-    clusterIPs: ["fd00:96::6"]
-    loadBalancerIPs: ["2001:db8:113::30"]
-    loadBalancerSourceRanges: ["fd00:50::/64"]
-    ports: [{port: 80, targetPort: 8080}]
-    backends: [{address: "fd00:244:2::40"}]
-  - name: empty6
-    type: NodePort
-    clusterIPs: ["fd00:96::7"]
-    ports: [{port: 80, nodePort: 31007}]
-  - name: narrow6
-    type: NodePort
-    clusterIPs: ["fd00:96::8"]
-    ports: [{port: 80, targetPort: 8080, nodePort: 31008}]
-    backends: [{address: "fd00:244:3::10"}]
-  - name: v4only
-    type: NodePort
-    clusterIPs: [10.96.0.9]
-    ports: [{port: 80, targetPort: 8080, nodePort: 31009}]
-    backends: [{address: 10.244.2.10}]
-"#;
 
 fn dataplane(test: &str) -> Dataplane {
     Dataplane::with_services(&unique(test), SERVICES6)
@@ -76,114 +25,6 @@ fn syn6(daddr: Ipv6Addr, dport: u16, sport: u16, payload: &[u8]) -> Vec<u8> {
     packets::tcp6(
         CLIENT_MAC, EXT0_MAC, CLIENT_IP6, daddr, sport, dport, SYN, payload,
     )
-}
-
-#[test]
-fn ipv6_nodeport_to_a_local_backend_is_dnatted_with_valid_checksums_and_the_reply_reverse_natted() {
-    let dp = dataplane("np6_local");
-    let (rc, out) = dp.tc_ingress(&syn6(NODE_IP6, 31001, 40000, b"hello"));
-    assert_eq!(rc, TC_ACT_OK, "delivered by the stack");
-    let v = inspect6(&out);
-    assert_eq!((v.saddr, v.sport), (CLIENT_IP6, 40000), "client kept");
-    assert_eq!((v.daddr, v.dport), (ip6("fd00:244:1::10"), 8080));
-    assert_eq!(v.payload, b"hello");
-    assert_eq!(v.hop_limit, 64, "delivered here, not routed: no decrement");
-
-    let reply = packets::tcp6(
-        [0; 6],
-        CLIENT_MAC,
-        ip6("fd00:244:1::10"),
-        CLIENT_IP6,
-        8080,
-        40000,
-        SYN | ACK,
-        b"",
-    );
-    let (rc, out) = dp.tc_egress(&reply);
-    assert_eq!(rc, TC_ACT_OK);
-    let v = inspect6(&out);
-    assert_eq!(
-        (v.saddr, v.sport, v.daddr, v.dport),
-        (NODE_IP6, 31001, CLIENT_IP6, 40000),
-        "the reply leaves from the NodePort"
-    );
-}
-
-#[test]
-fn ipv6_nodeport_to_a_remote_backend_is_snatted_to_the_nodes_ipv6_address_and_the_reply_comes_back()
-{
-    let dp = dataplane("np6_snat");
-    let created = dp.counter(CNT_CT_CREATED);
-    let (rc, out) = dp.tc_ingress(&syn6(NODE_IP6, 31002, 40001, b"hello"));
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = inspect6(&out);
-    assert_eq!((v.daddr, v.dport), (ip6("fd00:244:2::10"), 8080));
-    assert_eq!(v.saddr, NODE_IP6, "SNAT to ext0's IPv6 address");
-    assert!((61000..=65535).contains(&v.sport), "{}", v.sport);
-    assert_eq!(
-        (v.eth_dst, v.eth_src),
-        (NODE_B_MAC, EXT0_MAC),
-        "FIB next hop"
-    );
-    assert_eq!(v.hop_limit, 63, "routed: hop limit decremented");
-    assert_eq!(v.payload, b"hello");
-    let port = v.sport;
-    assert_eq!(dp.counter(CNT_CT_CREATED), created + 1);
-
-    // Both conntrack entries are in LB6_CT, in network byte order.
-    let fwd = Ct6Key::new(
-        ip6_to_words(CLIENT_IP6),
-        ip6_to_words(NODE_IP6),
-        40001u16.to_be(),
-        31002u16.to_be(),
-        6,
-        CT_SERVICE,
-    );
-    let e = dp.ct6(&fwd).expect("forward entry");
-    assert_eq!(e.addr, ip6_to_words(ip6("fd00:244:2::10")));
-    assert_eq!(
-        (e.nat_addr, u16::from_be(e.nat_port)),
-        (ip6_to_words(NODE_IP6), port)
-    );
-    assert_ne!(e.flags & CT_F_SNAT, 0);
-    let rev = Ct6Key::new(
-        ip6_to_words(ip6("fd00:244:2::10")),
-        ip6_to_words(NODE_IP6),
-        8080u16.to_be(),
-        port.to_be(),
-        6,
-        CT_REVERSE,
-    );
-    let r = dp.ct6(&rev).expect("reverse entry under the SNAT port");
-    assert_eq!(r.nat_addr, ip6_to_words(CLIENT_IP6));
-
-    // The backend's reply to our port goes back to the client from the NodePort.
-    let reply = packets::tcp6(
-        NODE_B_MAC,
-        EXT0_MAC,
-        ip6("fd00:244:2::10"),
-        NODE_IP6,
-        8080,
-        port,
-        SYN | ACK,
-        b"",
-    );
-    let (rc, out) = dp.tc_ingress(&reply);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = inspect6(&out);
-    assert_eq!(
-        (v.saddr, v.sport, v.daddr, v.dport),
-        (NODE_IP6, 31002, CLIENT_IP6, 40001)
-    );
-    assert_eq!(v.eth_dst, CLIENT_MAC);
-
-    // Later packets keep the port; a second client flow gets another one.
-    let (_, out) = dp.tc_ingress(&packets::tcp6(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP6, NODE_IP6, 40001, 31002, ACK, b"more",
-    ));
-    assert_eq!(inspect6(&out).sport, port);
-    let (_, out) = dp.tc_ingress(&syn6(NODE_IP6, 31002, 40002, b""));
-    assert_ne!(inspect6(&out).sport, port);
 }
 
 /// A NIC that hands frames over as CHECKSUM_COMPLETE: the DNAT to a local
@@ -359,19 +200,6 @@ fn ipv6_packet_too_big_answers_a_packet_that_does_not_fit_the_path_with_its_mtu(
 }
 
 #[test]
-fn ipv6_hop_limit_running_out_gets_time_exceeded_and_counts_it() {
-    let dp = dataplane("np6_hop");
-    let before = dp.drops("ttl-exceeded");
-    let last_hop = packets::tcp6_hop(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP6, NODE_IP6, 40010, 31002, SYN, b"", 1,
-    );
-    let (rc, out) = dp.tc_ingress(&last_hop);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    assert_eq!(icmp6_error(&out, &last_hop), (3, 0, 0), "time exceeded");
-    assert_eq!(dp.drops("ttl-exceeded"), before + 1);
-}
-
-#[test]
 fn ipv6_load_balancer_source_ranges_admit_only_their_networks() {
     let dp = dataplane("np6_ranges");
     let lb = ip6("2001:db8:113::30");
@@ -452,19 +280,6 @@ services:
     let (rc, _) = dp.xdp(&mapped);
     assert_eq!(rc, XDP_DROP);
     assert_eq!(dp.drops("source-range"), before + 2);
-}
-
-/// As kube-proxy's REJECT: a frontend without endpoints answers "port
-/// unreachable" (ICMPv6 destination unreachable, code 4), counted.
-#[test]
-fn ipv6_frontend_without_endpoints_answers_port_unreachable() {
-    let dp = dataplane("np6_empty");
-    let before = dp.drops("no-backend");
-    let syn = syn6(NODE_IP6, 31007, 40030, b"");
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    assert_eq!(icmp6_error(&out, &syn), (1, 4, 0), "port unreachable");
-    assert_eq!(dp.drops("no-backend"), before + 1);
 }
 
 #[test]
@@ -602,188 +417,6 @@ fn ipv6_a_local_backends_icmp_error_leaves_quoting_the_frontend() {
     );
     assert_eq!((v.quoted_daddr, v.quoted_dport), (NODE_IP6, 31001));
     assert_eq!((v.quoted_saddr, v.quoted_sport), (CLIENT_IP6, 42200));
-}
-
-/// DSR over IPv6 (as Cilium): the SYN to a remote backend keeps the
-/// client's address and carries the frontend in a Destination Options
-/// header; the backend's node learns it, strips the header, and the pod's
-/// reply leaves from the NodePort straight to the client. Only the SYN
-/// carries it. XDP leaves the insert to tc.
-#[test]
-fn ipv6_dsr_carries_the_frontend_in_a_destination_options_header_and_the_backend_node_answers_from_it(
-) {
-    let dp = dataplane("np6_dsr");
-    dp.config(CFG_LB_MODE, MODE_DSR);
-    let syn = syn6(NODE_IP6, 31002, 40200, b"");
-    let (rc, out) = dp.xdp(&syn);
-    assert_eq!((rc, &out), (XDP_PASS, &syn), "punted to tc untouched");
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let (v, dsr) = packets::inspect6_dsr(&out);
-    assert_eq!(
-        (v.saddr, v.sport),
-        (CLIENT_IP6, 40200),
-        "DSR keeps the client"
-    );
-    assert_eq!((v.daddr, v.dport), (ip6("fd00:244:2::10"), 8080));
-    assert_eq!(dsr, Some((NODE_IP6, 31002)), "the frontend in the header");
-    assert_eq!(v.hop_limit, 63);
-
-    // On the backend's node (the same programs), with a NIC that sums
-    // frames (CHECKSUM_COMPLETE): learned, stripped, skb->csum still right.
-    let (rc, stripped) = dp
-        .tc_ingress_checksum_complete(&out)
-        .expect("BPF_PROG_TEST_RUN");
-    assert_eq!(rc, TC_ACT_OK, "delivered to the local pod");
-    let (s, dsr) = packets::inspect6_dsr(&stripped);
-    assert_eq!(dsr, None, "the header is gone");
-    assert_eq!(
-        (s.saddr, s.daddr, s.dport),
-        (CLIENT_IP6, ip6("fd00:244:2::10"), 8080)
-    );
-    let reply = packets::tcp6(
-        [0; 6],
-        CLIENT_MAC,
-        ip6("fd00:244:2::10"),
-        CLIENT_IP6,
-        8080,
-        40200,
-        SYN | ACK,
-        b"",
-    );
-    let (rc, out) = dp.tc_egress(&reply);
-    assert_eq!(rc, TC_ACT_OK);
-    let r = inspect6(&out);
-    assert_eq!(
-        (r.saddr, r.sport, r.daddr, r.dport),
-        (NODE_IP6, 31002, CLIENT_IP6, 40200),
-        "the reply leaves from the NodePort"
-    );
-
-    let (_, out) = dp.tc_ingress(&packets::tcp6(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP6, NODE_IP6, 40200, 31002, ACK, b"x",
-    ));
-    assert_eq!(
-        packets::inspect6_dsr(&out).1,
-        None,
-        "only the SYN carries it"
-    );
-}
-
-/// The IPv4 option's removal on a CHECKSUM_COMPLETE packet: the kernel
-/// takes the removed bytes out of skb->csum, and the recomputed header
-/// checksum keeps the header's own sum, so nothing more is needed there.
-#[test]
-fn ipv4_dsr_option_removal_keeps_skb_csum_right_on_checksum_complete_packets() {
-    let dp = dataplane("np4_dsr_complete");
-    dp.config(CFG_LB_MODE, MODE_DSR);
-    let syn = packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40300, 31009, SYN, b"",
-    );
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    assert_eq!(
-        packets::inspect(&out).options.len(),
-        8,
-        "carries the option"
-    );
-    let (rc, stripped) = dp
-        .tc_ingress_checksum_complete(&out)
-        .expect("BPF_PROG_TEST_RUN (EBADMSG: skb->csum no longer matches)");
-    assert_eq!(rc, TC_ACT_OK);
-    assert!(packets::inspect(&stripped).options.is_empty());
-}
-
-#[test]
-fn ipv6_hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp() {
-    let dp = dataplane("np6_hybrid");
-    dp.config(CFG_LB_MODE, MODE_HYBRID);
-    let (_, out) = dp.tc_ingress(&syn6(NODE_IP6, 31002, 40210, b""));
-    let (v, dsr) = packets::inspect6_dsr(&out);
-    assert_eq!((v.saddr, dsr.is_some()), (CLIENT_IP6, true), "TCP: DSR");
-    let (rc, out) = dp.tc_ingress(&packets::udp6(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP6,
-        ip6("2001:db8:113::10"),
-        5010,
-        53,
-        b"query",
-    ));
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let (v, dsr) = packets::inspect6_dsr(&out);
-    assert_eq!((v.saddr, dsr), (NODE_IP6, None), "UDP: SNAT");
-}
-
-/// A DSR header naming a frontend this node does not serve is not learned:
-/// otherwise any outside host could plant entries that rewrite a pod's
-/// replies.
-#[test]
-fn ipv6_a_dsr_header_naming_an_unknown_frontend_is_rejected() {
-    let dp = dataplane("np6_dsr_reject");
-    let plain = packets::tcp6(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP6,
-        ip6("fd00:244:1::10"),
-        42500,
-        8080,
-        SYN,
-        b"",
-    );
-    let mut p = plain[..54].to_vec();
-    p[20] = 60;
-    let payload = u16::from_be_bytes([p[18], p[19]]) + 24;
-    p[18..20].copy_from_slice(&payload.to_be_bytes());
-    p.extend_from_slice(&[6, 2, 0x1b, 20, 0, 80, 0, 0]);
-    p.extend_from_slice(&ip6("2001:db8:99::1").octets());
-    p.extend_from_slice(&plain[54..]);
-    let (rc, _) = dp.tc_ingress(&p);
-    assert_eq!(rc, TC_ACT_SHOT);
-    assert_eq!(dp.drops("dsr-rejected"), 1);
-}
-
-/// IPv6 frontends have their bits in the frontend filter too (the address
-/// folded to 32 bits): a packet whose bits are clear leaves before any
-/// lookup, on tc and XDP, while the filter is trusted. Clearing an IPv6
-/// NodePort's bit by hand lets its packets go untranslated; distrusting
-/// the filter serves them again.
-#[test]
-fn ipv6_a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted() {
-    use aya::maps::{Array, MapData};
-    use lb_common::{
-        config::CFG_FRONTEND_FILTER,
-        filter::{filter_bit, fold6, word_and_mask},
-    };
-    let dp = dataplane("np6_filter");
-    let (rc, out) = dp.tc_ingress(&syn6(NODE_IP6, 31001, 40400, b""));
-    assert_eq!(rc, TC_ACT_OK);
-    assert_eq!(inspect6(&out).daddr, ip6("fd00:244:1::10"), "served");
-
-    let (word, mask) = word_and_mask(filter_bit(fold6(ip6_to_words(NODE_IP6)), 31001u16.to_be()));
-    let mut filter: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
-        MapData::from_pin(dp.pins.path.join(lb_common::maps::LB4_FE_FILTER)).unwrap(),
-    ))
-    .unwrap();
-    let was = filter.get(&word, 0).unwrap();
-    assert_ne!(was & mask, 0, "the agent set the IPv6 NodePort's bit");
-    filter.set(word, was & !mask, 0).unwrap();
-    let syn = syn6(NODE_IP6, 31001, 40401, b"");
-    assert_eq!(
-        dp.tc_ingress(&syn),
-        (TC_ACT_OK, syn.clone()),
-        "tc lets it go"
-    );
-    assert_eq!(dp.xdp(&syn), (XDP_PASS, syn.clone()), "so does XDP");
-
-    dp.config(CFG_FRONTEND_FILTER, 0);
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_OK);
-    assert_eq!(
-        inspect6(&out).daddr,
-        ip6("fd00:244:1::10"),
-        "an untrusted filter is not used"
-    );
 }
 
 /// IPv6 fragments are not followed (IPv4's are): one addressed to a

@@ -1,6 +1,8 @@
-//! The tc and XDP programs on crafted packets (BPF_PROG_TEST_RUN): every
-//! path of the north-south data path, packets in, expected packets out,
-//! checksums verified independently (etherparse computes them from scratch).
+//! The tc and XDP programs on crafted IPv4 packets (BPF_PROG_TEST_RUN):
+//! the north-south paths IPv4 has or tests in its own way, packets in,
+//! expected packets out, checksums verified independently (etherparse
+//! computes them from scratch). The behaviours both families share run
+//! for each from one body in nodeport_both_families.rs.
 use std::net::Ipv4Addr;
 
 use lb::{
@@ -52,199 +54,6 @@ fn syn_to(dport: u16, sport: u16) -> Vec<u8> {
     packets::tcp(
         CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, sport, dport, SYN, b"",
     )
-}
-
-#[test]
-fn nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_natted_on_egress() {
-    let dp = dataplane("np_local");
-    let (rc, out) = dp.tc_ingress(&syn_to(30001, 40000));
-    assert_eq!(rc, TC_ACT_OK, "delivered by the stack");
-    let v = inspect(&out);
-    assert_eq!(
-        (v.saddr, v.sport),
-        (CLIENT_IP, 40000),
-        "client address kept"
-    );
-    assert_eq!((v.daddr, v.dport), (ip("10.244.1.10"), 8080));
-
-    let reply = packets::tcp(
-        [0; 6],
-        CLIENT_MAC,
-        ip("10.244.1.10"),
-        CLIENT_IP,
-        8080,
-        40000,
-        SYN | ACK,
-        b"",
-    );
-    let (rc, out) = dp.tc_egress(&reply);
-    assert_eq!(rc, TC_ACT_OK);
-    let v = inspect(&out);
-    assert_eq!(
-        (v.saddr, v.sport),
-        (NODE_IP, 30001),
-        "reply leaves from the NodePort"
-    );
-    assert_eq!((v.daddr, v.dport), (CLIENT_IP, 40000));
-}
-
-#[test]
-fn nodeport_to_a_remote_backend_in_snat_mode_is_rewritten_redirected_and_the_reply_comes_back_through_us(
-) {
-    let dp = dataplane("np_snat");
-    let (rc, out) = dp.tc_ingress(&packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40001, 30002, SYN, b"hello",
-    ));
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = inspect(&out);
-    assert_eq!((v.daddr, v.dport), (ip("10.244.2.10"), 8080));
-    assert_eq!(
-        v.saddr, NODE_IP,
-        "SNAT to the node's address on the egress device"
-    );
-    assert!(
-        (61000..=65535).contains(&v.sport),
-        "SNAT port from the configured range: {}",
-        v.sport
-    );
-    assert_eq!(
-        (v.eth_dst, v.eth_src),
-        (NODE_B_MAC, EXT0_MAC),
-        "next hop from the FIB"
-    );
-    assert_eq!(v.payload, b"hello");
-    let snat_port = v.sport;
-
-    // The backend's reply to our SNAT port goes back to the client, from the NodePort.
-    let reply = from_backend_on_node_b(snat_port, SYN | ACK);
-    let (rc, out) = dp.tc_ingress(&reply);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = inspect(&out);
-    assert_eq!(
-        (v.saddr, v.sport, v.daddr, v.dport),
-        (NODE_IP, 30002, CLIENT_IP, 40001)
-    );
-    assert_eq!(v.eth_dst, CLIENT_MAC);
-
-    // Later packets of the flow reuse the same SNAT port.
-    let (_, out) = dp.tc_ingress(&packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40001, 30002, ACK, b"more",
-    ));
-    assert_eq!(inspect(&out).sport, snat_port);
-}
-
-#[test]
-fn dsr_request_carries_the_service_in_an_ip_option_and_the_backend_node_answers_from_it() {
-    let dp = dataplane("np_dsr");
-    dp.config(CFG_LB_MODE, MODE_DSR);
-    let (rc, out) = dp.tc_ingress(&syn_to(30002, 40002));
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = inspect(&out);
-    assert_eq!(
-        (v.saddr, v.sport),
-        (CLIENT_IP, 40002),
-        "DSR keeps the client address"
-    );
-    assert_eq!((v.daddr, v.dport), (ip("10.244.2.10"), 8080));
-    let mut opt = vec![DSR_OPT_TYPE, DSR_OPT_LEN];
-    opt.extend_from_slice(&30002u16.to_be_bytes());
-    opt.extend_from_slice(&NODE_IP.octets());
-    assert_eq!(v.options, opt, "the service address and port in the option");
-    assert_eq!(v.ip.total_len as usize, out.len() - 14);
-
-    // On the backend's node: the option is learned and stripped...
-    let (rc, stripped) = dp.tc_ingress(&out);
-    assert_eq!(rc, TC_ACT_OK, "delivered to the local pod");
-    let s = inspect(&stripped);
-    assert!(s.options.is_empty());
-    assert_eq!(
-        (s.saddr, s.daddr, s.dport),
-        (CLIENT_IP, ip("10.244.2.10"), 8080)
-    );
-    // ...and the pod's reply leaves from the service address, straight to the client.
-    let reply = packets::tcp(
-        [0; 6],
-        CLIENT_MAC,
-        ip("10.244.2.10"),
-        CLIENT_IP,
-        8080,
-        40002,
-        SYN | ACK,
-        b"",
-    );
-    let (rc, out) = dp.tc_egress(&reply);
-    assert_eq!(rc, TC_ACT_OK);
-    let r = inspect(&out);
-    assert_eq!(
-        (r.saddr, r.sport, r.daddr, r.dport),
-        (NODE_IP, 30002, CLIENT_IP, 40002)
-    );
-
-    // Only the SYN carries the option; the rest of the flow follows conntrack.
-    let (_, out) = dp.tc_ingress(&packets::tcp(
-        CLIENT_MAC, EXT0_MAC, CLIENT_IP, NODE_IP, 40002, 30002, ACK, b"x",
-    ));
-    assert!(inspect(&out).options.is_empty());
-}
-
-#[test]
-fn hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp() {
-    let dp = dataplane("np_hybrid");
-    dp.config(CFG_LB_MODE, MODE_HYBRID);
-    let (_, out) = dp.tc_ingress(&syn_to(30002, 40003));
-    let v = inspect(&out);
-    assert_eq!(v.saddr, CLIENT_IP);
-    assert_eq!(v.options.len(), 8, "TCP: DSR");
-    let dns = packets::udp(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP,
-        ip("203.0.113.10"),
-        5000,
-        53,
-        b"query",
-    );
-    let (rc, out) = dp.tc_ingress(&dns);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = inspect(&out);
-    assert_eq!(
-        (v.saddr, v.daddr, v.dport),
-        (NODE_IP, ip("10.244.2.20"), 5353),
-        "UDP: SNAT"
-    );
-    assert!(v.options.is_empty());
-    assert_eq!(v.payload, b"query");
-}
-
-/// kube-proxy's REJECT: a frontend without any endpoint answers an ICMP
-/// port unreachable from the address the client dialed, quoting what it
-/// sent, back out of the device it came in on; counted as no-backend. XDP
-/// leaves it to tc.
-#[test]
-fn service_without_backends_answers_icmp_port_unreachable_and_counts_the_reason() {
-    let dp = dataplane("np_nobackend");
-    let before = dp.drops("no-backend");
-    let syn = syn_to(30003, 40004);
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back out of ext0");
-    // inspect_icmp checks the IP and ICMP checksums itself.
-    let v = packets::inspect_icmp(&out);
-    assert_eq!((v.ty, v.code), (3, 3), "destination unreachable, port");
-    assert_eq!(&v.rest[..4], &[0, 0, 0, 0], "RFC 792: unused");
-    assert_eq!((v.saddr, v.daddr), (NODE_IP, CLIENT_IP));
-    assert_eq!((v.eth_dst, v.eth_src), (CLIENT_MAC, EXT0_MAC));
-    assert_eq!(
-        (
-            Ipv4Addr::from(v.quoted.source),
-            Ipv4Addr::from(v.quoted.destination)
-        ),
-        (CLIENT_IP, NODE_IP)
-    );
-    assert_eq!(&v.quoted_l4[..4], &syn[34..38], "the quoted ports");
-    assert_eq!(dp.drops("no-backend"), before + 1);
-    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_SENT), 1);
-    let (rc, _) = dp.xdp(&syn_to(30003, 40004));
-    assert_eq!(rc, XDP_PASS, "XDP hands it to tc");
 }
 
 /// kube-proxy's "has no local endpoints" DROP: externalTrafficPolicy: Local
@@ -936,26 +745,6 @@ services:
     );
 }
 
-/// RFC 1812: a router does not forward a packet whose TTL runs out; it
-/// answers "time exceeded". The forwarded ones leave with TTL - 1.
-#[test]
-fn ttl_is_decremented_and_a_packet_whose_ttl_runs_out_gets_time_exceeded() {
-    let dp = dataplane("np_ttl");
-    let (rc, out) = dp.tc_ingress(&syn_to(30002, 41900));
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    assert_eq!(inspect(&out).ip.time_to_live, 63);
-
-    let mut last_hop = syn_to(30002, 41901);
-    last_hop[14 + 8] = 1;
-    fix_ip_checksum(&mut last_hop);
-    let (rc, out) = dp.tc_ingress(&last_hop);
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let v = packets::inspect_icmp(&out);
-    assert_eq!((v.ty, v.code), (11, 0));
-    assert_eq!(v.daddr, CLIENT_IP);
-    assert_eq!(dp.drops("ttl-exceeded"), 1);
-}
-
 /// RFC 5508: an ICMP error about a SNATed flow, sent by a router between
 /// the nodes to our SNAT address, reaches the client quoting the packet the
 /// client sent to the frontend.
@@ -1215,36 +1004,6 @@ fn a_closed_flows_snat_port_goes_to_a_new_flow_after_a_quiet_second() {
     assert_eq!(dp.counter(lb_common::config::CNT_SNAT_REUSED), 1);
 }
 
-/// A DSR option naming a frontend this node does not serve is not learned.
-#[test]
-fn a_dsr_option_naming_an_unknown_frontend_is_rejected() {
-    let dp = dataplane("np_dsr_reject");
-    let mut p = packets::tcp(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP,
-        ip("10.244.1.10"),
-        42500,
-        8080,
-        SYN,
-        b"",
-    );
-    // Insert the option (type, len, port 80, address 198.51.100.1).
-    let opt = [DSR_OPT_TYPE, DSR_OPT_LEN, 0, 80, 198, 51, 100, 1];
-    p.splice(34..34, opt);
-    p[14] = 0x47;
-    let tot = u16::from_be_bytes([p[16], p[17]]) + 8;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    let mut hdr = etherparse::Ipv4Header::from_slice(&p[14..]).unwrap().0;
-    hdr.header_checksum = hdr.calc_header_checksum();
-    let mut fixed = p[..14].to_vec();
-    hdr.write(&mut fixed).unwrap();
-    fixed.extend_from_slice(&p[14 + 28..]);
-    let (rc, _) = dp.tc_ingress(&fixed);
-    assert_eq!(rc, TC_ACT_SHOT);
-    assert_eq!(dp.drops("dsr-rejected"), 1);
-}
-
 /// loadBalancerSourceRanges (kube-proxy's KUBE-FW chain): a new flow to the
 /// LoadBalancer address from outside the ranges is dropped, counted as
 /// source-range, on tc and XDP alike; one from inside is served; the
@@ -1477,57 +1236,6 @@ fn a_reply_to_a_port_of_the_snat_range_before_a_restart_is_still_translated() {
     // Without the record the early exit would let it go.
     dp.config(CFG_SNAT_PORTS_EVER, 0);
     assert_eq!(dp.tc_ingress(&reply), (TC_ACT_OK, reply.clone()));
-}
-
-/// The frontend filter (LB4_FE_FILTER) is what lets packets that are not
-/// for a service go before any hash lookup, on tc and XDP. Its bit cleared
-/// by hand, a NodePort's packets pass untranslated while the programs trust
-/// the filter, and are served again once they do not: so the early exit is
-/// real, and a filter the agent has not vouched for is never used.
-#[test]
-fn a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted() {
-    use aya::maps::{Array, MapData};
-    use lb_common::{
-        config::CFG_FRONTEND_FILTER,
-        filter::{filter_bit, word_and_mask},
-    };
-    let dp = dataplane("fe_filter");
-    let (rc, out) = dp.tc_ingress(&syn_to(30001, 40100));
-    assert_eq!(rc, TC_ACT_OK);
-    assert_eq!(
-        inspect(&out).daddr,
-        ip("10.244.1.10"),
-        "served with the filter as written"
-    );
-
-    let (word, mask) = word_and_mask(filter_bit(
-        u32::from_ne_bytes(NODE_IP.octets()),
-        30001u16.to_be(),
-    ));
-    let mut filter: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
-        MapData::from_pin(dp.pins.path.join(lb_common::maps::LB4_FE_FILTER)).unwrap(),
-    ))
-    .unwrap();
-    let was = filter.get(&word, 0).unwrap();
-    assert_ne!(was & mask, 0, "the agent set the NodePort's bit");
-    filter.set(word, was & !mask, 0).unwrap();
-
-    let syn = syn_to(30001, 40101);
-    assert_eq!(
-        dp.tc_ingress(&syn),
-        (TC_ACT_OK, syn.clone()),
-        "tc lets it go untouched"
-    );
-    assert_eq!(dp.xdp(&syn), (XDP_PASS, syn.clone()), "so does XDP");
-
-    dp.config(CFG_FRONTEND_FILTER, 0);
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_OK);
-    assert_eq!(
-        inspect(&out).daddr,
-        ip("10.244.1.10"),
-        "an untrusted filter is not used"
-    );
 }
 
 /// sessionAffinity is per service port, not per frontend (kube-proxy keeps

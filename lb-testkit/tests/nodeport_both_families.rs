@@ -1,0 +1,753 @@
+//! The north-south behaviours both address families share, on crafted
+//! packets (BPF_PROG_TEST_RUN): one body per behaviour, run for IPv4 and
+//! for IPv6 (`Family`), as the programs are one body over `family::Ip`. A
+//! family differs only in what `Family` says: its addresses, its packet
+//! builders and readers, its ICMP numbers, its DSR encoding. Checksums are
+//! verified independently (etherparse computes them from scratch).
+//!
+//! What only one family has stays in nodeport_packets.rs (IPv4: fragments
+//! followed, DF and frag-needed, affinity, maintenance, ...) and
+//! nodeport_ipv6.rs (IPv6: fragments passed and counted, v4-mapped
+//! sources, UDP without a checksum, ...).
+use std::{
+    fmt::Debug,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use lb::maps::convert::ip6_to_words;
+use lb_common::{
+    config::{CFG_FRONTEND_FILTER, CFG_LB_MODE, CNT_CT_CREATED, CNT_ICMP_SENT},
+    conntrack::{CtKey, CtValue, CT_F_DSR, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
+    nodeport::{DSR_OPT_LEN, DSR_OPT_TYPE, MODE_DSR, MODE_HYBRID},
+};
+use lb_testkit::{
+    dataplane::*,
+    packets::{self, Mac, ACK, SYN},
+    unique,
+};
+
+/// A packet as it came out of a program, whatever its family.
+#[derive(Debug)]
+struct Seen<A> {
+    eth_dst: Mac,
+    eth_src: Mac,
+    saddr: A,
+    daddr: A,
+    sport: u16,
+    dport: u16,
+    /// TTL or hop limit.
+    hops: u8,
+    payload: Vec<u8>,
+    /// The frontend a DSR option or header carries.
+    dsr: Option<(A, u16)>,
+}
+
+/// An ICMP or ICMPv6 error as it came out of a program, its checksums
+/// checked by the family's reader.
+#[derive(Debug)]
+struct IcmpSeen<A> {
+    eth_dst: Mac,
+    eth_src: Mac,
+    saddr: A,
+    daddr: A,
+    ty: u8,
+    code: u8,
+    rest: [u8; 4],
+    quoted: (A, A, u16, u16),
+}
+
+/// What a test needs to know of an address family.
+trait Family {
+    type Addr: Copy + PartialEq + Debug + Into<IpAddr> + std::str::FromStr<Err: Debug>;
+    /// The address as the conntrack map keeps it.
+    type Words: Copy + PartialEq + Debug + Default;
+    /// Tag prefix: the pin directories of the two runs differ.
+    const TAG: &'static str;
+    const SERVICES: &'static str;
+    const NODE: Self::Addr;
+    const CLIENT: Self::Addr;
+    /// NodePorts: a node-local backend, a remote one, no endpoints.
+    const NP_LOCAL: u16;
+    const NP_REMOTE: u16;
+    const NP_EMPTY: u16;
+    const LOCAL_BACKEND: &'static str;
+    const REMOTE_BACKEND: &'static str;
+    /// The UDP LoadBalancer (port 53) and its backend (port 5353).
+    const DNS_LB: &'static str;
+    const DNS_BACKEND: &'static str;
+    /// An address no frontend of `SERVICES` uses.
+    const STRANGER: &'static str;
+    /// (type, code) of port unreachable and of time exceeded.
+    const PORT_UNREACHABLE: (u8, u8);
+    const TIME_EXCEEDED: (u8, u8);
+
+    #[allow(clippy::too_many_arguments)]
+    fn tcp(
+        src: Mac,
+        dst: Mac,
+        saddr: Self::Addr,
+        daddr: Self::Addr,
+        sport: u16,
+        dport: u16,
+        flags: u8,
+        payload: &[u8],
+        hops: u8,
+    ) -> Vec<u8>;
+    fn udp(
+        src: Mac,
+        dst: Mac,
+        saddr: Self::Addr,
+        daddr: Self::Addr,
+        sport: u16,
+        dport: u16,
+        payload: &[u8],
+    ) -> Vec<u8>;
+    /// `frame` (a TCP packet) with a DSR option or header naming `frontend`.
+    fn with_dsr(frame: &[u8], frontend: Self::Addr, port: u16) -> Vec<u8>;
+    fn seen(frame: &[u8]) -> Seen<Self::Addr>;
+    fn icmp(frame: &[u8]) -> IcmpSeen<Self::Addr>;
+    fn words(a: Self::Addr) -> Self::Words;
+    fn ct(dp: &Dataplane, key: &CtKey<Self::Words>) -> Option<CtValue<Self::Words>>;
+    /// The 32 bits the frontend filter hashes for an address.
+    fn filter_fold(a: Self::Addr) -> u32;
+
+    fn addr(s: &str) -> Self::Addr {
+        s.parse().unwrap()
+    }
+    fn dataplane(test: &str) -> Dataplane {
+        Dataplane::with_services(&unique(&format!("{}{test}", Self::TAG)), Self::SERVICES)
+    }
+    /// A client's TCP packet to this node.
+    fn to_node(dport: u16, sport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
+        Self::tcp(
+            CLIENT_MAC,
+            EXT0_MAC,
+            Self::CLIENT,
+            Self::NODE,
+            sport,
+            dport,
+            flags,
+            payload,
+            64,
+        )
+    }
+}
+
+struct V4;
+struct V6;
+
+impl Family for V4 {
+    type Addr = Ipv4Addr;
+    type Words = u32;
+    const TAG: &'static str = "f4";
+    const SERVICES: &'static str = SERVICES;
+    const NODE: Ipv4Addr = NODE_IP;
+    const CLIENT: Ipv4Addr = CLIENT_IP;
+    const NP_LOCAL: u16 = 30001;
+    const NP_REMOTE: u16 = 30002;
+    const NP_EMPTY: u16 = 30003;
+    const LOCAL_BACKEND: &'static str = "10.244.1.10";
+    const REMOTE_BACKEND: &'static str = "10.244.2.10";
+    const DNS_LB: &'static str = "203.0.113.10";
+    const DNS_BACKEND: &'static str = "10.244.2.20";
+    const STRANGER: &'static str = "198.51.100.1";
+    const PORT_UNREACHABLE: (u8, u8) = (3, 3);
+    const TIME_EXCEEDED: (u8, u8) = (11, 0);
+
+    fn tcp(
+        src: Mac,
+        dst: Mac,
+        saddr: Ipv4Addr,
+        daddr: Ipv4Addr,
+        sport: u16,
+        dport: u16,
+        flags: u8,
+        payload: &[u8],
+        hops: u8,
+    ) -> Vec<u8> {
+        let mut p = packets::tcp(src, dst, saddr, daddr, sport, dport, flags, payload);
+        if hops != 64 {
+            p[14 + 8] = hops;
+            fix_ipv4_checksum(&mut p);
+        }
+        p
+    }
+
+    fn udp(
+        src: Mac,
+        dst: Mac,
+        saddr: Ipv4Addr,
+        daddr: Ipv4Addr,
+        sport: u16,
+        dport: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        packets::udp(src, dst, saddr, daddr, sport, dport, payload)
+    }
+
+    /// The option after the 20-byte header: IHL 7, total length + 8.
+    fn with_dsr(frame: &[u8], frontend: Ipv4Addr, port: u16) -> Vec<u8> {
+        let mut p = frame.to_vec();
+        let mut opt = vec![DSR_OPT_TYPE, DSR_OPT_LEN];
+        opt.extend_from_slice(&port.to_be_bytes());
+        opt.extend_from_slice(&frontend.octets());
+        p.splice(34..34, opt);
+        p[14] = 0x47;
+        let total = u16::from_be_bytes([p[16], p[17]]) + 8;
+        p[16..18].copy_from_slice(&total.to_be_bytes());
+        fix_ipv4_checksum(&mut p);
+        p
+    }
+
+    fn seen(frame: &[u8]) -> Seen<Ipv4Addr> {
+        let v = packets::inspect(frame);
+        assert_eq!(
+            usize::from(v.ip.total_len),
+            frame.len() - 14,
+            "the total length follows the packet"
+        );
+        let dsr = (!v.options.is_empty()).then(|| {
+            assert_eq!(v.options.len(), 8, "only the DSR option: {:?}", v.options);
+            assert_eq!(&v.options[..2], &[DSR_OPT_TYPE, DSR_OPT_LEN]);
+            let port = u16::from_be_bytes([v.options[2], v.options[3]]);
+            let addr: [u8; 4] = v.options[4..8].try_into().unwrap();
+            (Ipv4Addr::from(addr), port)
+        });
+        Seen {
+            eth_dst: v.eth_dst,
+            eth_src: v.eth_src,
+            saddr: v.saddr,
+            daddr: v.daddr,
+            sport: v.sport,
+            dport: v.dport,
+            hops: v.ip.time_to_live,
+            payload: v.payload,
+            dsr,
+        }
+    }
+
+    fn icmp(frame: &[u8]) -> IcmpSeen<Ipv4Addr> {
+        let v = packets::inspect_icmp(frame);
+        let l4 = v.quoted_l4;
+        IcmpSeen {
+            eth_dst: v.eth_dst,
+            eth_src: v.eth_src,
+            saddr: v.saddr,
+            daddr: v.daddr,
+            ty: v.ty,
+            code: v.code,
+            rest: v.rest,
+            quoted: (
+                Ipv4Addr::from(v.quoted.source),
+                Ipv4Addr::from(v.quoted.destination),
+                u16::from_be_bytes([l4[0], l4[1]]),
+                u16::from_be_bytes([l4[2], l4[3]]),
+            ),
+        }
+    }
+
+    fn words(a: Ipv4Addr) -> u32 {
+        u32::from_ne_bytes(a.octets())
+    }
+
+    fn ct(dp: &Dataplane, key: &CtKey<u32>) -> Option<CtValue<u32>> {
+        dp.ct(key)
+    }
+
+    fn filter_fold(a: Ipv4Addr) -> u32 {
+        Self::words(a)
+    }
+}
+
+impl Family for V6 {
+    type Addr = Ipv6Addr;
+    type Words = [u32; 4];
+    const TAG: &'static str = "f6";
+    const SERVICES: &'static str = SERVICES6;
+    const NODE: Ipv6Addr = NODE_IP6;
+    const CLIENT: Ipv6Addr = CLIENT_IP6;
+    const NP_LOCAL: u16 = 31001;
+    const NP_REMOTE: u16 = 31002;
+    const NP_EMPTY: u16 = 31007;
+    const LOCAL_BACKEND: &'static str = "fd00:244:1::10";
+    const REMOTE_BACKEND: &'static str = "fd00:244:2::10";
+    const DNS_LB: &'static str = "2001:db8:113::10";
+    const DNS_BACKEND: &'static str = "fd00:244:2::20";
+    const STRANGER: &'static str = "2001:db8:99::1";
+    const PORT_UNREACHABLE: (u8, u8) = (1, 4);
+    const TIME_EXCEEDED: (u8, u8) = (3, 0);
+
+    fn tcp(
+        src: Mac,
+        dst: Mac,
+        saddr: Ipv6Addr,
+        daddr: Ipv6Addr,
+        sport: u16,
+        dport: u16,
+        flags: u8,
+        payload: &[u8],
+        hops: u8,
+    ) -> Vec<u8> {
+        packets::tcp6_hop(src, dst, saddr, daddr, sport, dport, flags, payload, hops)
+    }
+
+    fn udp(
+        src: Mac,
+        dst: Mac,
+        saddr: Ipv6Addr,
+        daddr: Ipv6Addr,
+        sport: u16,
+        dport: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        packets::udp6(src, dst, saddr, daddr, sport, dport, payload)
+    }
+
+    /// A Destination Options header (next header 60) right after the IPv6
+    /// header: type 0x1b, port, two bytes of padding, address.
+    fn with_dsr(frame: &[u8], frontend: Ipv6Addr, port: u16) -> Vec<u8> {
+        let mut p = frame[..54].to_vec();
+        let next = p[20];
+        p[20] = 60;
+        let payload = u16::from_be_bytes([p[18], p[19]]) + 24;
+        p[18..20].copy_from_slice(&payload.to_be_bytes());
+        p.extend_from_slice(&[next, 2, 0x1b, 20]);
+        p.extend_from_slice(&port.to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        p.extend_from_slice(&frontend.octets());
+        p.extend_from_slice(&frame[54..]);
+        p
+    }
+
+    fn seen(frame: &[u8]) -> Seen<Ipv6Addr> {
+        let (v, dsr) = packets::inspect6_dsr(frame);
+        Seen {
+            eth_dst: v.eth_dst,
+            eth_src: v.eth_src,
+            saddr: v.saddr,
+            daddr: v.daddr,
+            sport: v.sport,
+            dport: v.dport,
+            hops: v.hop_limit,
+            payload: v.payload,
+            dsr,
+        }
+    }
+
+    fn icmp(frame: &[u8]) -> IcmpSeen<Ipv6Addr> {
+        let v = packets::inspect_icmp6(frame);
+        IcmpSeen {
+            eth_dst: v.eth_dst,
+            eth_src: frame[6..12].try_into().unwrap(),
+            saddr: v.saddr,
+            daddr: v.daddr,
+            ty: v.ty,
+            code: v.code,
+            rest: v.rest,
+            quoted: (
+                v.quoted_saddr,
+                v.quoted_daddr,
+                v.quoted_sport,
+                v.quoted_dport,
+            ),
+        }
+    }
+
+    fn words(a: Ipv6Addr) -> [u32; 4] {
+        ip6_to_words(a)
+    }
+
+    fn ct(dp: &Dataplane, key: &CtKey<[u32; 4]>) -> Option<CtValue<[u32; 4]>> {
+        dp.ct6(key)
+    }
+
+    fn filter_fold(a: Ipv6Addr) -> u32 {
+        lb_common::filter::fold6(ip6_to_words(a))
+    }
+}
+
+/// Recomputes the IPv4 header checksum after a test edited the header
+/// (options included).
+fn fix_ipv4_checksum(frame: &mut [u8]) {
+    let len = usize::from(frame[14] & 0x0f) * 4;
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let sum = packets::internet_checksum(&frame[14..14 + len]);
+    frame[24..26].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// One `#[test]` per family for each generic body.
+macro_rules! both_families {
+    ($($body:ident),* $(,)?) => { $(
+        mod $body {
+            #[test]
+            fn ipv4() {
+                super::$body::<super::V4>();
+            }
+            #[test]
+            fn ipv6() {
+                super::$body::<super::V6>();
+            }
+        }
+    )* };
+}
+
+both_families!(
+    a_nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_natted_on_egress,
+    a_nodeport_to_a_remote_backend_is_snatted_redirected_and_the_reply_comes_back_through_us,
+    dsr_carries_the_frontend_to_the_backends_node_which_strips_it_and_answers_from_the_frontend,
+    hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp,
+    a_frontend_without_endpoints_answers_port_unreachable_and_counts_the_reason,
+    the_hop_count_is_decremented_and_a_packet_whose_count_runs_out_gets_time_exceeded,
+    a_dsr_option_naming_a_frontend_this_node_does_not_serve_is_rejected,
+    a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted,
+);
+
+fn a_nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_natted_on_egress<
+    F: Family,
+>() {
+    let dp = F::dataplane("local");
+    let backend = F::addr(F::LOCAL_BACKEND);
+    let (rc, out) = dp.tc_ingress(&F::to_node(F::NP_LOCAL, 40000, SYN, b"hello"));
+    assert_eq!(rc, TC_ACT_OK, "delivered by the stack");
+    let v = F::seen(&out);
+    assert_eq!((v.saddr, v.sport), (F::CLIENT, 40000), "client kept");
+    assert_eq!((v.daddr, v.dport), (backend, 8080));
+    assert_eq!(v.payload, b"hello");
+    assert_eq!(v.hops, 64, "delivered here, not routed: no decrement");
+
+    let reply = F::tcp(
+        [0; 6],
+        CLIENT_MAC,
+        backend,
+        F::CLIENT,
+        8080,
+        40000,
+        SYN | ACK,
+        b"",
+        64,
+    );
+    let (rc, out) = dp.tc_egress(&reply);
+    assert_eq!(rc, TC_ACT_OK);
+    let v = F::seen(&out);
+    assert_eq!(
+        (v.saddr, v.sport, v.daddr, v.dport),
+        (F::NODE, F::NP_LOCAL, F::CLIENT, 40000),
+        "the reply leaves from the NodePort"
+    );
+}
+
+fn a_nodeport_to_a_remote_backend_is_snatted_redirected_and_the_reply_comes_back_through_us<
+    F: Family,
+>() {
+    let dp = F::dataplane("snat");
+    let backend = F::addr(F::REMOTE_BACKEND);
+    let created = dp.counter(CNT_CT_CREATED);
+    let (rc, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 40001, SYN, b"hello"));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = F::seen(&out);
+    assert_eq!((v.daddr, v.dport), (backend, 8080));
+    assert_eq!(v.saddr, F::NODE, "SNAT to the egress device's address");
+    assert!(
+        (61000..=65535).contains(&v.sport),
+        "SNAT port from the configured range: {}",
+        v.sport
+    );
+    assert_eq!(
+        (v.eth_dst, v.eth_src),
+        (NODE_B_MAC, EXT0_MAC),
+        "next hop from the FIB"
+    );
+    assert_eq!(v.hops, 63, "routed: decremented");
+    assert_eq!((v.payload.as_slice(), v.dsr), (&b"hello"[..], None));
+    let port = v.sport;
+    assert_eq!(dp.counter(CNT_CT_CREATED), created + 1);
+
+    // Both conntrack entries, in network byte order.
+    let w = F::words;
+    let fwd = CtKey::new(
+        w(F::CLIENT),
+        w(F::NODE),
+        40001u16.to_be(),
+        F::NP_REMOTE.to_be(),
+        6,
+        CT_SERVICE,
+    );
+    let e = F::ct(&dp, &fwd).expect("forward entry");
+    assert_eq!(e.addr, w(backend));
+    assert_eq!((e.nat_addr, u16::from_be(e.nat_port)), (w(F::NODE), port));
+    assert_ne!(e.flags & CT_F_SNAT, 0);
+    let rev = CtKey::new(
+        w(backend),
+        w(F::NODE),
+        8080u16.to_be(),
+        port.to_be(),
+        6,
+        CT_REVERSE,
+    );
+    let r = F::ct(&dp, &rev).expect("reverse entry under the SNAT port");
+    assert_eq!(r.nat_addr, w(F::CLIENT));
+
+    // The backend's reply to our port goes back to the client, from the NodePort.
+    let reply = F::tcp(
+        NODE_B_MAC,
+        EXT0_MAC,
+        backend,
+        F::NODE,
+        8080,
+        port,
+        SYN | ACK,
+        b"",
+        64,
+    );
+    let (rc, out) = dp.tc_ingress(&reply);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = F::seen(&out);
+    assert_eq!(
+        (v.saddr, v.sport, v.daddr, v.dport),
+        (F::NODE, F::NP_REMOTE, F::CLIENT, 40001)
+    );
+    assert_eq!(v.eth_dst, CLIENT_MAC);
+
+    // Later packets keep the port; a second client flow gets another one.
+    let (_, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 40001, ACK, b"more"));
+    assert_eq!(F::seen(&out).sport, port);
+    let (_, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 40002, SYN, b""));
+    assert_ne!(F::seen(&out).sport, port);
+}
+
+/// DSR (as Cilium): the SYN to a remote backend keeps the client's address
+/// and carries the frontend (an IPv4 option, an IPv6 Destination Options
+/// header); the backend's node learns it, strips it, and the pod's reply
+/// leaves from the NodePort straight to the client. Only the SYN carries
+/// it. XDP leaves the insert to tc.
+fn dsr_carries_the_frontend_to_the_backends_node_which_strips_it_and_answers_from_the_frontend<
+    F: Family,
+>() {
+    let dp = F::dataplane("dsr");
+    dp.config(CFG_LB_MODE, MODE_DSR);
+    let backend = F::addr(F::REMOTE_BACKEND);
+    let syn = F::to_node(F::NP_REMOTE, 40200, SYN, b"");
+    let (rc, out) = dp.xdp(&syn);
+    assert_eq!((rc, &out), (XDP_PASS, &syn), "punted to tc untouched");
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = F::seen(&out);
+    assert_eq!(
+        (v.saddr, v.sport),
+        (F::CLIENT, 40200),
+        "DSR keeps the client"
+    );
+    assert_eq!((v.daddr, v.dport), (backend, 8080));
+    assert_eq!(v.dsr, Some((F::NODE, F::NP_REMOTE)), "the frontend carried");
+    assert_eq!(v.hops, 63);
+
+    // On the backend's node (the same programs), with a NIC that sums
+    // frames (CHECKSUM_COMPLETE): learned, stripped, and skb->csum still
+    // right (BPF_PROG_TEST_RUN checks it: EBADMSG otherwise; Linux 6.17+).
+    let (rc, stripped) = dp
+        .tc_ingress_checksum_complete(&out)
+        .expect("BPF_PROG_TEST_RUN with BPF_F_TEST_SKB_CHECKSUM_COMPLETE");
+    assert_eq!(rc, TC_ACT_OK, "delivered to the local pod");
+    let s = F::seen(&stripped);
+    assert_eq!(s.dsr, None, "stripped");
+    assert_eq!((s.saddr, s.daddr, s.dport), (F::CLIENT, backend, 8080));
+    let reverse = CtKey::new(
+        F::words(backend),
+        F::words(F::CLIENT),
+        8080u16.to_be(),
+        40200u16.to_be(),
+        6,
+        CT_REVERSE,
+    );
+    let learned = F::ct(&dp, &reverse).expect("the learned reply entry");
+    assert_ne!(learned.flags & CT_F_DSR, 0);
+    // ...and the pod's reply leaves from the frontend, straight to the client.
+    let reply = F::tcp(
+        [0; 6],
+        CLIENT_MAC,
+        backend,
+        F::CLIENT,
+        8080,
+        40200,
+        SYN | ACK,
+        b"",
+        64,
+    );
+    let (rc, out) = dp.tc_egress(&reply);
+    assert_eq!(rc, TC_ACT_OK);
+    let r = F::seen(&out);
+    assert_eq!(
+        (r.saddr, r.sport, r.daddr, r.dport),
+        (F::NODE, F::NP_REMOTE, F::CLIENT, 40200),
+        "the reply leaves from the NodePort"
+    );
+
+    let (_, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 40200, ACK, b"x"));
+    assert_eq!(F::seen(&out).dsr, None, "only the SYN carries it");
+}
+
+fn hybrid_mode_uses_dsr_for_tcp_and_snat_for_udp<F: Family>() {
+    let dp = F::dataplane("hybrid");
+    dp.config(CFG_LB_MODE, MODE_HYBRID);
+    let (_, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 40210, SYN, b""));
+    let v = F::seen(&out);
+    assert_eq!(v.saddr, F::CLIENT, "TCP: DSR keeps the client");
+    assert_eq!(v.dsr, Some((F::NODE, F::NP_REMOTE)), "TCP: DSR");
+    let dns = F::udp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        F::CLIENT,
+        F::addr(F::DNS_LB),
+        5010,
+        53,
+        b"query",
+    );
+    let (rc, out) = dp.tc_ingress(&dns);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = F::seen(&out);
+    assert_eq!(
+        (v.saddr, v.daddr, v.dport),
+        (F::NODE, F::addr(F::DNS_BACKEND), 5353),
+        "UDP: SNAT"
+    );
+    assert_eq!(v.dsr, None);
+    assert_eq!(v.payload, b"query");
+}
+
+/// kube-proxy's REJECT: a frontend without any endpoint answers "port
+/// unreachable" from the address the client dialed, quoting what it sent,
+/// back out of the device it came in on; counted as no-backend. XDP leaves
+/// it to tc.
+fn a_frontend_without_endpoints_answers_port_unreachable_and_counts_the_reason<F: Family>() {
+    let dp = F::dataplane("empty");
+    let before = dp.drops("no-backend");
+    let sent = dp.counter(CNT_ICMP_SENT);
+    let syn = F::to_node(F::NP_EMPTY, 40030, SYN, b"");
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back out of ext0");
+    let v = F::icmp(&out);
+    assert_eq!((v.ty, v.code), F::PORT_UNREACHABLE);
+    assert_eq!(v.rest, [0; 4], "unused");
+    assert_eq!((v.saddr, v.daddr), (F::NODE, F::CLIENT));
+    assert_eq!((v.eth_dst, v.eth_src), (CLIENT_MAC, EXT0_MAC));
+    assert_eq!(
+        v.quoted,
+        (F::CLIENT, F::NODE, 40030, F::NP_EMPTY),
+        "quotes what the client sent"
+    );
+    assert_eq!(dp.drops("no-backend"), before + 1);
+    assert_eq!(dp.counter(CNT_ICMP_SENT), sent + 1);
+    let (rc, out) = dp.xdp(&syn);
+    assert_eq!((rc, out), (XDP_PASS, syn), "XDP hands it to tc");
+}
+
+/// RFC 1812 / RFC 8200: a router does not forward a packet whose TTL or hop
+/// limit runs out; it answers "time exceeded". The forwarded ones leave
+/// with one less.
+fn the_hop_count_is_decremented_and_a_packet_whose_count_runs_out_gets_time_exceeded<F: Family>() {
+    let dp = F::dataplane("hops");
+    let before = dp.drops("ttl-exceeded");
+    let (rc, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 41900, SYN, b""));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(F::seen(&out).hops, 63);
+
+    let last_hop = F::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        F::CLIENT,
+        F::NODE,
+        41901,
+        F::NP_REMOTE,
+        SYN,
+        b"",
+        1,
+    );
+    let (rc, out) = dp.tc_ingress(&last_hop);
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let v = F::icmp(&out);
+    assert_eq!((v.ty, v.code), F::TIME_EXCEEDED);
+    assert_eq!((v.saddr, v.daddr), (F::NODE, F::CLIENT));
+    assert_eq!(v.quoted, (F::CLIENT, F::NODE, 41901, F::NP_REMOTE));
+    assert_eq!(dp.drops("ttl-exceeded"), before + 1);
+}
+
+/// A DSR option naming a frontend this node does not serve is not learned:
+/// otherwise any outside host could plant entries that rewrite a pod's
+/// replies (docs/security.md).
+fn a_dsr_option_naming_a_frontend_this_node_does_not_serve_is_rejected<F: Family>() {
+    let dp = F::dataplane("dsrreject");
+    let plain = F::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        F::CLIENT,
+        F::addr(F::LOCAL_BACKEND),
+        42500,
+        8080,
+        SYN,
+        b"",
+        64,
+    );
+    let with = F::with_dsr(&plain, F::addr(F::STRANGER), 80);
+    assert_eq!(
+        F::seen(&with).dsr,
+        Some((F::addr(F::STRANGER), 80)),
+        "the test's packet carries it"
+    );
+    let before = dp.drops("dsr-rejected");
+    let (rc, _) = dp.tc_ingress(&with);
+    assert_eq!(rc, TC_ACT_SHOT);
+    assert_eq!(dp.drops("dsr-rejected"), before + 1);
+    let learned = CtKey::new(
+        F::words(F::addr(F::LOCAL_BACKEND)),
+        F::words(F::CLIENT),
+        8080u16.to_be(),
+        42500u16.to_be(),
+        6,
+        CT_REVERSE,
+    );
+    assert_eq!(F::ct(&dp, &learned), None, "nothing learned");
+}
+
+/// The frontend filter (lb_common::filter) with a NodePort's bit cleared by
+/// hand: its packets pass untranslated while the programs trust the filter
+/// (tc and XDP), and are served again once they do not. So the early exit
+/// is real, and a filter the agent has not vouched for is never used.
+fn a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted<F: Family>() {
+    use aya::maps::{Array, MapData};
+    use lb_common::filter::{filter_bit, word_and_mask};
+    let dp = F::dataplane("filter");
+    let backend = F::addr(F::LOCAL_BACKEND);
+    let (rc, out) = dp.tc_ingress(&F::to_node(F::NP_LOCAL, 40400, SYN, b""));
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        F::seen(&out).daddr,
+        backend,
+        "served with the filter as written"
+    );
+
+    let (word, mask) = word_and_mask(filter_bit(F::filter_fold(F::NODE), F::NP_LOCAL.to_be()));
+    let mut filter: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(
+        MapData::from_pin(dp.pins.path.join(lb_common::maps::LB4_FE_FILTER)).unwrap(),
+    ))
+    .unwrap();
+    let was = filter.get(&word, 0).unwrap();
+    assert_ne!(was & mask, 0, "the agent set the NodePort's bit");
+    filter.set(word, was & !mask, 0).unwrap();
+
+    let syn = F::to_node(F::NP_LOCAL, 40401, SYN, b"");
+    assert_eq!(
+        dp.tc_ingress(&syn),
+        (TC_ACT_OK, syn.clone()),
+        "tc lets it go untouched"
+    );
+    assert_eq!(dp.xdp(&syn), (XDP_PASS, syn.clone()), "so does XDP");
+
+    dp.config(CFG_FRONTEND_FILTER, 0);
+    let (rc, out) = dp.tc_ingress(&syn);
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        F::seen(&out).daddr,
+        backend,
+        "an untrusted filter is not used"
+    );
+}
