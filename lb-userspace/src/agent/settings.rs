@@ -2,7 +2,7 @@
 //! from its flags. Checked before anything is installed, so a bad flag
 //! changes nothing; written in an order that never lets a program see a
 //! half-made change.
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use lb_common::config::{
     snat_ports_ever, CFG_CT_CLOSING_S, CFG_CT_TCP_S, CFG_CT_TCP_SYN_S, CFG_CT_UDP_S,
@@ -11,13 +11,8 @@ use lb_common::config::{
     CFG_SNAT_PORT_MIN,
 };
 
+pub use crate::datapath::config::ConfigSlots;
 use crate::datapath::config::RuntimeConfig;
-
-/// Where settings go: the pinned `LB_CONFIG`, or a map in tests.
-pub trait ConfigSlots {
-    fn get(&self, index: u32) -> anyhow::Result<u32>;
-    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()>;
-}
 
 impl ConfigSlots for RuntimeConfig {
     fn get(&self, index: u32) -> anyhow::Result<u32> {
@@ -25,16 +20,6 @@ impl ConfigSlots for RuntimeConfig {
     }
     fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
         RuntimeConfig::set(self, index, value)
-    }
-}
-
-impl ConfigSlots for BTreeMap<u32, u32> {
-    fn get(&self, index: u32) -> anyhow::Result<u32> {
-        Ok(self.get(&index).copied().unwrap_or(0))
-    }
-    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
-        self.insert(index, value);
-        Ok(())
     }
 }
 
@@ -142,7 +127,10 @@ impl StartSettings {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::datapath::config::{writer_of, Writer};
 
     fn settings() -> StartSettings {
         StartSettings {
@@ -209,6 +197,15 @@ mod tests {
         assert!(at(CFG_SNAT_PORTS_EVER) < at(CFG_SNAT_PORT_MIN));
         assert!(at(CFG_SNAT_PORTS_EVER) < at(CFG_SNAT_PORT_MAX));
         assert!(at(CFG_HOST_NETNS_COOKIE_HI) < at(CFG_HOST_NS_ONLY));
+        // Only its own slots and the run-time settings' start values: the
+        // filter's trust is the install's and the reconciler's.
+        for i in &c.order {
+            assert!(
+                matches!(writer_of(*i), Some(Writer::Start | Writer::Runtime)),
+                "the start settings wrote LB_CONFIG[{i}], owned by {:?}",
+                writer_of(*i)
+            );
+        }
     }
 
     #[test]

@@ -1,12 +1,85 @@
-//! `LB_CONFIG`: run-time settings every program reads (log level, tracing,
-//! event rate). Written by the agent at start and by `lbctl config set`.
-use std::path::Path;
+//! `LB_CONFIG`: the settings every program reads. Every write goes through
+//! `ConfigSlots` (the pinned map, the map of a just-loaded object, or a
+//! plain map in tests), and each slot has one writer, listed in `WRITERS`
+//! (a test checks every slot is listed once):
+//!
+//! * the agent's start settings (`agent::settings::StartSettings::write`);
+//! * the run-time settings of `SETTINGS` (`lbctl config set`; the agent
+//!   writes their start values too);
+//! * the frontend filter's trust, cleared by an install before it attaches
+//!   programs (`datapath::install`) and set by the reconciler after its
+//!   first full sync (`MapOp::TrustFilter`, `maps::bpf`).
+use std::{borrow::BorrowMut, collections::BTreeMap, path::Path};
 
 use anyhow::{bail, Context as _};
 use aya::maps::{Array, MapData};
 use lb_common::{config::*, maps as names};
 
 use crate::maps::bpf::open_pinned;
+
+/// Where `LB_CONFIG` writes go: the pinned map, a loaded object's map, or a
+/// map in tests.
+pub trait ConfigSlots {
+    fn get(&self, index: u32) -> anyhow::Result<u32>;
+    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()>;
+}
+
+impl<T: BorrowMut<MapData>> ConfigSlots for Array<T, u32> {
+    fn get(&self, index: u32) -> anyhow::Result<u32> {
+        Array::get(self, &index, 0).with_context(|| format!("reading LB_CONFIG[{index}]"))
+    }
+    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
+        Array::set(self, index, value, 0).with_context(|| format!("writing LB_CONFIG[{index}]"))
+    }
+}
+
+impl ConfigSlots for BTreeMap<u32, u32> {
+    fn get(&self, index: u32) -> anyhow::Result<u32> {
+        Ok(BTreeMap::get(self, &index).copied().unwrap_or(0))
+    }
+    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
+        self.insert(index, value);
+        Ok(())
+    }
+}
+
+/// Who writes a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// The agent at start, from its flags (`StartSettings`).
+    Start,
+    /// `lbctl config set` at any time (`SETTINGS`); the agent writes the
+    /// start value.
+    Runtime,
+    /// The install clears it, the reconciler sets it (the frontend filter's
+    /// trust).
+    FilterTrust,
+}
+
+/// Every slot of `LB_CONFIG` and its one writer.
+pub const WRITERS: [(u32, Writer); CONFIG_SLOTS as usize] = [
+    (CFG_LOG_LEVEL, Writer::Runtime),
+    (CFG_TRACE, Writer::Runtime),
+    (CFG_EVENT_RATE, Writer::Runtime),
+    (CFG_HOST_NS_ONLY, Writer::Runtime),
+    (CFG_HOST_NETNS_COOKIE_LO, Writer::Start),
+    (CFG_HOST_NETNS_COOKIE_HI, Writer::Start),
+    (CFG_LB_MODE, Writer::Start),
+    (CFG_MAGLEV_M, Writer::Start),
+    (CFG_SNAT_PORT_MIN, Writer::Start),
+    (CFG_SNAT_PORT_MAX, Writer::Start),
+    (CFG_CT_TCP_S, Writer::Start),
+    (CFG_CT_TCP_SYN_S, Writer::Start),
+    (CFG_CT_CLOSING_S, Writer::Start),
+    (CFG_CT_UDP_S, Writer::Start),
+    (CFG_FRONTEND_FILTER, Writer::FilterTrust),
+    (CFG_SNAT_PORTS_EVER, Writer::Start),
+];
+
+/// The writer of a slot.
+pub fn writer_of(index: u32) -> Option<Writer> {
+    WRITERS.iter().find(|(i, _)| *i == index).map(|(_, w)| *w)
+}
 
 /// A setting: its name on the command line, its slot, and its value names.
 pub struct Setting {
@@ -92,6 +165,7 @@ pub fn format_value(s: &Setting, v: u32) -> String {
     }
 }
 
+/// The pinned `LB_CONFIG`.
 pub struct RuntimeConfig {
     map: Array<MapData, u32>,
 }
@@ -104,11 +178,11 @@ impl RuntimeConfig {
     }
 
     pub fn get(&self, index: u32) -> anyhow::Result<u32> {
-        Ok(self.map.get(&index, 0)?)
+        ConfigSlots::get(&self.map, index)
     }
 
     pub fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
-        Ok(self.map.set(index, value, 0)?)
+        ConfigSlots::set(&mut self.map, index, value)
     }
 
     /// Every setting with its current value. An unset log level or rate
@@ -118,5 +192,21 @@ impl RuntimeConfig {
             .iter()
             .map(|s| Ok((s, self.get(s.index)?)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new slot must say who writes it: every slot once, in order.
+    #[test]
+    fn every_config_slot_has_one_writer() {
+        let slots: Vec<u32> = WRITERS.iter().map(|(i, _)| *i).collect();
+        assert_eq!(slots, (0..CONFIG_SLOTS).collect::<Vec<_>>());
+        for s in &SETTINGS {
+            assert_eq!(writer_of(s.index), Some(Writer::Runtime), "{}", s.name);
+        }
+        assert_eq!(writer_of(CFG_FRONTEND_FILTER), Some(Writer::FilterTrust));
     }
 }

@@ -225,8 +225,7 @@ fn distrust_frontend_filter(ebpf: &mut Ebpf) -> anyhow::Result<()> {
         .context("LB_CONFIG missing from the object")?;
     let mut config: aya::maps::Array<&mut aya::maps::MapData, u32> =
         aya::maps::Array::try_from(map)?;
-    config
-        .set(lb_common::config::CFG_FRONTEND_FILTER, 0, 0)
+    config::ConfigSlots::set(&mut config, lb_common::config::CFG_FRONTEND_FILTER, 0)
         .context("clearing CFG_FRONTEND_FILTER")?;
     Ok(())
 }

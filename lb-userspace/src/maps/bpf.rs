@@ -14,6 +14,8 @@ use lb_common::{
     maps as names,
 };
 
+use crate::datapath::config::ConfigSlots;
+
 use super::{
     catalog,
     family::{BothFamilies, RunMap},
@@ -237,10 +239,10 @@ impl BpfMaps {
             (None, MapOp::SetMaglev(s, table)) => self.set_maglev(*s, table),
             (None, MapOp::DeleteMaglev(s)) => ignore_missing(self.maglev.remove(s)),
             (None, MapOp::SetFilterWord(i, w)) => self.fe_filter.set(*i, *w, 0).map_err(io_error),
-            (None, MapOp::TrustFilter(t)) => self
-                .config
-                .set(CFG_FRONTEND_FILTER, u32::from(*t), 0)
-                .map_err(io_error),
+            (None, MapOp::TrustFilter(t)) => {
+                ConfigSlots::set(&mut self.config, CFG_FRONTEND_FILTER, u32::from(*t))
+                    .map_err(io::Error::other)
+            }
             // Every other operation is one family's, written above.
             (None, _) => Err(io::Error::other("no map takes this operation")),
         };
@@ -403,10 +405,7 @@ impl LbMaps for BpfMaps {
         for (i, w) in words.into_iter().enumerate() {
             state.apply(&MapOp::SetFilterWord(i as u32, w));
         }
-        let trusted = self
-            .config
-            .get(&CFG_FRONTEND_FILTER, 0)
-            .context("reading LB_CONFIG")?;
+        let trusted = ConfigSlots::get(&self.config, CFG_FRONTEND_FILTER)?;
         state.apply(&MapOp::TrustFilter(trusted != 0));
         Ok(state)
     }
