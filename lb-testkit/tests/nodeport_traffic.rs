@@ -647,3 +647,79 @@ fn best_effort_acceleration_falls_back_to_tc_where_xdp_cannot_attach() {
     assert_eq!(churn.failed, 0, "{:?}", churn.errors);
     assert_eq!(Cluster::counter(&c.a, lb_common::config::CNT_XDP_PUNTED), 0);
 }
+
+/// Native XDP on a veth whose peer has no XDP program loses what the
+/// program sends back out (XDP_TX, redirects), with no counter of ours:
+/// the agent reads the peer before it loads anything. `--acceleration
+/// native` refuses to start, naming the device, its peer and what a veth
+/// needs, and installs nothing; best-effort serves the same traffic
+/// through tc and says why; once the peers run an XDP_PASS program,
+/// native attaches and carries it.
+#[test]
+fn native_xdp_on_a_veth_whose_peer_has_no_program_is_refused_and_best_effort_uses_tc() {
+    let opts = Options {
+        gro: true,
+        full_checksums: true,
+        ..Default::default()
+    };
+    let mut c = Cluster::with(&unique("xdp_veth"), &opts);
+    let _b = backends(&c);
+
+    std::fs::write(&c.a.services, services('a')).unwrap();
+    let mut cmd = std::process::Command::new(lb_testkit::sibling_bin("lb-agent"));
+    lb_testkit::netns::exec_in(&mut cmd, &c.a.ns.name).unwrap();
+    let out = cmd
+        .arg("--services")
+        .arg(&c.a.services)
+        .arg("--cgroup")
+        .arg(&c.a.cgroup.path)
+        .arg("--pin-dir")
+        .arg(&c.a.pins.path)
+        .args(["--devices", &c.a.device, "--acceleration", "native"])
+        .env("KUBECONFIG", "/nonexistent")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "native on such a veth must not start:\n{err}"
+    );
+    assert!(
+        err.contains(&format!("{} is a veth whose peer na0", c.a.device))
+            && err.contains("no driver-mode XDP program")
+            && err.contains("XDP_PASS")
+            && err.contains("tx off")
+            && err.contains("best-effort"),
+        "the refusal names the device, its peer and what a veth needs:\n{err}"
+    );
+    assert!(
+        !c.a.pins.path.join(lb_common::maps::LB4_SERVICES).exists(),
+        "refused before anything was loaded"
+    );
+
+    start_nodes(&mut c, &["--acceleration", "best-effort"]);
+    let log = c.a.agent.as_ref().unwrap().log_text();
+    assert!(
+        log.contains("no native XDP") && log.contains("is a veth whose peer na0"),
+        "{log}"
+    );
+    bulk_both_ways(&c, 30090, "best-effort on a veth whose peer has no program");
+    assert_eq!(
+        Cluster::counter(&c.a, lb_common::config::CNT_XDP_PUNTED),
+        0,
+        "no XDP ran"
+    );
+
+    let _pass: Vec<_> = ["c0", "na0", "nb0"]
+        .iter()
+        .map(|port| lb_testkit::xdp_pass::attach(&c.hub.name, port))
+        .collect();
+    start_nodes(&mut c, &["--acceleration", "native"]);
+    let log = c.a.agent.as_ref().unwrap().log_text();
+    assert!(
+        log.contains("XDP ready") && log.contains("full checksums"),
+        "native attaches once the peer has a program, and says what it cannot check:\n{log}"
+    );
+    bulk_both_ways(&c, 30090, "native XDP on a veth whose peer has a program");
+}

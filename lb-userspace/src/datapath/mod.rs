@@ -5,6 +5,7 @@
 //! uninstall.
 pub mod config;
 pub mod features;
+pub mod native_xdp;
 pub mod pins;
 pub mod pods;
 pub mod sock_filter;
@@ -132,9 +133,11 @@ pub enum Acceleration {
     /// tc only.
     #[default]
     Disabled,
-    /// XDP in the driver on every device; refuse to start where it is not supported.
+    /// XDP in the driver on every device; refuse to start where it is not
+    /// supported, or on a veth whose peer has no XDP program.
     Native,
-    /// XDP in the driver where supported, tc alone elsewhere (logged).
+    /// XDP in the driver where it can carry the traffic, tc alone elsewhere
+    /// (logged).
     BestEffort,
 }
 
@@ -202,6 +205,39 @@ pub fn load(pin_dir: &Path, sizes: &MapSizes) -> anyhow::Result<(Ebpf, bool)> {
     Ok((ebpf, maps_reused))
 }
 
+/// The devices native XDP would lose traffic on, with why (`native_xdp`).
+/// With `--acceleration native` any such device refuses the start, all
+/// named; with best-effort they are left to tc. A veth that passes is
+/// attached with a warning: its senders' checksums cannot be checked.
+fn native_xdp_unfit(cfg: &DatapathConfig) -> anyhow::Result<Vec<(String, String)>> {
+    if cfg.acceleration == Acceleration::Disabled {
+        return Ok(Vec::new());
+    }
+    let mut unfit = Vec::new();
+    for dev in &cfg.devices {
+        let ifindex = sys::netdev::ifindex(dev)?;
+        match native_xdp::check(dev, ifindex)? {
+            native_xdp::Fit::NotVeth => {}
+            native_xdp::Fit::Veth => warn!(
+                device = %dev,
+                "native XDP on a veth: the senders behind it must write full checksums (tx \
+                 checksum offload off on their devices), which the agent cannot check; a \
+                 packet whose checksum was left to offload is forwarded with a wrong one"
+            ),
+            native_xdp::Fit::Unfit(why) => unfit.push((dev.clone(), why)),
+        }
+    }
+    if cfg.acceleration == Acceleration::Native && !unfit.is_empty() {
+        let all: Vec<&str> = unfit.iter().map(|(_, why)| why.as_str()).collect();
+        bail!(
+            "--acceleration native: {}; use --acceleration best-effort (tc on such devices) \
+             or disabled",
+            all.join("; ")
+        );
+    }
+    Ok(unfit)
+}
+
 /// Every load starts a new generation of the backends
 /// (`LB_BACKENDS_GEN`): a conntrack entry from before it checks its backend
 /// on its next packet. An agent that kept no generation (an older build)
@@ -238,6 +274,10 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
     // every missing feature named, not a verifier log halfway through.
     features::check(!cfg.devices.is_empty() || !cfg.pod_devices.is_none())?;
     sys::fs::check_cgroup2(&cfg.cgroup)?;
+    // Before anything is loaded too: a device where native XDP would lose
+    // traffic (a veth whose peer has no XDP program) is refused with native
+    // acceleration, and left to tc with best-effort.
+    let xdp_unfit = native_xdp_unfit(cfg)?;
     let (mut ebpf, maps_reused) = load(&cfg.pin_dir, &cfg.sizes)?;
     distrust_frontend_filter(&mut ebpf)?;
     let layout = PinLayout::new(&cfg.pin_dir);
@@ -339,6 +379,11 @@ pub fn install(cfg: &DatapathConfig) -> anyhow::Result<InstallReport> {
             for dev in &cfg.devices {
                 let ifindex = sys::netdev::ifindex(dev)?;
                 let name = format!("xdp@{dev}");
+                if let Some((_, why)) = xdp_unfit.iter().find(|(d, _)| d == dev) {
+                    warn!(device = %dev, "no native XDP ({why}): this device uses tc only");
+                    hooks.push((name, HookAction::Skipped(why.clone())));
+                    continue;
+                }
                 let current =
                     |link: BorrowedFd<'_>| Ok(sysbpf::netdev_link_ifindex(link)? == ifindex);
                 let fd = prog.fd()?.try_clone()?;

@@ -1,6 +1,7 @@
-//! rtnetlink, just what finding pod-facing devices needs: a dump of the
-//! links (index, name, kind) and a socket that hears links appear and go
-//! (RTMGRP_LINK). Layouts from include/uapi/linux/rtnetlink.h and
+//! rtnetlink, just what finding pod-facing devices and checking a veth
+//! for native XDP need: a dump of the links (index, name, kind, a veth's
+//! peer, XDP attached), one link of another namespace by its id, and a
+//! socket that hears links appear and go (RTMGRP_LINK). Layouts from include/uapi/linux/rtnetlink.h and
 //! if_link.h. Written here rather than pulling in the rtnetlink crate's
 //! async stack for two messages.
 use std::{
@@ -17,8 +18,18 @@ const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
 const RTMGRP_LINK: u32 = 1;
 const IFLA_IFNAME: u16 = 3;
+const IFLA_LINK: u16 = 5;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
+const IFLA_LINK_NETNSID: u16 = 37;
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_ATTACHED: u16 = 2;
+const IFLA_XDP_DRV_PROG_ID: u16 = 5;
+const IFLA_TARGET_NETNSID: u16 = 46;
+/// `IFLA_XDP_ATTACHED` values (if_link.h): one program in driver mode, or
+/// several (then `IFLA_XDP_DRV_PROG_ID` says whether one is in driver mode).
+const XDP_ATTACHED_DRV: u8 = 1;
+const XDP_ATTACHED_MULTI: u8 = 4;
 const NLMSG_HDRLEN: usize = 16;
 const IFINFO_LEN: usize = 16;
 
@@ -29,6 +40,13 @@ pub struct Link {
     pub name: String,
     /// IFLA_INFO_KIND: "veth", "bridge", ... (empty for a physical device).
     pub kind: String,
+    /// IFLA_LINK: a veth's peer (its ifindex, in `peer_netnsid`'s namespace).
+    pub peer: Option<u32>,
+    /// IFLA_LINK_NETNSID: the namespace of the peer, as this namespace
+    /// numbers it; `None` when the peer is in this namespace.
+    pub peer_netnsid: Option<i32>,
+    /// A driver-mode XDP program is attached (IFLA_XDP).
+    pub xdp_driver: bool,
 }
 
 /// A change of the device list.
@@ -114,9 +132,26 @@ fn parse_link(body: &[u8]) -> Option<Link> {
         ifindex,
         name: String::new(),
         kind: String::new(),
+        peer: None,
+        peer_netnsid: None,
+        xdp_driver: false,
     };
     attrs(&body[IFINFO_LEN..], |ty, payload| match ty {
         IFLA_IFNAME => link.name = c_string(payload),
+        IFLA_LINK if payload.len() >= 4 => link.peer = Some(u32_at(payload, 0)),
+        IFLA_LINK_NETNSID if payload.len() >= 4 => {
+            link.peer_netnsid = Some(i32::from_ne_bytes(payload[..4].try_into().unwrap()));
+        }
+        IFLA_XDP => {
+            let (mut attached, mut drv_id) = (0u8, 0u32);
+            attrs(payload, |ty, p| match ty {
+                IFLA_XDP_ATTACHED if !p.is_empty() => attached = p[0],
+                IFLA_XDP_DRV_PROG_ID if p.len() >= 4 => drv_id = u32_at(p, 0),
+                _ => {}
+            });
+            link.xdp_driver =
+                attached == XDP_ATTACHED_DRV || (attached == XDP_ATTACHED_MULTI && drv_id != 0);
+        }
         IFLA_LINKINFO => attrs(payload, |ty, p| {
             if ty == IFLA_INFO_KIND {
                 link.kind = c_string(p);
@@ -181,6 +216,38 @@ pub fn links() -> io::Result<Vec<Link>> {
     }
 }
 
+/// One link: `ifindex` in the namespace this one numbers `netnsid`
+/// (`None`: this namespace), as a veth's `peer` and `peer_netnsid` name it.
+/// Needs CAP_NET_ADMIN over that namespace.
+pub fn link_in(ifindex: u32, netnsid: Option<i32>) -> io::Result<Link> {
+    let fd = socket(0)?;
+    let attr_len = if netnsid.is_some() { 8 } else { 0 };
+    let mut req = vec![0u8; NLMSG_HDRLEN + IFINFO_LEN + attr_len];
+    let len = req.len() as u32;
+    req[0..4].copy_from_slice(&len.to_ne_bytes());
+    req[4..6].copy_from_slice(&RTM_GETLINK.to_ne_bytes());
+    req[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[NLMSG_HDRLEN] = libc::AF_UNSPEC as u8;
+    req[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].copy_from_slice(&ifindex.to_ne_bytes());
+    if let Some(id) = netnsid {
+        let at = NLMSG_HDRLEN + IFINFO_LEN;
+        req[at..at + 2].copy_from_slice(&8u16.to_ne_bytes());
+        req[at + 2..at + 4].copy_from_slice(&IFLA_TARGET_NETNSID.to_ne_bytes());
+        req[at + 4..at + 8].copy_from_slice(&id.to_ne_bytes());
+    }
+    // SAFETY: req is valid for its length.
+    let n = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = recv(&fd, &mut buf)?;
+    let mut found = None;
+    messages(&buf[..n], |_, l| found = Some(l))?;
+    found.ok_or_else(|| io::Error::from_raw_os_error(libc::ENODEV))
+}
+
 /// A socket that hears links appear and go.
 pub struct LinkWatch {
     fd: OwnedFd,
@@ -213,6 +280,19 @@ impl LinkWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_link_is_read_as_the_dump_has_it() {
+        let lo = link_in(1, None).unwrap();
+        assert_eq!(
+            (lo.name.as_str(), lo.peer, lo.xdp_driver),
+            ("lo", None, false)
+        );
+        assert_eq!(
+            link_in(0x7fff_fff0, None).unwrap_err().raw_os_error(),
+            Some(libc::ENODEV)
+        );
+    }
 
     #[test]
     fn the_dump_lists_loopback() {
