@@ -233,7 +233,7 @@ fn rolling_replacement_of_every_backend_under_load_fails_no_new_connect_and_keep
 }
 
 #[test]
-fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_working() {
+fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_working_and_healthy() {
     let w = World::new("capacity", 3);
     let _servers = w.tcp_servers(8080, false);
     let one = |name: &str, vip: &str, backends: &[usize]| {
@@ -249,7 +249,7 @@ fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_wo
         &w.services,
         &w.cgroup.path,
         &w.pins.path,
-        &["--map-size-services", "6"],
+        &["--map-size-services", "6", "--healthz-grace", "1s"],
     );
     // "b" would need 5 more (marker, master, three slots): refused, whole.
     w.write_services(&format!(
@@ -287,6 +287,30 @@ fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_wo
             .any(|l| l.starts_with("lb_reconciles_total{result=\"error\"}") && !l.ends_with(" 0")),
         "{metrics}"
     );
+    // The map that is full shows it, next to its capacity.
+    assert!(
+        metrics.contains("lb_map_entries{map=\"LB4_SERVICES\"} 3")
+            && metrics.contains("lb_map_capacity{map=\"LB4_SERVICES\"} 6"),
+        "{metrics}"
+    );
+    // Everything else is in the maps: past the grace period the node stays
+    // healthy (one oversized service must not take every node out of the
+    // load balancers), and kube-proxy's last sync time moved on.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (code, body) = agent.healthz_get("/healthz");
+    assert_eq!(code, 200, "{body}");
+    let (_, metrics) = agent.http_get("/metrics");
+    let last_sync = metrics
+        .lines()
+        .find(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(now - last_sync < 10.0, "last sync {last_sync}, now {now}");
 }
 
 #[test]

@@ -251,7 +251,8 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
                 }
                 let summary = crate::reconcile::refusal_summary(&refused);
                 warn!("{summary}");
-                self.metrics.reconcile_failed(summary);
+                self.metrics
+                    .reconciled_but_refused(summary, r.state(), r.maps().capacity());
                 false
             }
             Err(e @ ReconcileError::Cancelled { .. }) => {

@@ -127,6 +127,19 @@ impl KubeProxyMetrics {
         }
     }
 
+    /// A sync that was not timed (it refused some services and applied
+    /// the rest) still moves the last sync time on.
+    pub fn synced_at(&self, now: SystemTime) {
+        let unix = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        for family in [AddrFamily::V4, AddrFamily::V6] {
+            self.last_sync
+                .get_or_create(&IpFamilyLabels::of(family))
+                .set(unix);
+        }
+    }
+
     /// A change to `family`'s endpoints reached the maps `seconds` after it
     /// was made upstream.
     pub fn programmed(&self, family: AddrFamily, seconds: f64) {

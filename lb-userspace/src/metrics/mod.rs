@@ -280,6 +280,36 @@ impl Metrics {
         self.services.set(services as i64);
         self.frontends.set(state.frontends().count() as i64);
         self.backends.set(state.backends.len() as i64);
+        self.map_fill(state, cap);
+        let mut h = self.health.lock().unwrap();
+        h.last_updated = Some(SystemTime::now());
+        h.pending_since = None;
+        h.last_error = None;
+    }
+
+    /// Records a reconcile that applied everything but the services it
+    /// refused (input that cannot fit: `ReconcileError::Refused`). Counted
+    /// as an error, named in `last_error` and `lbctl status`, but the maps
+    /// hold everything else: the sync time moves on and nothing is pending,
+    /// so one oversized service does not make every node's /healthz fail
+    /// (and take it out of every load balancer).
+    pub fn reconciled_but_refused(&self, message: String, state: &MapState, cap: MapSizes) {
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                result: "error".into(),
+            })
+            .inc();
+        self.map_fill(state, cap);
+        let now = SystemTime::now();
+        self.kube_proxy.synced_at(now);
+        let mut h = self.health.lock().unwrap();
+        h.last_updated = Some(now);
+        h.pending_since = None;
+        h.last_error = Some(message);
+    }
+
+    /// Entries and capacity of every map a reconcile fills.
+    fn map_fill(&self, state: &MapState, cap: MapSizes) {
         // Every map a reconcile can fill (`Bounded`), so an alert on
         // entries / capacity covers whichever fills first.
         for m in Bounded::ALL {
@@ -305,10 +335,6 @@ impl Metrics {
                 self.map_capacity.get_or_create(&labels).set(max);
             }
         }
-        let mut h = self.health.lock().unwrap();
-        h.last_updated = Some(SystemTime::now());
-        h.pending_since = None;
-        h.last_error = None;
     }
 
     pub fn reconcile_failed(&self, message: String) {
