@@ -233,7 +233,8 @@ fn rolling_replacement_of_every_backend_under_load_fails_no_new_connect_and_keep
 }
 
 #[test]
-fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_working_and_healthy() {
+fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_working_and_healthy()
+{
     let w = World::new("capacity", 3);
     let _servers = w.tcp_servers(8080, false);
     let one = |name: &str, vip: &str, backends: &[usize]| {
@@ -302,7 +303,9 @@ fn a_service_that_does_not_fit_the_maps_is_refused_by_name_and_the_rest_keeps_wo
     let (_, metrics) = agent.http_get("/metrics");
     let last_sync = metrics
         .lines()
-        .find(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}"))
+        .find(|l| {
+            l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}")
+        })
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("{metrics}"));

@@ -165,7 +165,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "0.0.0.0:10256", value_parser = parse_optional_addr, env = "LB_HEALTHZ_ADDRESS")]
     pub healthz_address: OptionalAddr,
     /// /healthz turns unhealthy when an observed change is not in the maps after this long.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "LB_HEALTHZ_GRACE")]
     pub healthz_grace: Duration,
     /// What the node's own sockets and pods get for a Service's external
     /// IPs: `translate` (kube-proxy's semantics, the default: every external
@@ -179,7 +179,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "warn", env = "LB_BPF_LOG_LEVEL")]
     pub bpf_log_level: String,
     /// Drop/trace events per second per CPU before rate limiting.
-    #[arg(long, default_value_t = lb_common::config::DEFAULT_EVENT_RATE)]
+    #[arg(long, default_value_t = lb_common::config::DEFAULT_EVENT_RATE, env = "LB_EVENT_RATE")]
     pub event_rate: u32,
 }
 
