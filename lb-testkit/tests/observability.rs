@@ -226,6 +226,62 @@ fn metrics_endpoint_is_valid_exposition_with_reconcile_map_fill_and_healthz() {
     );
 }
 
+/// The Maglev seed is a cluster-wide setting whose value must not leak:
+/// nodes are compared by its fingerprint, in the metrics (one series per
+/// node, so a dashboard counts the distinct ones) and in `lbctl status`;
+/// without a seed both say `built-in`.
+#[test]
+fn the_maglev_seed_fingerprint_is_exported_and_shown_and_the_seed_is_not() {
+    let w = World::new("maglev_seed", 1);
+    w.write_services(&services(&[0]));
+    let agent = w.start_agent();
+    let (_, body) = agent.http_get("/metrics");
+    let scrape = parse_metrics(&body);
+    assert_eq!(
+        sample(
+            &scrape,
+            "lb_maglev_seed_info",
+            &[("fingerprint", "built-in")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(agent
+        .lbctl(&["status"])
+        .contains("Maglev:    seed built-in"));
+    drop(agent);
+
+    let seed = "Zm9vYmFyYmF6cXV4";
+    let fingerprint = lb::desired::maglev::Seed::from_text(seed)
+        .fingerprint()
+        .to_string();
+    let agent = lb_testkit::agent::Agent::start_with(
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--maglev-hash-seed", seed],
+    );
+    let (_, body) = agent.http_get("/metrics");
+    let scrape = parse_metrics(&body);
+    assert_eq!(
+        sample(
+            &scrape,
+            "lb_maglev_seed_info",
+            &[("fingerprint", &fingerprint)]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(!body.contains(seed), "the seed itself is not exported");
+    let status = agent.lbctl(&["status"]);
+    assert!(
+        status.contains(&format!("Maglev:    seed {fingerprint}")),
+        "{status}"
+    );
+    assert!(!status.contains(seed));
+    assert!(!agent.log_text().contains(seed), "nor logged");
+}
+
 #[test]
 fn lbctl_status_reports_a_missing_pin_directory_clearly() {
     let out = Command::new(sibling_bin("lbctl"))

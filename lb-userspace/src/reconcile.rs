@@ -271,6 +271,11 @@ impl<M: LbMaps> Reconciler<M> {
         self
     }
 
+    /// The settings the desired state is built with.
+    pub fn config(&self) -> &BuildConfig {
+        &self.cfg
+    }
+
     /// Pipelines runs of at least `services` services (0: every run; tests
     /// use it to put small models through the writer thread).
     pub fn with_pipeline_from(mut self, services: usize) -> Self {

@@ -114,6 +114,20 @@ pub struct RunArgs {
     /// at the next sync.
     #[arg(long, default_value_t = lb_common::maps::DEFAULT_MAGLEV_M, env = "LB_MAGLEV_TABLE_SIZE")]
     pub maglev_table_size: u32,
+    /// A cluster-wide seed for the Maglev tables (Cilium's maglev.hashSeed,
+    /// e.g. `head -c12 /dev/urandom | base64`): the same on every node, or
+    /// a flow gets another backend on each. Without one, built-in seeds.
+    /// `lbctl status` and lb_maglev_seed_info show its fingerprint, to
+    /// compare nodes. Changing it moves new flows (established ones keep
+    /// their backend through conntrack and socket LB).
+    #[arg(
+        long,
+        default_value = "",
+        hide_default_value = true,
+        env = "LB_MAGLEV_HASH_SEED",
+        hide_env_values = true
+    )]
+    pub maglev_hash_seed: String,
     /// Source ports for SNAT to remote backends. A client's own port is kept
     /// when it lies in the range (as Linux NAT and Cilium do), which keeps
     /// busy clients clear of their backends' TIME_WAIT; keep the range clear
@@ -264,6 +278,12 @@ impl RunArgs {
     /// is installed: a bad flag changes nothing. `host_netns_cookie`: the
     /// agent's network namespace (`sys::fs::own_netns_cookie`).
     pub fn start_settings(&self, host_netns_cookie: u64) -> anyhow::Result<StartSettings> {
+        if !self.maglev_hash_seed.is_empty() && self.maglev_hash_seed.len() < 12 {
+            anyhow::bail!(
+                "--maglev-hash-seed is {} characters: a seed that short can be guessed; use 12 or more (head -c12 /dev/urandom | base64)",
+                self.maglev_hash_seed.len()
+            );
+        }
         if !crate::desired::maglev::valid_size(self.maglev_table_size) {
             anyhow::bail!(
                 "--maglev-table-size {} is not one of the supported primes: {:?}",
@@ -375,6 +395,25 @@ mod tests {
         .unwrap();
         assert_eq!(s.snat_ports, (40000, 40999));
         assert_eq!(s.lb_mode, lb_common::nodeport::MODE_DSR);
+    }
+
+    #[test]
+    fn a_short_maglev_seed_is_refused_by_flag_and_a_long_one_is_taken() {
+        let e = flags(&["--services", "x.yaml", "--maglev-hash-seed", "short"])
+            .start_settings(1)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("--maglev-hash-seed is 5 characters"),
+            "{e}"
+        );
+        let long = flags(&[
+            "--services",
+            "x.yaml",
+            "--maglev-hash-seed",
+            "Zm9vYmFyYmF6cXV4",
+        ]);
+        assert!(long.start_settings(1).is_ok());
+        assert_eq!(long.maglev_hash_seed, "Zm9vYmFyYmF6cXV4");
     }
 
     #[test]

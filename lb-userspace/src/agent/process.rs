@@ -414,6 +414,7 @@ fn restore(
             } else {
                 Default::default()
             }),
+            maglev_seed: crate::desired::maglev::Seed::from_text(&args.maglev_hash_seed),
         })
         .with_cancel(cancel)
         .with_progress_every(args.reconcile_progress_every);
@@ -482,6 +483,12 @@ fn worker(
     external_ips: crate::desired::ExternalIpsInCluster,
     udp_scans: Arc<crate::agent::worker::UdpScans>,
 ) -> Worker<BpfMaps> {
+    let seed = reconciler.config().maglev_seed.fingerprint().to_string();
+    info!(fingerprint = %seed, "Maglev seed (the same on every node, or flows change backends between nodes)");
+    metrics
+        .maglev_seed
+        .get_or_create(&crate::metrics::SeedLabels { fingerprint: seed })
+        .set(1);
     let worker = Worker::new(
         reconciler,
         metrics.clone(),

@@ -277,6 +277,12 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
         let status = AgentStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
             layout: lb_common::maps::LAYOUT_VERSION,
+            maglev_seed: self
+                .reconciler
+                .config()
+                .maglev_seed
+                .fingerprint()
+                .to_string(),
             refused: refused
                 .iter()
                 .map(|(n, e)| RefusedService {
@@ -308,6 +314,9 @@ pub struct AgentStatus {
     #[serde(default)]
     pub layout: u32,
     pub refused: Vec<RefusedService>,
+    /// The Maglev seed's fingerprint (`desired::maglev::Seed`).
+    #[serde(default)]
+    pub maglev_seed: String,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]

@@ -41,6 +41,9 @@ pub struct Status {
     pub maps: Vec<MapRow>,
     /// Services the agent could not apply (from its status file).
     pub refused: Vec<crate::agent::worker::RefusedService>,
+    /// The Maglev seed's fingerprint (from the status file; None before
+    /// the agent wrote one).
+    pub maglev_seed: Option<String>,
 }
 
 impl Status {
@@ -178,11 +181,14 @@ pub fn gather(pin_dir: &Path) -> Status {
     } else {
         Vec::new()
     };
-    let refused = std::fs::read(crate::agent::status_file(pin_dir))
+    let agent = std::fs::read(crate::agent::status_file(pin_dir))
         .ok()
-        .and_then(|b| serde_json::from_slice::<crate::agent::worker::AgentStatus>(&b).ok())
-        .map(|s| s.refused)
-        .unwrap_or_default();
+        .and_then(|b| serde_json::from_slice::<crate::agent::worker::AgentStatus>(&b).ok());
+    let maglev_seed = agent
+        .as_ref()
+        .map(|s| s.maglev_seed.clone())
+        .filter(|s| !s.is_empty());
+    let refused = agent.map(|s| s.refused).unwrap_or_default();
     Status {
         version: env!("CARGO_PKG_VERSION"),
         kernel: kernel_release(),
@@ -190,6 +196,7 @@ pub fn gather(pin_dir: &Path) -> Status {
         hooks,
         maps,
         refused,
+        maglev_seed,
     }
 }
 
@@ -206,10 +213,11 @@ fn human_bytes(bytes: u64) -> String {
 }
 
 pub fn render_table(s: &Status) -> String {
-    let mut out = format!(
-        "Version:   lbctl {}\nKernel:    {}\n\n",
-        s.version, s.kernel
-    );
+    let mut out = format!("Version:   lbctl {}\nKernel:    {}\n", s.version, s.kernel);
+    if let Some(seed) = &s.maglev_seed {
+        out.push_str(&format!("Maglev:    seed {seed}\n"));
+    }
+    out.push('\n');
     let mut t = vec![["Check".to_string(), "State".into(), "Detail".into()]];
     for c in &s.checks {
         t.push([
@@ -281,6 +289,7 @@ mod tests {
     fn table_matches_golden_output() {
         let s = Status {
             refused: Vec::new(),
+            maglev_seed: None,
             version: "0.1.0",
             kernel: "6.18.0".into(),
             checks: vec![

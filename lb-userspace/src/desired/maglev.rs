@@ -13,9 +13,45 @@
 //! its share of the table follows its weight.
 use xxhash_rust::xxh64::xxh64;
 
-/// Seeds of the two hashes (offset and skip). Part of the cross-node contract.
+/// Seeds of the two hashes (offset and skip). Part of the cross-node
+/// contract; a cluster-wide seed (`Seed`) is mixed into both.
 const SEED_OFFSET: u64 = 0x6d61_676c_6576_3031; // "maglev01"
 const SEED_SKIP: u64 = 0x6d61_676c_6576_3032; // "maglev02"
+
+/// A cluster-wide seed for the tables (`--maglev-hash-seed`, Cilium's
+/// `maglev.hashSeed`): every node must use the same one, or a flow that
+/// reaches two nodes gets two backends. Without one (the default) the
+/// tables are what they always were. With one, which backend a slot holds
+/// cannot be worked out from the backends' names alone, so an outsider
+/// cannot aim flows at one backend. The flow hash that picks the slot in
+/// the programs keeps its fixed seed (`lb_common::nodeport::flow_hash`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seed {
+    value: u64,
+    fingerprint: Option<String>,
+}
+
+impl Seed {
+    /// From the operator's text; empty: none.
+    pub fn from_text(text: &str) -> Self {
+        if text.is_empty() {
+            return Self::default();
+        }
+        let value = xxh64(text.as_bytes(), 0);
+        // Shown and exported instead of the seed, to compare nodes.
+        let fingerprint = format!("{:08x}", xxh64(text.as_bytes(), SEED_OFFSET) >> 32);
+        Self {
+            value,
+            fingerprint: Some(fingerprint),
+        }
+    }
+
+    /// What `lbctl status` and `lb_maglev_seed_info` show: the seed's
+    /// fingerprint, or `built-in`.
+    pub fn fingerprint(&self) -> &str {
+        self.fingerprint.as_deref().unwrap_or("built-in")
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MaglevBackend {
@@ -31,6 +67,11 @@ pub struct MaglevBackend {
 /// order, whatever order they come in, so the table depends on the set only.
 /// Returns an empty table when there is no backend.
 pub fn build(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
+    build_seeded(backends, m, &Seed::default())
+}
+
+/// `build` with a cluster-wide seed mixed into both hashes.
+pub fn build_seeded(backends: &[MaglevBackend], m: u32, seed: &Seed) -> Vec<u32> {
     let mut bs: Vec<&MaglevBackend> = backends.iter().filter(|b| b.weight > 0).collect();
     bs.sort_by(|a, b| a.name.cmp(&b.name));
     bs.dedup_by(|a, b| a.name == b.name);
@@ -41,8 +82,8 @@ pub fn build(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
     let prefs: Vec<Preference> = bs
         .iter()
         .map(|b| Preference {
-            offset: xxh64(b.name.as_bytes(), SEED_OFFSET) % m64,
-            skip: xxh64(b.name.as_bytes(), SEED_SKIP) % (m64 - 1) + 1,
+            offset: xxh64(b.name.as_bytes(), SEED_OFFSET ^ seed.value) % m64,
+            skip: xxh64(b.name.as_bytes(), SEED_SKIP ^ seed.value) % (m64 - 1) + 1,
             id: b.id,
             weight: b.weight,
         })
@@ -118,6 +159,49 @@ mod tests {
             *c.entry(*id).or_default() += 1;
         }
         c
+    }
+
+    /// The seed is a cluster-wide setting: equal seeds (on two nodes) give
+    /// equal tables, another seed another table, none the built-in one;
+    /// a seeded table is still a balanced Maglev table.
+    #[test]
+    fn a_seed_permutes_the_table_alike_on_every_node_and_none_keeps_the_built_in_one() {
+        let bs = backends(10);
+        let none = Seed::from_text("");
+        assert_eq!(none, Seed::default());
+        assert_eq!(none.fingerprint(), "built-in");
+        assert_eq!(build_seeded(&bs, 1021, &none), build(&bs, 1021));
+        let a = Seed::from_text("Zm9vYmFyYmF6cXV4");
+        let a_again = Seed::from_text("Zm9vYmFyYmF6cXV4");
+        let b = Seed::from_text("cXV4YmF6Zm9vYmFy");
+        let ta = build_seeded(&bs, 1021, &a);
+        assert_eq!(
+            ta,
+            build_seeded(&bs, 1021, &a_again),
+            "another node, the same seed"
+        );
+        assert_ne!(ta, build(&bs, 1021), "seeded differs from built-in");
+        assert_ne!(
+            ta,
+            build_seeded(&bs, 1021, &b),
+            "seeds differ, tables differ"
+        );
+        let moved = ta
+            .iter()
+            .zip(build_seeded(&bs, 1021, &b))
+            .filter(|(x, y)| **x != *y)
+            .count();
+        assert!(
+            moved > 1021 / 2,
+            "another seed reshuffles most slots: {moved}"
+        );
+        for c in counts(&ta).values() {
+            assert!((92..=112).contains(c), "balanced: {:?}", counts(&ta));
+        }
+        assert_eq!(a.fingerprint(), a_again.fingerprint());
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint().len(), 8);
+        assert!(!"Zm9vYmFyYmF6cXV4".contains(a.fingerprint()));
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct BuildConfig {
     /// external IP among them is translated for sockets and pods too; any
     /// other is marked `SVC_FLAG_FOREIGN_EXTERNAL_IP` (CVE-2020-8554).
     pub node_addresses: std::sync::Arc<std::collections::BTreeSet<std::net::IpAddr>>,
+    /// The cluster-wide seed of the Maglev tables (`--maglev-hash-seed`).
+    pub maglev_seed: maglev::Seed,
 }
 
 impl Default for BuildConfig {
@@ -75,6 +77,7 @@ impl Default for BuildConfig {
             maglev_m: lb_common::maps::DEFAULT_MAGLEV_M,
             external_ips_in_cluster: ExternalIpsInCluster::default(),
             node_addresses: Default::default(),
+            maglev_seed: maglev::Seed::default(),
         }
     }
 }
@@ -353,7 +356,7 @@ fn build_frontend(
         &active_named
     };
     let maglev = (fe.algorithm == Algorithm::Maglev && !maglev_set.is_empty())
-        .then(|| Arc::new(maglev::build(maglev_set, maglev_m)));
+        .then(|| Arc::new(maglev::build_seeded(maglev_set, maglev_m, &cfg.maglev_seed)));
     let affinity = match fe.affinity_timeout_s {
         None => Vec::new(),
         Some(_) if !active.is_empty() => active,

@@ -39,6 +39,11 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SeedLabels {
+    pub fingerprint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceErrorLabels {
     pub source: String,
     pub reason: String,
@@ -50,6 +55,8 @@ pub struct Metrics {
     pub propagation_delay: Histogram,
     pub network_programming: Histogram,
     pub reconciles: Family<ResultLabels, Counter>,
+    /// 1 under the Maglev seed's fingerprint: every node should show the same.
+    pub maglev_seed: Family<SeedLabels, Gauge>,
     pub map_writes: Counter,
     pub services: Gauge,
     pub frontends: Gauge,
@@ -97,6 +104,7 @@ impl Metrics {
             // 1 ms .. ~9 min
             network_programming: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
             reconciles: Family::default(),
+            maglev_seed: Family::default(),
             map_writes: Counter::default(),
             services: Gauge::default(),
             frontends: Gauge::default(),
@@ -113,6 +121,11 @@ impl Metrics {
         };
         m.kube_proxy.register(&mut root);
         let registry = root.sub_registry_with_prefix("lb");
+        registry.register(
+            "maglev_seed_info",
+            "1 under the fingerprint of the Maglev tables' seed (built-in: none set); nodes that differ pick different backends for one flow",
+            m.maglev_seed.clone(),
+        );
         registry.register(
             "health_check_listen_errors",
             "healthCheckNodePorts that could not be opened (each failure streak once)",
