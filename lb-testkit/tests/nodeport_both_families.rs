@@ -54,6 +54,8 @@ struct IcmpSeen<A> {
     code: u8,
     rest: [u8; 4],
     quoted: (A, A, u16, u16),
+    /// The quoted bytes (after the ICMP header).
+    quote: Vec<u8>,
 }
 
 /// What a test needs to know of an address family.
@@ -77,6 +79,12 @@ trait Family {
     const DNS_BACKEND: &'static str;
     /// An address no frontend of `SERVICES` uses.
     const STRANGER: &'static str;
+    /// What an error quotes at least: the IP header and 8 bytes.
+    const QUOTE_MIN: usize;
+    /// Bytes of the quote the program chooses: IPv4's quoted IP id (and so
+    /// its header checksum) make a TCP error right even where the skb still
+    /// asks for a checksum offload (packet/icmp.rs, `reply`).
+    const QUOTE_CHOSEN: &'static [usize];
     /// (type, code) of port unreachable and of time exceeded.
     const PORT_UNREACHABLE: (u8, u8);
     const TIME_EXCEEDED: (u8, u8);
@@ -110,6 +118,19 @@ trait Family {
     fn ct(dp: &Dataplane, key: &CtKey<Self::Words>) -> Option<CtValue<Self::Words>>;
     /// The 32 bits the frontend filter hashes for an address.
     fn filter_fold(a: Self::Addr) -> u32;
+
+    /// The first `QUOTE_MIN` bytes of `quote` equal the IP packet of
+    /// `sent` (a frame), but for the bytes the program chooses.
+    fn quotes(quote: &[u8], sent: &[u8]) -> bool {
+        let mask = |b: &[u8]| -> Vec<u8> {
+            let mut b = b[..Self::QUOTE_MIN].to_vec();
+            for i in Self::QUOTE_CHOSEN {
+                b[*i] = 0;
+            }
+            b
+        };
+        mask(quote) == mask(&sent[14..])
+    }
 
     fn addr(s: &str) -> Self::Addr {
         s.parse().unwrap()
@@ -151,6 +172,8 @@ impl Family for V4 {
     const DNS_LB: &'static str = "203.0.113.10";
     const DNS_BACKEND: &'static str = "10.244.2.20";
     const STRANGER: &'static str = "198.51.100.1";
+    const QUOTE_MIN: usize = 28;
+    const QUOTE_CHOSEN: &'static [usize] = &[4, 5, 10, 11];
     const PORT_UNREACHABLE: (u8, u8) = (3, 3);
     const TIME_EXCEEDED: (u8, u8) = (11, 0);
 
@@ -243,6 +266,7 @@ impl Family for V4 {
                 u16::from_be_bytes([l4[0], l4[1]]),
                 u16::from_be_bytes([l4[2], l4[3]]),
             ),
+            quote: frame[v.icmp_offset + 8..].to_vec(),
         }
     }
 
@@ -274,6 +298,8 @@ impl Family for V6 {
     const DNS_LB: &'static str = "2001:db8:113::10";
     const DNS_BACKEND: &'static str = "fd00:244:2::20";
     const STRANGER: &'static str = "2001:db8:99::1";
+    const QUOTE_MIN: usize = 48;
+    const QUOTE_CHOSEN: &'static [usize] = &[];
     const PORT_UNREACHABLE: (u8, u8) = (1, 4);
     const TIME_EXCEEDED: (u8, u8) = (3, 0);
 
@@ -350,6 +376,7 @@ impl Family for V6 {
                 v.quoted_sport,
                 v.quoted_dport,
             ),
+            quote: frame[14 + 40 + 8..].to_vec(),
         }
     }
 
@@ -544,9 +571,15 @@ fn dsr_carries_the_frontend_to_the_backends_node_which_strips_it_and_answers_fro
     // On the backend's node (the same programs), with a NIC that sums
     // frames (CHECKSUM_COMPLETE): learned, stripped, and skb->csum still
     // right (BPF_PROG_TEST_RUN checks it: EBADMSG otherwise; Linux 6.17+).
+    let (rc_plain, stripped_plain) = dp.tc_ingress(&out);
     let (rc, stripped) = dp
         .tc_ingress_checksum_complete(&out)
         .expect("BPF_PROG_TEST_RUN with BPF_F_TEST_SKB_CHECKSUM_COMPLETE");
+    assert_eq!(
+        (rc_plain, &stripped_plain),
+        (rc, &stripped),
+        "a plain skb is stripped the same"
+    );
     assert_eq!(rc, TC_ACT_OK, "delivered to the local pod");
     let s = F::seen(&stripped);
     assert_eq!(s.dsr, None, "stripped");
@@ -635,6 +668,12 @@ fn a_frontend_without_endpoints_answers_port_unreachable_and_counts_the_reason<F
         (F::CLIENT, F::NODE, 40030, F::NP_EMPTY),
         "quotes what the client sent"
     );
+    assert!(
+        F::quotes(&v.quote, &syn),
+        "byte for byte, the IP header and 8 bytes: {:?} for {:?}",
+        &v.quote[..F::QUOTE_MIN],
+        &syn[14..14 + F::QUOTE_MIN]
+    );
     assert_eq!(dp.drops("no-backend"), before + 1);
     assert_eq!(dp.counter(CNT_ICMP_SENT), sent + 1);
     let (rc, out) = dp.xdp(&syn);
@@ -667,7 +706,17 @@ fn the_hop_count_is_decremented_and_a_packet_whose_count_runs_out_gets_time_exce
     let v = F::icmp(&out);
     assert_eq!((v.ty, v.code), F::TIME_EXCEEDED);
     assert_eq!((v.saddr, v.daddr), (F::NODE, F::CLIENT));
+    assert_eq!(
+        (v.eth_dst, v.eth_src),
+        (CLIENT_MAC, EXT0_MAC),
+        "back to the sender"
+    );
     assert_eq!(v.quoted, (F::CLIENT, F::NODE, 41901, F::NP_REMOTE));
+    assert!(
+        F::quotes(&v.quote, &last_hop),
+        "{:?}",
+        &v.quote[..F::QUOTE_MIN]
+    );
     assert_eq!(dp.drops("ttl-exceeded"), before + 1);
 }
 

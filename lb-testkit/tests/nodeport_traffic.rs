@@ -693,10 +693,15 @@ fn native_xdp_on_a_veth_whose_peer_has_no_program_is_refused_and_best_effort_use
             && err.contains("best-effort"),
         "the refusal names the device, its peer and what a veth needs:\n{err}"
     );
+    let pinned: Vec<_> = std::fs::read_dir(&c.a.pins.path)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
     assert!(
-        !c.a.pins.path.join(lb_common::maps::LB4_SERVICES).exists(),
-        "refused before anything was loaded"
+        pinned.is_empty(),
+        "refused before anything was loaded: {pinned:?}"
     );
+    let xdp_link =
+        lb::datapath::PinLayout::new(&c.a.pins.path).link(&format!("xdp@{}", c.a.device));
 
     start_nodes(&mut c, &["--acceleration", "best-effort"]);
     let log = c.a.agent.as_ref().unwrap().log_text();
@@ -704,6 +709,7 @@ fn native_xdp_on_a_veth_whose_peer_has_no_program_is_refused_and_best_effort_use
         log.contains("no native XDP") && log.contains("is a veth whose peer na0"),
         "{log}"
     );
+    assert!(!xdp_link.exists(), "best-effort attached no XDP there");
     bulk_both_ways(&c, 30090, "best-effort on a veth whose peer has no program");
     assert_eq!(
         Cluster::counter(&c.a, lb_common::config::CNT_XDP_PUNTED),
@@ -721,5 +727,6 @@ fn native_xdp_on_a_veth_whose_peer_has_no_program_is_refused_and_best_effort_use
         log.contains("XDP ready") && log.contains("full checksums"),
         "native attaches once the peer has a program, and says what it cannot check:\n{log}"
     );
+    assert!(xdp_link.exists(), "native XDP attached and pinned");
     bulk_both_ways(&c, 30090, "native XDP on a veth whose peer has a program");
 }

@@ -278,10 +278,10 @@ impl RunArgs {
     /// is installed: a bad flag changes nothing. `host_netns_cookie`: the
     /// agent's network namespace (`sys::fs::own_netns_cookie`).
     pub fn start_settings(&self, host_netns_cookie: u64) -> anyhow::Result<StartSettings> {
-        if !self.maglev_hash_seed.is_empty() && self.maglev_hash_seed.len() < 12 {
+        let seed_chars = self.maglev_hash_seed.chars().count();
+        if seed_chars > 0 && seed_chars < 12 {
             anyhow::bail!(
-                "--maglev-hash-seed is {} characters: a seed that short can be guessed; use 12 or more (head -c12 /dev/urandom | base64)",
-                self.maglev_hash_seed.len()
+                "--maglev-hash-seed is {seed_chars} characters: a seed that short can be guessed; use 12 or more (head -c12 /dev/urandom | base64)"
             );
         }
         if !crate::desired::maglev::valid_size(self.maglev_table_size) {

@@ -251,8 +251,12 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
                 }
                 let summary = crate::reconcile::refusal_summary(&refused);
                 warn!("{summary}");
-                self.metrics
-                    .reconciled_but_refused(summary, r.state(), r.maps().capacity());
+                self.metrics.reconciled_but_refused(
+                    summary,
+                    r.state(),
+                    target.services.len(),
+                    r.maps().capacity(),
+                );
                 false
             }
             Err(e @ ReconcileError::Cancelled { .. }) => {

@@ -155,7 +155,22 @@ mod tests {
                 );
             }
         }
-        assert_eq!(Bounded::RevNat(Family::V6).flag(), "--map-size-services");
+        // What each is meant to be sized by, written out: a catalog row
+        // pointing at another flag fails here.
+        let expected = [
+            "--map-size-services",
+            "--map-size-backends",
+            "--map-size-services",
+            "--map-size-services",
+            "--map-size-backends",
+            "--map-size-services",
+            "--map-size-maglev",
+            "--map-size-services",
+            "--map-size-services",
+            "--map-size-source-ranges",
+        ];
+        let flags: Vec<&str> = Bounded::ALL.iter().map(|m| m.flag()).collect();
+        assert_eq!(flags, expected);
     }
 
     #[test]

@@ -306,12 +306,21 @@ impl Metrics {
     /// hold everything else: the sync time moves on and nothing is pending,
     /// so one oversized service does not make every node's /healthz fail
     /// (and take it out of every load balancer).
-    pub fn reconciled_but_refused(&self, message: String, state: &MapState, cap: MapSizes) {
+    pub fn reconciled_but_refused(
+        &self,
+        message: String,
+        state: &MapState,
+        services: usize,
+        cap: MapSizes,
+    ) {
         self.reconciles
             .get_or_create(&ResultLabels {
                 result: "error".into(),
             })
             .inc();
+        self.services.set(services as i64);
+        self.frontends.set(state.frontends().count() as i64);
+        self.backends.set(state.backends.len() as i64);
         self.map_fill(state, cap);
         let now = SystemTime::now();
         self.kube_proxy.synced_at(now);

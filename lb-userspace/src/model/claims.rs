@@ -172,5 +172,22 @@ mod tests {
         assert_eq!(claims.rival(&id(), &b), None, "b is alone");
         assert_eq!(claims.release(id(), &b), None);
         assert!(claims.is_empty(), "a frontend nobody claims is forgotten");
+
+        // Every order of claims ends with the first by name owning it.
+        let names = [a.clone(), b.clone(), c.clone()];
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let mut claims = FrontendClaims::default();
+            for i in order {
+                claims.claim(id(), &names[i]);
+            }
+            assert_eq!(claims.owner(&id()), Some(&a), "{order:?}");
+        }
     }
 }

@@ -174,6 +174,9 @@ fn messages(b: &[u8], mut f: impl FnMut(u16, Link)) -> io::Result<bool> {
         match ty {
             NLMSG_DONE => return Ok(false),
             NLMSG_ERROR => {
+                if len < NLMSG_HDRLEN + 4 {
+                    return Err(io::Error::other("truncated netlink error message"));
+                }
                 let code = i32::from_ne_bytes(b[off + 16..off + 20].try_into().unwrap());
                 if code != 0 {
                     return Err(io::Error::from_raw_os_error(-code));

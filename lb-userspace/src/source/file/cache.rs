@@ -66,8 +66,11 @@ impl Claims {
     fn add(&mut self, spec: &ServiceSpec, service: &Service) -> bool {
         let name = ServiceName::new(&spec.namespace, &spec.name);
         let mut ok = self.names.insert(name.clone());
+        let mut own = HashSet::default();
         for fe in &service.frontends {
             let id = frontend_id(fe);
+            // Twice in one service, or another service's: refused.
+            ok &= own.insert(id);
             self.frontends.claim(id, &name);
             ok &= self.frontends.rival(&id, &name).is_none();
         }

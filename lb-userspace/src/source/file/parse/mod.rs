@@ -161,8 +161,20 @@ impl<'a> Converter<'a> {
                 service
             }
         };
+        let mut own = crate::collections::HashSet::default();
         for fe in &service.frontends {
             let id = frontend_id(fe);
+            if !own.insert(id) {
+                return Err(err(
+                    at.clone(),
+                    format!(
+                        "{}:{}/{} is a frontend of this service twice (a node address among externalIPs or loadBalancerIPs on its NodePort?); give each its own address or port",
+                        fe.address,
+                        fe.port,
+                        fe.protocol.as_str()
+                    ),
+                ));
+            }
             self.frontends.claim(id, &name);
             if let Some(prev) = self.frontends.rival(&id, &name) {
                 let pi = self.index_of.get(prev).copied().unwrap_or_default();
@@ -360,6 +372,32 @@ services:
                 .contains("already a frontend of services[0] (default/a)"),
             "{e}"
         );
+    }
+
+    /// One service naming the same frontend twice (a node address among its
+    /// externalIPs, on its own NodePort) is refused, whole parse and
+    /// incremental read alike, as another service's would be.
+    #[test]
+    fn a_service_that_repeats_its_own_frontend_is_refused() {
+        let ctx = FileContext {
+            nodeport_addresses: vec!["192.168.1.2".parse().unwrap()],
+            ..Default::default()
+        };
+        let yaml = "services:\n- {name: a, type: NodePort, clusterIPs: [10.96.0.1], externalIPs: [192.168.1.2], ports: [{port: 30001, nodePort: 30001}]}\n";
+        let e = parse_with(yaml, &ctx).unwrap_err();
+        assert_eq!(e.field, "services[0]");
+        assert!(
+            e.message
+                .contains("192.168.1.2:30001/TCP is a frontend of this service twice"),
+            "{e}"
+        );
+        // An edit into it, read incrementally after a good read.
+        let mut cache = super::super::cache::FileCache::default();
+        cache
+            .read(&yaml.replace("externalIPs: [192.168.1.2], ", ""), &ctx)
+            .unwrap();
+        let e = cache.read(yaml, &ctx).unwrap_err();
+        assert!(e.message.contains("twice"), "{e}");
     }
 
     fn bad(yaml: &str) -> FileError {
