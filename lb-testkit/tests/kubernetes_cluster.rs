@@ -545,13 +545,21 @@ fn cluster_policy_reaches_pods_on_other_nodes_with_snat_dsr_and_hybrid_bulk_a_32
                 .unwrap_or_else(|e| panic!("{mode}: port {port} to {lb}: {e}\n{}", report(&c)));
             let n = &c.nodes[usize::from(k) % 3];
             let target = SocketAddr::from((ip(n), np));
+            let before = timed_out;
             let (pod, peer) = ask_counting_timeouts(&c, target, Some(port), &mut timed_out)
                 .unwrap_or_else(|e| {
                     panic!("{mode}: port {port} again to {target}: {e}\n{}", report(&c))
                 });
+            // A timed-out connect (the backend's TIME_WAIT refusing the
+            // reused tuple, PAWS) is answered from a new client port.
+            let client_port = if timed_out > before {
+                peer.port()
+            } else {
+                port
+            };
             let local = pods.iter().any(|(p, node)| *p == pod && *node == n.name);
             let want = if local || mode != "snat" {
-                SocketAddr::from((fabric::CLIENT, port))
+                SocketAddr::from((fabric::CLIENT, client_port))
             } else {
                 SocketAddr::from((ip(n), peer.port()))
             };
