@@ -393,6 +393,53 @@ impl Family for V6 {
     }
 }
 
+/// The TCP conntrack key of a tuple (ports in host order) and entry kind.
+fn tcp_key<F: Family>(
+    saddr: F::Addr,
+    daddr: F::Addr,
+    sport: u16,
+    dport: u16,
+    kind: u8,
+) -> CtKey<F::Words> {
+    CtKey::new(
+        F::words(saddr),
+        F::words(daddr),
+        sport.to_be(),
+        dport.to_be(),
+        6,
+        kind,
+    )
+}
+
+/// A pod's SYN-ACK from `backend` to the client's `client_port`, through
+/// tc egress: it must leave from the node's `nodeport`.
+fn pod_reply_leaves_from_the_nodeport<F: Family>(
+    dp: &Dataplane,
+    backend: F::Addr,
+    client_port: u16,
+    nodeport: u16,
+) {
+    let reply = F::tcp(
+        [0; 6],
+        CLIENT_MAC,
+        backend,
+        F::CLIENT,
+        8080,
+        client_port,
+        SYN | ACK,
+        b"",
+        64,
+    );
+    let (rc, out) = dp.tc_egress(&reply);
+    assert_eq!(rc, TC_ACT_OK);
+    let v = F::seen(&out);
+    assert_eq!(
+        (v.saddr, v.sport, v.daddr, v.dport),
+        (F::NODE, nodeport, F::CLIENT, client_port),
+        "the reply leaves from the NodePort"
+    );
+}
+
 /// Recomputes the IPv4 header checksum after a test edited the header
 /// (options included).
 fn fix_ipv4_checksum(frame: &mut [u8]) {
@@ -442,25 +489,7 @@ fn a_nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_n
     assert_eq!(v.payload, b"hello");
     assert_eq!(v.hops, 64, "delivered here, not routed: no decrement");
 
-    let reply = F::tcp(
-        [0; 6],
-        CLIENT_MAC,
-        backend,
-        F::CLIENT,
-        8080,
-        40000,
-        SYN | ACK,
-        b"",
-        64,
-    );
-    let (rc, out) = dp.tc_egress(&reply);
-    assert_eq!(rc, TC_ACT_OK);
-    let v = F::seen(&out);
-    assert_eq!(
-        (v.saddr, v.sport, v.daddr, v.dport),
-        (F::NODE, F::NP_LOCAL, F::CLIENT, 40000),
-        "the reply leaves from the NodePort"
-    );
+    pod_reply_leaves_from_the_nodeport::<F>(&dp, backend, 40000, F::NP_LOCAL);
 }
 
 fn a_nodeport_to_a_remote_backend_is_snatted_redirected_and_the_reply_comes_back_through_us<
@@ -491,26 +520,12 @@ fn a_nodeport_to_a_remote_backend_is_snatted_redirected_and_the_reply_comes_back
 
     // Both conntrack entries, in network byte order.
     let w = F::words;
-    let fwd = CtKey::new(
-        w(F::CLIENT),
-        w(F::NODE),
-        40001u16.to_be(),
-        F::NP_REMOTE.to_be(),
-        6,
-        CT_SERVICE,
-    );
+    let fwd = tcp_key::<F>(F::CLIENT, F::NODE, 40001, F::NP_REMOTE, CT_SERVICE);
     let e = F::ct(&dp, &fwd).expect("forward entry");
     assert_eq!(e.addr, w(backend));
     assert_eq!((e.nat_addr, u16::from_be(e.nat_port)), (w(F::NODE), port));
     assert_ne!(e.flags & CT_F_SNAT, 0);
-    let rev = CtKey::new(
-        w(backend),
-        w(F::NODE),
-        8080u16.to_be(),
-        port.to_be(),
-        6,
-        CT_REVERSE,
-    );
+    let rev = tcp_key::<F>(backend, F::NODE, 8080, port, CT_REVERSE);
     let r = F::ct(&dp, &rev).expect("reverse entry under the SNAT port");
     assert_eq!(r.nat_addr, w(F::CLIENT));
 
@@ -584,36 +599,11 @@ fn dsr_carries_the_frontend_to_the_backends_node_which_strips_it_and_answers_fro
     let s = F::seen(&stripped);
     assert_eq!(s.dsr, None, "stripped");
     assert_eq!((s.saddr, s.daddr, s.dport), (F::CLIENT, backend, 8080));
-    let reverse = CtKey::new(
-        F::words(backend),
-        F::words(F::CLIENT),
-        8080u16.to_be(),
-        40200u16.to_be(),
-        6,
-        CT_REVERSE,
-    );
+    let reverse = tcp_key::<F>(backend, F::CLIENT, 8080, 40200, CT_REVERSE);
     let learned = F::ct(&dp, &reverse).expect("the learned reply entry");
     assert_ne!(learned.flags & CT_F_DSR, 0);
     // ...and the pod's reply leaves from the frontend, straight to the client.
-    let reply = F::tcp(
-        [0; 6],
-        CLIENT_MAC,
-        backend,
-        F::CLIENT,
-        8080,
-        40200,
-        SYN | ACK,
-        b"",
-        64,
-    );
-    let (rc, out) = dp.tc_egress(&reply);
-    assert_eq!(rc, TC_ACT_OK);
-    let r = F::seen(&out);
-    assert_eq!(
-        (r.saddr, r.sport, r.daddr, r.dport),
-        (F::NODE, F::NP_REMOTE, F::CLIENT, 40200),
-        "the reply leaves from the NodePort"
-    );
+    pod_reply_leaves_from_the_nodeport::<F>(&dp, backend, 40200, F::NP_REMOTE);
 
     let (_, out) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 40200, ACK, b"x"));
     assert_eq!(F::seen(&out).dsr, None, "only the SYN carries it");
@@ -746,12 +736,11 @@ fn a_dsr_option_naming_a_frontend_this_node_does_not_serve_is_rejected<F: Family
     let (rc, _) = dp.tc_ingress(&with);
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(dp.drops("dsr-rejected"), before + 1);
-    let learned = CtKey::new(
-        F::words(F::addr(F::LOCAL_BACKEND)),
-        F::words(F::CLIENT),
-        8080u16.to_be(),
-        42500u16.to_be(),
-        6,
+    let learned = tcp_key::<F>(
+        F::addr(F::LOCAL_BACKEND),
+        F::CLIENT,
+        8080,
+        42500,
         CT_REVERSE,
     );
     assert_eq!(F::ct(&dp, &learned), None, "nothing learned");
