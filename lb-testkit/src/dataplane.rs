@@ -317,6 +317,7 @@ impl Dataplane {
     }
 
     pub fn config(&self, index: u32, value: u32) {
+        use lb::datapath::config::ConfigSlots as _;
         RuntimeConfig::open(&self.pins.path)
             .unwrap()
             .set(index, value)

@@ -12,16 +12,6 @@ use lb_common::config::{
 };
 
 pub use crate::datapath::config::ConfigSlots;
-use crate::datapath::config::RuntimeConfig;
-
-impl ConfigSlots for RuntimeConfig {
-    fn get(&self, index: u32) -> anyhow::Result<u32> {
-        RuntimeConfig::get(self, index)
-    }
-    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
-        RuntimeConfig::set(self, index, value)
-    }
-}
 
 /// Conntrack timeouts (north-south path).
 #[derive(Clone, Copy, Debug)]

@@ -11,7 +11,10 @@ use anyhow::bail;
 use clap::{Parser, Subcommand, ValueEnum};
 use lb::{
     cli::{self, Output},
-    datapath::{self, config::RuntimeConfig},
+    datapath::{
+        self,
+        config::{ConfigSlots as _, RuntimeConfig},
+    },
     maps::{bpf::BpfMaps, LbMaps as _},
     monitor::{self, reader::EventReader},
 };

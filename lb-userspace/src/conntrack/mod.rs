@@ -20,6 +20,7 @@ use crate::collections::{HashMap, HashSet};
 
 /// The lifetimes the programs use, from LB_CONFIG.
 pub fn timeouts(config: &crate::datapath::config::RuntimeConfig) -> anyhow::Result<CtTimeouts> {
+    use crate::datapath::config::ConfigSlots as _;
     Ok(CtTimeouts {
         tcp: config.get(CFG_CT_TCP_S)?,
         tcp_syn: config.get(CFG_CT_TCP_SYN_S)?,

@@ -170,19 +170,20 @@ pub struct RuntimeConfig {
     map: Array<MapData, u32>,
 }
 
+impl ConfigSlots for RuntimeConfig {
+    fn get(&self, index: u32) -> anyhow::Result<u32> {
+        ConfigSlots::get(&self.map, index)
+    }
+    fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
+        ConfigSlots::set(&mut self.map, index, value)
+    }
+}
+
 impl RuntimeConfig {
     pub fn open(pin_dir: &Path) -> anyhow::Result<Self> {
         Ok(Self {
             map: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
         })
-    }
-
-    pub fn get(&self, index: u32) -> anyhow::Result<u32> {
-        ConfigSlots::get(&self.map, index)
-    }
-
-    pub fn set(&mut self, index: u32, value: u32) -> anyhow::Result<()> {
-        ConfigSlots::set(&mut self.map, index, value)
     }
 
     /// Every setting with its current value. An unset log level or rate

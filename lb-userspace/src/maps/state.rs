@@ -23,7 +23,8 @@ pub struct MapState {
     pub maglev: HashMap<u32, Arc<Vec<u32>>>,
     /// LB4_SRC_RANGES: service id → its loadBalancerSourceRanges.
     pub source_ranges: HashMap<u32, BTreeSet<Cidr>>,
-    source_range_entries: usize,
+    /// Source-range entries per family (LB4_SRC_RANGES, LB6_SRC_RANGES).
+    source_range_entries: [usize; 2],
     /// backend id → number of slots naming it.
     backend_refs: HashMap<u32, u32>,
     /// address → number of ClusterIP frontends on it (the VIP marker's users).
@@ -183,13 +184,13 @@ impl MapState {
             }
             MapOp::UpsertSourceRange(svc, range) => {
                 if self.source_ranges.entry(svc).or_default().insert(range) {
-                    self.source_range_entries += 1;
+                    self.source_range_entries[fam(&range.address)] += 1;
                 }
             }
             MapOp::DeleteSourceRange(svc, range) => {
                 if let Some(set) = self.source_ranges.get_mut(&svc) {
                     if set.remove(&range) {
-                        self.source_range_entries -= 1;
+                        self.source_range_entries[fam(&range.address)] -= 1;
                     }
                     if set.is_empty() {
                         self.source_ranges.remove(&svc);
@@ -329,9 +330,15 @@ impl MapState {
             .collect()
     }
 
-    /// LB4_SRC_RANGES entries.
+    /// Source-range entries of both families (the capacity check counts
+    /// them together).
     pub fn source_range_entries(&self) -> usize {
-        self.source_range_entries
+        self.source_range_entries.iter().sum()
+    }
+
+    /// Source-range entries of one family's map.
+    pub fn source_range_entries_of(&self, family: Family) -> usize {
+        self.source_range_entries[usize::from(family == Family::V6)]
     }
 
     pub fn affinity_entries(&self) -> usize {
@@ -342,5 +349,37 @@ impl MapState {
     pub fn counts(&self, family: Family) -> (usize, usize, usize) {
         let c = self.sizes[family as usize];
         (c.services, c.backends, c.revnat)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each family's source-range map is counted on its own, and together
+    /// for the capacity check; an entry written twice counts once.
+    #[test]
+    fn source_range_entries_are_counted_per_family() {
+        let mut s = MapState::default();
+        let v4: Cidr = "10.0.0.0/8".parse().unwrap();
+        let v6: Cidr = "fd00::/64".parse().unwrap();
+        for op in [
+            MapOp::UpsertSourceRange(1, v4),
+            MapOp::UpsertSourceRange(1, v4),
+            MapOp::UpsertSourceRange(1, v6),
+            MapOp::UpsertSourceRange(2, v6),
+        ] {
+            s.apply(&op);
+        }
+        assert_eq!(
+            (
+                s.source_range_entries_of(Family::V4),
+                s.source_range_entries_of(Family::V6),
+                s.source_range_entries()
+            ),
+            (1, 2, 3)
+        );
+        s.apply(&MapOp::DeleteSourceRange(2, v6));
+        assert_eq!(s.source_range_entries_of(Family::V6), 1);
     }
 }

@@ -117,14 +117,12 @@ impl KubeProxyMetrics {
 
     /// A reconcile that took `seconds` wrote its changes at `now`.
     pub fn synced(&self, seconds: f64, now: SystemTime) {
-        let unix = now
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
         for family in [AddrFamily::V4, AddrFamily::V6] {
-            let labels = IpFamilyLabels::of(family);
-            self.sync_duration.get_or_create(&labels).observe(seconds);
-            self.last_sync.get_or_create(&labels).set(unix);
+            self.sync_duration
+                .get_or_create(&IpFamilyLabels::of(family))
+                .observe(seconds);
         }
+        self.synced_at(now);
     }
 
     /// A sync that was not timed (it refused some services and applied

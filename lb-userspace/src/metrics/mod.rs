@@ -24,7 +24,7 @@ use prometheus_client::{
 };
 
 use crate::{
-    maps::{capacity::Bounded, MapSizes, MapState},
+    maps::{capacity::Bounded, Family as AddrFamily, MapSizes, MapState},
     reconcile::ReconcileStats,
 };
 
@@ -290,14 +290,8 @@ impl Metrics {
             self.propagation_delay.observe(t.elapsed().as_secs_f64());
         }
         self.map_writes.inc_by(stats.ops as u64);
-        self.services.set(services as i64);
-        self.frontends.set(state.frontends().count() as i64);
-        self.backends.set(state.backends.len() as i64);
-        self.map_fill(state, cap);
-        let mut h = self.health.lock().unwrap();
-        h.last_updated = Some(SystemTime::now());
-        h.pending_since = None;
-        h.last_error = None;
+        self.state_gauges(state, services, cap);
+        self.in_sync(SystemTime::now(), None);
     }
 
     /// Records a reconcile that applied everything but the services it
@@ -318,16 +312,27 @@ impl Metrics {
                 result: "error".into(),
             })
             .inc();
+        self.state_gauges(state, services, cap);
+        let now = SystemTime::now();
+        self.kube_proxy.synced_at(now);
+        self.in_sync(now, Some(message));
+    }
+
+    /// The maps hold what the sources said (`error`: what was left out).
+    fn in_sync(&self, now: SystemTime, error: Option<String>) {
+        let mut h = self.health.lock().unwrap();
+        h.last_updated = Some(now);
+        h.pending_since = None;
+        h.last_error = error;
+    }
+
+    /// What the maps hold after a reconcile: services, frontends, backends,
+    /// and every map's fill.
+    fn state_gauges(&self, state: &MapState, services: usize, cap: MapSizes) {
         self.services.set(services as i64);
         self.frontends.set(state.frontends().count() as i64);
         self.backends.set(state.backends.len() as i64);
         self.map_fill(state, cap);
-        let now = SystemTime::now();
-        self.kube_proxy.synced_at(now);
-        let mut h = self.health.lock().unwrap();
-        h.last_updated = Some(now);
-        h.pending_since = None;
-        h.last_error = Some(message);
     }
 
     /// Entries and capacity of every map a reconcile fills.
@@ -338,15 +343,15 @@ impl Metrics {
             let max = i64::from(m.max(&cap));
             let per_map: Vec<(&str, usize)> = if m == Bounded::SourceRanges {
                 // Counted together by the checks; each family has its map.
-                let v4 = state
-                    .source_ranges
-                    .values()
-                    .flatten()
-                    .filter(|c| c.address.is_ipv4())
-                    .count();
                 vec![
-                    (lb_common::maps::LB4_SRC_RANGES, v4),
-                    (lb_common::maps::LB6_SRC_RANGES, m.len(state) - v4),
+                    (
+                        lb_common::maps::LB4_SRC_RANGES,
+                        state.source_range_entries_of(AddrFamily::V4),
+                    ),
+                    (
+                        lb_common::maps::LB6_SRC_RANGES,
+                        state.source_range_entries_of(AddrFamily::V6),
+                    ),
                 ]
             } else {
                 vec![(m.map(), m.len(state))]
