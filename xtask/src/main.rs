@@ -21,17 +21,19 @@ tasks:
           every test (unit, real-kernel integration, a real control plane and node, the upstream
           Services conformance tests; needs root)
   testbed build the Kubernetes test bed (testbed/: apiserver, controller manager, kubectl from
-          the upstream Go modules) into target/testbed
+          the upstream Go modules, and the real kube-proxy) into target/testbed
   cluster up [--node|--nodes N]|down|status
           a real control plane (etcd, kube-apiserver, kube-controller-manager) in a network
           namespace of its own, with kubeconfigs in target/cluster; --node adds the scheduler,
           a kubelet with containerd, the agent as its DaemonSet pod and CoreDNS; --nodes N
           makes N such nodes, each in a namespace of its own on one bridge, with an outside client
-  conformance [--nodes N] [--focus REGEX] [--skip REGEX]
+  conformance [--nodes N] [--proxy agent|kube-proxy-MODE] [--focus REGEX] [--skip REGEX]
           Kubernetes' own e2e tests (upstream e2e.test, v1.35.8) against the test bed (3 nodes
           unless --nodes says otherwise) with the agent in place of kube-proxy; default focus:
           the Services conformance tests;
-          writes docs/conformance.md
+          writes docs/conformance.md. With --proxy kube-proxy-iptables (nftables, ipvs): a
+          control run with the real kube-proxy instead, written to
+          docs/conformance-kube-proxy-MODE.md and shown beside the agent's next report
   lint    setup, then rustfmt and clippy (warnings denied) on the workspace and on the eBPF
           programs built for bpfel-unknown-none (host clippy sees none of lb-ebpf); fails when
           rustfmt or clippy is missing. CI runs it before the tests
@@ -199,7 +201,7 @@ fn lint() -> anyhow::Result<()> {
 /// The Kubernetes test bed: one Go binary with etcd, the apiserver, the
 /// controller manager, the scheduler, the kubelet and kubectl, from the
 /// upstream modules pinned in testbed/go.mod, and the image tools of
-/// testbed/images. Go's build cache makes the
+/// testbed/images, and the real kube-proxy. Go's build cache makes the
 /// rebuilds quick; a cold build takes several minutes on two cores.
 fn testbed() -> anyhow::Result<()> {
     let go = go()?;
@@ -229,6 +231,17 @@ fn testbed() -> anyhow::Result<()> {
     let mut c = cmd(go, &["build", "-trimpath", "-ldflags", "-s -w", "-o"]);
     c.arg(out_dir.join("agnhost"))
         .arg("k8s.io/kubernetes/test/images/agnhost")
+        .current_dir(root().join("testbed"))
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=readonly");
+    run(c)?;
+    // The real kube-proxy (cmd/kube-proxy of the same module and version,
+    // stamped like lbtestbed): the control runs of the conformance suite and
+    // the side-by-side benchmarks run it where the agent would run.
+    let mut c = cmd(go, &["build", "-trimpath", "-ldflags", &ldflags, "-o"]);
+    c.arg(out_dir.join("kube-proxy"))
+        .arg("k8s.io/kubernetes/cmd/kube-proxy")
         .current_dir(root().join("testbed"))
         .env("CGO_ENABLED", "0")
         .env("GOTOOLCHAIN", "local")
@@ -311,8 +324,19 @@ fn e2e_suite() -> anyhow::Result<()> {
 
 fn conformance(extra: &[String]) -> anyhow::Result<()> {
     let mut args: Vec<&str> = extra.iter().map(String::as_str).collect();
+    // A control run (`--proxy kube-proxy-MODE`) publishes beside the
+    // agent's report, which shows it in a column of its own.
+    let proxy = args
+        .iter()
+        .position(|a| *a == "--proxy")
+        .and_then(|i| extra.get(i + 1))
+        .filter(|p| p.as_str() != "agent");
+    let report = proxy.map_or_else(
+        || "docs/conformance.md".to_string(),
+        |p| format!("docs/conformance-{p}.md"),
+    );
     if !args.contains(&"--report") {
-        args.extend(["--report", "docs/conformance.md"]);
+        args.extend(["--report", report.as_str()]);
     }
     let result = run(cmd(
         &root().join("target/debug/lb-conformance").to_string_lossy(),
