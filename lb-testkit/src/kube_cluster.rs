@@ -1,7 +1,8 @@
 //! A Kubernetes cluster of the test bed without kube-proxy: the control
 //! plane (`k8s`), one node in its namespace or several nodes on a fabric
 //! (`node`, `fabric`), the agent installed as docs/install.md says (its
-//! DaemonSet on every node), CoreDNS as kube-dns.
+//! DaemonSet on every node), CoreDNS as kube-dns. For a control run the
+//! real kube-proxy serves the Services instead (`Proxy`, `kube_proxy`).
 use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
@@ -12,6 +13,7 @@ use crate::{
     fabric::{self, Fabric},
     images::Images,
     k8s::{self, ControlPlane},
+    kube_proxy,
     netns::Netns,
     node::{Node, Place, CLUSTER_DNS, COREDNS_IMAGE},
 };
@@ -98,6 +100,35 @@ pub fn kube_dns() -> String {
     KUBE_DNS
         .replace("COREDNS_IMAGE", COREDNS_IMAGE)
         .replace("CLUSTER_DNS", CLUSTER_DNS)
+}
+
+/// What serves the cluster's Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proxy {
+    /// lb-agent, its DaemonSet installed with Helm (no kube-proxy).
+    Agent,
+    /// The real kube-proxy in this mode, a process per node (`kube_proxy`),
+    /// and no agent: the control runs.
+    KubeProxy(kube_proxy::Mode),
+}
+
+impl Proxy {
+    /// `agent`, or `kube-proxy-<mode>` (lb-conformance's `--proxy`).
+    pub fn name(self) -> String {
+        match self {
+            Proxy::Agent => "agent".into(),
+            Proxy::KubeProxy(m) => format!("kube-proxy-{}", m.name()),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        if s == "agent" {
+            return Some(Proxy::Agent);
+        }
+        s.strip_prefix("kube-proxy-")
+            .and_then(kube_proxy::Mode::parse)
+            .map(Proxy::KubeProxy)
+    }
 }
 
 /// The pin directory of the DaemonSet's agent (bpffs is the host's),
@@ -361,6 +392,12 @@ impl Cluster {
     /// them; the agent installed with `helm install` on every node; an
     /// outside client on the fabric.
     pub fn start_nodes(tag: &str, count: usize) -> Self {
+        Self::start_nodes_with(tag, count, Proxy::Agent)
+    }
+
+    /// Like `start_nodes`, with `proxy` serving the Services: the agent,
+    /// or the real kube-proxy for a control run.
+    pub fn start_nodes_with(tag: &str, count: usize, proxy: Proxy) -> Self {
         assert!(count >= 1);
         let tag = tag.to_ascii_lowercase();
         let names: Vec<String> = (1..=count).map(|i| format!("{tag}-n{i}")).collect();
@@ -393,7 +430,10 @@ impl Cluster {
             .unwrap()
             .plug_client(&client, fabric::node_ip(0));
         cluster.client = Some(client);
-        cluster.pins = install_agent_on_nodes(&cluster.cp, &cluster.nodes);
+        match proxy {
+            Proxy::Agent => cluster.pins = install_agent_on_nodes(&cluster.cp, &cluster.nodes),
+            Proxy::KubeProxy(mode) => kube_proxy::start_on(&cluster.cp, &mut cluster.nodes, mode),
+        }
         cluster.start_dns();
         cluster
     }

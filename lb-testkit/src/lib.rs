@@ -23,6 +23,7 @@ pub mod fabric;
 pub mod images;
 pub mod k8s;
 pub mod kube_cluster;
+pub mod kube_proxy;
 pub mod netns;
 pub mod node;
 pub mod packets;

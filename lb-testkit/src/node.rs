@@ -87,6 +87,8 @@ pub struct Node {
     pub netns_name: String,
     /// `spec.podCIDR` as the controller manager allocated it.
     pub pod_cidr: String,
+    /// The apiserver's URL as this node reaches it (its kubeconfigs').
+    pub api_server: String,
     procs: Vec<(&'static str, Child)>,
     /// The process that holds the node's mount and UTS namespaces.
     holder: Child,
@@ -309,6 +311,7 @@ impl Node {
             ip,
             netns_name,
             pod_cidr: String::new(),
+            api_server: api_server.clone(),
             procs: Vec::new(),
             holder,
             _own_netns: own_netns,
@@ -501,8 +504,9 @@ podLogsDir: {pod_logs}
     }
 
     /// Starts `program` in the node's network, mount and UTS namespaces and
-    /// in `<cgroup root>/runtime`, with its output in `<dir>/<name>.log`.
-    fn run(&mut self, name: &'static str, program: &str, args: &[&str]) {
+    /// in `<cgroup root>/runtime`, with its output in `<dir>/<name>.log`;
+    /// stopped when the node drops.
+    pub(crate) fn run(&mut self, name: &'static str, program: &str, args: &[&str]) {
         use std::os::unix::process::CommandExt as _;
         let log = File::create(self.dir.join(format!("{name}.log"))).unwrap();
         let mut cmd = Command::new(program);
@@ -556,7 +560,9 @@ podLogsDir: {pod_logs}
         cmd
     }
 
-    fn wait(
+    /// Waits until `cond` holds; panics with the logs when a process of
+    /// the node exits first or `timeout` passes.
+    pub(crate) fn wait(
         &mut self,
         cp: &ControlPlane,
         what: &str,
@@ -590,10 +596,14 @@ podLogsDir: {pod_logs}
         out
     }
 
-    /// The tail of containerd's and the kubelet's logs.
+    /// The tail of containerd's and the kubelet's logs (and kube-proxy's,
+    /// where it runs).
     pub fn own_logs(&self) -> String {
         let mut out = String::new();
-        for name in ["containerd", "kubelet"] {
+        for name in ["containerd", "kubelet", "kube-proxy"] {
+            if name == "kube-proxy" && !self.dir.join("kube-proxy.log").exists() {
+                continue;
+            }
             out.push_str(&k8s::log_tail(
                 &format!("{} {name}", self.name),
                 &self.dir.join(format!("{name}.log")),
