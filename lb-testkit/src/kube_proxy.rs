@@ -63,12 +63,76 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:
 subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]
 "#;
 
-/// Starts kube-proxy in `mode` on each of `nodes` and waits until every one
-/// has programmed its first sync (its /healthz answers 200, which it does
-/// only after a sync). Panics with its log when one exits or never syncs.
-pub fn start_on(cp: &ControlPlane, nodes: &mut [Node], mode: Mode) {
+/// kube-proxy's flags for `mode` on node `node_name`, credentials in
+/// `kubeconfig`: what kubeadm's configuration sets, and what this shared
+/// machine needs.
+pub fn args(kubeconfig: &std::path::Path, mode: Mode, node_name: &str) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--proxy-mode={}", mode.name()),
+        format!("--hostname-override={node_name}"),
+        format!("--cluster-cidr={}", crate::node::CLUSTER_CIDR),
+        // nf_conntrack_max is the machine's (writable only from the
+        // initial network namespace): leave it alone. The conntrack
+        // timeouts kube-proxy sets are the namespace's own.
+        "--conntrack-max-per-core=0".to_string(),
+        // Its defaults, said here because `metrics` reads them.
+        format!("--metrics-bind-address={METRICS}"),
+        "--healthz-bind-address=0.0.0.0:10256".to_string(),
+        "--v=2".to_string(),
+    ]
+}
+
+/// Where kube-proxy serves /metrics, in its network namespace.
+pub const METRICS: &str = "127.0.0.1:10249";
+
+/// A token kubeconfig for kubeadm's kube-proxy identity (`IDENTITY`),
+/// naming the apiserver as the control plane's namespace reaches it
+/// (`https://127.0.0.1:<port>`).
+pub fn kubeconfig(cp: &ControlPlane) -> std::path::PathBuf {
     cp.apply(IDENTITY);
-    let token_kubeconfig = cp.service_account_kubeconfig("kube-system", "kube-proxy");
+    cp.service_account_kubeconfig("kube-system", "kube-proxy")
+}
+
+/// Whether kube-proxy has programmed its first full sync, from its log (the
+/// families it runs: "running in dual-stack mode" or "single-stack mode"
+/// with the family) and its /metrics: every family it runs has a
+/// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`, which a proxier
+/// sets only after a sync that succeeded, and it syncs only once its
+/// Service and EndpointSlice informers have synced. (/healthz is no such
+/// signal: it answers 200 while kube-proxy is starting up,
+/// pkg/proxy/healthcheck/proxy_health.go.)
+pub fn synced(log: &str, metrics: &str) -> bool {
+    let families: &[&str] = if log.contains("running in dual-stack mode") {
+        &["IPv4", "IPv6"]
+    } else if let Some(line) = log
+        .lines()
+        .find(|l| l.contains("running in single-stack mode"))
+    {
+        if line.contains("IPv6") {
+            &["IPv6"]
+        } else {
+            &["IPv4"]
+        }
+    } else {
+        return false;
+    };
+    families.iter().all(|f| {
+        let key =
+            format!("kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family=\"{f}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .is_some_and(|v| v > 0.0)
+    })
+}
+
+/// Starts kube-proxy in `mode` on each of `nodes` and waits until every one
+/// has programmed its first full sync (`synced`). Panics with its log when
+/// one exits or never syncs.
+pub fn start_on(cp: &ControlPlane, nodes: &mut [Node], mode: Mode) {
+    let token_kubeconfig = kubeconfig(cp);
     let text = std::fs::read_to_string(&token_kubeconfig).unwrap();
     let bin = bin().display().to_string();
     for node in nodes.iter_mut() {
@@ -78,48 +142,57 @@ pub fn start_on(cp: &ControlPlane, nodes: &mut [Node], mode: Mode) {
         assert!(text.contains(&local), "{text}");
         let kubeconfig = node.dir.join("kube-proxy.kubeconfig");
         std::fs::write(&kubeconfig, text.replace(&local, &node.api_server)).unwrap();
-        let args = [
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--proxy-mode={}", mode.name()),
-            format!("--hostname-override={}", node.name),
-            format!("--cluster-cidr={}", crate::node::CLUSTER_CIDR),
-            // nf_conntrack_max is the machine's (writable only from the
-            // initial network namespace): leave it alone. The conntrack
-            // timeouts kube-proxy sets are the node namespace's own.
-            "--conntrack-max-per-core=0".to_string(),
-            "--v=2".to_string(),
-        ];
+        let args = args(&kubeconfig, mode, &node.name);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         node.run("kube-proxy", &bin, &args);
     }
     for node in nodes.iter_mut() {
-        let url = format!("http://{}:10256/healthz", node.ip);
-        let what = format!(
-            "kube-proxy ({}) to report its first sync at {url}",
-            mode.name()
-        );
+        let what = format!("kube-proxy ({}) to program its first sync", mode.name());
+        let log = node.dir.join("kube-proxy.log");
         node.wait(cp, &what, Duration::from_secs(120), |n| {
-            healthz(n, &url) == "200"
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            synced(&log, &metrics(&n.netns_name))
         });
     }
 }
 
-/// The status code kube-proxy's health endpoint answers in the node's
-/// network namespace ("" when it does not answer).
-fn healthz(node: &Node, url: &str) -> String {
+/// kube-proxy's /metrics in network namespace `netns` ("" when it does not
+/// answer).
+pub fn metrics(netns: &str) -> String {
     let mut cmd = std::process::Command::new("curl");
-    cmd.args([
-        "-s",
-        "-o",
-        "/dev/null",
-        "-m",
-        "2",
-        "-w",
-        "%{http_code}",
-        url,
-    ]);
-    node.exec_in(&mut cmd);
+    cmd.args(["-s", "-m", "2", &format!("http://{METRICS}/metrics")]);
+    crate::netns::exec_in(&mut cmd, netns).unwrap();
     cmd.output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::synced;
+
+    const DUAL: &str =
+        r#"I1205 server.go:264] "kube-proxy running in dual-stack mode" primary ipFamily="IPv4""#;
+    const SINGLE6: &str =
+        r#"I1205 server.go:266] "kube-proxy running in single-stack mode" ipFamily="IPv6""#;
+    const V4: &str =
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7649e+09\n";
+    const V6: &str =
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1.7649e+09\n";
+
+    #[test]
+    fn kube_proxy_counts_as_synced_only_when_every_family_it_runs_has_synced() {
+        assert!(!synced("", &format!("{V4}{V6}")), "no mode logged yet");
+        assert!(!synced(DUAL, ""), "no metrics yet");
+        assert!(!synced(DUAL, V4), "the IPv6 proxier has not synced");
+        assert!(synced(DUAL, &format!("{V4}{V6}")));
+        assert!(!synced(
+            DUAL,
+            &format!(
+                "{V4}kubeproxy_sync_proxy_rules_last_timestamp_seconds{{ip_family=\"IPv6\"}} 0\n"
+            )
+        ));
+        assert!(!synced(SINGLE6, V4));
+        assert!(synced(SINGLE6, V6));
+    }
 }

@@ -358,3 +358,107 @@ fn usage() -> ! {
     );
     std::process::exit(2)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(name: &str, status: &str) -> Outcome {
+        Outcome {
+            name: format!("[It] {name}"),
+            status: status.into(),
+            seconds: 1.0,
+            failure: (status == "failed").then(|| "boom".into()),
+            skip_reason: None,
+        }
+    }
+
+    #[test]
+    fn the_agents_report_shows_each_control_run_per_test_and_names_the_tests_whose_results_differ()
+    {
+        let dir = std::env::temp_dir().join(format!("lb-conf-controls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = "[sig-network] Services a \\| b";
+        let (b, c, d) = (
+            "[sig-network] Services b",
+            "[sig-network] Services c",
+            "[sig-network] Services d",
+        );
+        // What a control run writes (its own `markdown`), read back.
+        let (x, y, z) = (
+            outcome("[sig-network] Services a | b", "passed"),
+            outcome(b, "passed"),
+            outcome(c, "failed"),
+        );
+        let control = Run {
+            focus: "f",
+            skip: "s",
+            nodes: 3,
+            proxy: Proxy::parse("kube-proxy-nftables").unwrap(),
+            commit: "0123456789ab",
+        };
+        std::fs::write(
+            dir.join("conformance-kube-proxy-nftables.md"),
+            markdown(&[&x, &y, &z], &[], &control, &[]),
+        )
+        .unwrap();
+        std::fs::write(dir.join("conformance-other.md"), "| [x] | failed |").unwrap();
+        let controls = control_runs(&dir.join("conformance.md"));
+        assert_eq!(
+            controls.len(),
+            1,
+            "only kube-proxy-* reports are control runs"
+        );
+        assert_eq!(controls[0].proxy, "kube-proxy-nftables");
+        assert_eq!(
+            controls[0].results.get(a).map(String::as_str),
+            Some("passed")
+        );
+        assert_eq!(
+            controls[0].results.get(c).map(String::as_str),
+            Some("failed")
+        );
+        assert!(
+            controls[0]
+                .summary
+                .starts_with("2 of 3 passed on commit `0123456789ab`"),
+            "{}",
+            controls[0].summary
+        );
+
+        // The agent: b fails (kube-proxy passed it: ours), c passes (kube-proxy
+        // failed it), d was not in the control run.
+        let ours = [
+            outcome("[sig-network] Services a | b", "passed"),
+            outcome(b, "failed"),
+            outcome(c, "passed"),
+            outcome(d, "passed"),
+        ];
+        let ours: Vec<&Outcome> = ours.iter().collect();
+        let agent = Run {
+            proxy: Proxy::Agent,
+            ..control
+        };
+        let text = markdown(&ours, &[], &agent, &controls);
+        assert!(text.contains(&format!(
+            "Passed with kube-proxy but not with the agent (ours to fix): {b} (kube-proxy-nftables: passed)."
+        )), "{text}");
+        assert!(
+            text.contains(&format!(
+                "Passed with the agent but not with kube-proxy: {c} (kube-proxy-nftables: failed)."
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("| {a} | passed | 1 | passed |")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("| {d} | passed | 1 | not run |")),
+            "{text}"
+        );
+        assert!(text.contains("| Test | Result | Seconds | kube-proxy-nftables | Cause"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
