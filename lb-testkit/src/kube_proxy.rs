@@ -136,6 +136,7 @@ pub fn start_on(cp: &ControlPlane, nodes: &mut [Node], mode: Mode) {
     let text = std::fs::read_to_string(&token_kubeconfig).unwrap();
     let bin = bin().display().to_string();
     for node in nodes.iter_mut() {
+        route_services_to_a_sink(node);
         // The token's kubeconfig names the apiserver as the control plane's
         // namespace reaches it; the node reaches it as its kubelet does.
         let local = format!("https://127.0.0.1:{}", cp.api_port);
@@ -153,6 +154,108 @@ pub fn start_on(cp: &ControlPlane, nodes: &mut [Node], mode: Mode) {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
             synced(&log, &metrics(&n.netns_name))
         });
+    }
+}
+
+/// The node's route for the service CIDRs made one kube-proxy can work
+/// with. The bed blackholes them on every node (`fabric`: an untranslated
+/// service address must go nowhere), which the agent never meets: it
+/// translates in connect() and in tc before any route lookup. kube-proxy
+/// translates in netfilter after one: a blackhole fails a host process's
+/// connect() with EINVAL before nat OUTPUT's DNAT, and drops a pod's packet
+/// before FORWARD, where kube-proxy's REJECT for a Service without
+/// endpoints sits. A real node routes them somewhere (its default route);
+/// here they go to a device that drops what it sends, as kube-proxy's ipvs
+/// mode routes them to its dummy kube-ipvs0: the lookup succeeds, and what
+/// stays untranslated goes nowhere all the same. This kernel has no dummy
+/// driver (docs/testbed.md); an ifb device drops every packet that tc did
+/// not redirect to it (drivers/net/ifb.c, ifb_xmit), which is that.
+fn route_services_to_a_sink(node: &Node) {
+    let ns = node.netns_name.as_str();
+    crate::run("ip", &["-n", ns, "link", "add", "kube-svc0", "type", "ifb"]);
+    crate::run("ip", &["-n", ns, "link", "set", "kube-svc0", "up"]);
+    for cidr in crate::k8s::SERVICE_CIDRS.split(',') {
+        let mut args = vec!["-n", ns, "route", "replace", cidr, "dev", "kube-svc0"];
+        if !cidr.contains(':') {
+            args.extend(["src", node.ip.as_str()]);
+        }
+        crate::run("ip", &args);
+    }
+}
+
+/// kube-proxy started in a network namespace of the caller's (the
+/// benchmarks' control plane), not on a node: killed on drop.
+pub struct KubeProxy {
+    child: std::process::Child,
+    netns: String,
+    pub mode: Mode,
+    pub log: PathBuf,
+}
+
+impl KubeProxy {
+    /// Starts kube-proxy in `mode` in `netns` as node `node_name`, output
+    /// to `log`. `kubeconfig` must name the apiserver as `netns` reaches it.
+    pub fn start_in(
+        netns: &str,
+        kubeconfig: &std::path::Path,
+        mode: Mode,
+        node_name: &str,
+        log: PathBuf,
+    ) -> Self {
+        let out = std::fs::File::create(&log).unwrap();
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(args(kubeconfig, mode, node_name))
+            .stdin(std::process::Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        crate::netns::exec_in(&mut cmd, netns).unwrap();
+        Self {
+            child: crate::k8s::spawn(cmd),
+            netns: netns.to_string(),
+            mode,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its first full sync is programmed (`synced`); panics with its log
+    /// when it exited.
+    pub fn synced(&mut self) -> bool {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "kube-proxy ({}) exited with {status}:\n{}",
+                self.mode.name(),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        synced(&log, &metrics(&self.netns))
+    }
+
+    /// Stops it and removes its rules as an operator switching modes would
+    /// (`kube-proxy --cleanup`, which exits when done).
+    pub fn stop_and_clean_up(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut cmd = std::process::Command::new(bin());
+        cmd.args(["--cleanup", &format!("--proxy-mode={}", self.mode.name())]);
+        crate::netns::exec_in(&mut cmd, &self.netns).unwrap();
+        let out = cmd.output().expect("kube-proxy --cleanup");
+        assert!(
+            out.status.success(),
+            "kube-proxy --cleanup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for KubeProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
