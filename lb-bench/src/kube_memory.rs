@@ -22,6 +22,8 @@ use lb::source::kubernetes::{
     store::{Output, Store},
 };
 
+use lb_testkit::kube_proxy::{self, KubeProxy, Mode};
+
 use crate::memory::live;
 
 const SERVICE: &str = include_str!("../fixtures/recorded-service.json");
@@ -270,6 +272,28 @@ pub struct KubeScale {
     /// The first agent's CPU while nothing changes, percent of one core
     /// over 30 s.
     pub idle_cpu_percent: f64,
+    /// The second agent's CPU seconds from its start to every service in
+    /// its maps (user + system).
+    pub sync_cpu_s: f64,
+    /// The real kube-proxy started the same way, in each mode that runs
+    /// here: the full sync after a restart, beside the second agent's.
+    pub kube_proxy: Vec<KubeProxyScale>,
+}
+
+/// The real kube-proxy (cmd/kube-proxy v1.35.8) started with every service
+/// already in the apiserver.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct KubeProxyScale {
+    /// `iptables` or `nftables` (`--proxy-mode`).
+    pub mode: String,
+    /// Seconds from its start to its first full sync programmed
+    /// (`lb_testkit::kube_proxy::synced`).
+    pub sync_s: f64,
+    /// CPU seconds until then, its own and its children's (the
+    /// iptables-restore and nft it runs and waits for).
+    pub sync_cpu_s: f64,
+    /// Its RSS then (children excluded: they have exited).
+    pub rss_kib: u64,
 }
 
 /// `lb_services` of an agent's /metrics.
@@ -282,6 +306,17 @@ fn services_in(agent: &lb_testkit::agent::Agent) -> Option<usize> {
         .find_map(|l| l.strip_prefix("lb_services "))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|v| v as usize)
+}
+
+/// utime + stime of `pid` and of its children it waited for (cutime,
+/// cstime), in clock ticks.
+fn cpu_ticks_with_children(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // Fields 14 to 17; `rest` starts at field 3.
+    n(11) + n(12) + n(13) + n(14)
 }
 
 /// utime + stime of `pid`, in clock ticks.
@@ -371,9 +406,14 @@ pub fn scale(services: usize) -> KubeScale {
         "the second agent did not reach {want} services"
     );
     let sync_s = synced.elapsed().as_secs_f64();
+    let sync_cpu_s = cpu_ticks(second.pid().unwrap()) as f64 / hz;
     let second_rss_kib = crate::memory::rss_kib(second.pid().unwrap());
     drop(second);
     drop(first);
+    let kube_proxy = [Mode::Iptables, Mode::Nftables]
+        .into_iter()
+        .map(|mode| kube_proxy_resync(&cp, mode, hz))
+        .collect();
     KubeScale {
         services,
         create_s,
@@ -382,7 +422,42 @@ pub fn scale(services: usize) -> KubeScale {
         sync_s,
         second_rss_kib,
         idle_cpu_percent,
+        sync_cpu_s,
+        kube_proxy,
     }
+}
+
+/// The real kube-proxy in `mode` started in the control plane's namespace as
+/// node `bench-node` (the agents' node) with every service there: its first
+/// full sync timed, its CPU and RSS then; its rules removed afterwards
+/// (`--cleanup`) so that the next mode starts from an empty table, as the
+/// agent started from empty maps.
+fn kube_proxy_resync(cp: &lb_testkit::k8s::ControlPlane, mode: Mode, hz: f64) -> KubeProxyScale {
+    let kubeconfig = kube_proxy::kubeconfig(cp);
+    let log = cp.dir.join(format!("kube-proxy-{}.log", mode.name()));
+    let started = Instant::now();
+    let mut kp = KubeProxy::start_in(&cp.netns.name, &kubeconfig, mode, "bench-node", log);
+    assert!(
+        wait_for(std::time::Duration::from_secs(900), || kp.synced()),
+        "kube-proxy ({}) never synced; its log: {}",
+        mode.name(),
+        kp.log.display()
+    );
+    let sync_s = started.elapsed().as_secs_f64();
+    let result = KubeProxyScale {
+        mode: mode.name().to_string(),
+        sync_s,
+        sync_cpu_s: cpu_ticks_with_children(kp.pid()) as f64 / hz,
+        rss_kib: crate::memory::rss_kib(kp.pid()),
+    };
+    eprintln!(
+        "lb-bench:   kube-proxy {}: first full sync in {sync_s:.1} s, {:.1} CPU s, RSS {:.0} MiB",
+        mode.name(),
+        result.sync_cpu_s,
+        result.rss_kib as f64 / 1024.0
+    );
+    kp.stop_and_clean_up();
+    result
 }
 
 fn wait_for(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {

@@ -81,7 +81,7 @@ impl Profile {
                 memory_at: vec![10_000, 100_000],
                 memory_breakdown: vec![(10_000, 2), (100_000, 2), (100_000, 10)],
                 kube_memory: vec![(100_000, 2), (100_000, 10)],
-                kube_scale: vec![20_000],
+                kube_scale: vec![10_000, 20_000],
                 iptables_max_services: 100_000,
                 nftables_max_services: 10_000,
                 kube_proxy_control_max: 10_000,

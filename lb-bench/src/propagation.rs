@@ -38,7 +38,9 @@ use lb_testkit::{
     unique,
 };
 
-use crate::{profile::Profile, stats::percentile};
+use lb_testkit::kube_proxy::{self, KubeProxy, Mode};
+
+use crate::{kube_proxy::real::Rules, profile::Profile, stats::percentile};
 
 const NS: &str = "bench";
 const NODE: &str = "bench-node";
@@ -59,6 +61,33 @@ pub struct PropagationResult {
     /// Seconds to create the bulk objects (context for the run).
     pub setup_s: f64,
     pub background_changes: usize,
+    /// The same samples with the real kube-proxy in each mode, started
+    /// after the agent stopped: write → its rules showing the change.
+    pub kube_proxy: Vec<KubeProxyPropagation>,
+}
+
+/// The real kube-proxy's part of a propagation run.
+#[derive(Clone, Debug)]
+pub struct KubeProxyPropagation {
+    pub mode: &'static str,
+    pub samples: usize,
+    pub to_slice: [Duration; 2],
+    /// Slice seen → its rules list the new endpoint count.
+    pub slice_to_rules: [Duration; 2],
+    /// Pod status write → rules.
+    pub to_rules: [Duration; 2],
+}
+
+/// Backends of a Service (name, ClusterIP) as the target programmed them.
+type Programmed = Box<dyn FnMut(&str, Ipv4Addr) -> Option<usize>>;
+
+/// What the samples poll: the agent's ClusterIP entry in its pinned
+/// LB4_SERVICES, or the real kube-proxy's rules.
+#[derive(Clone)]
+enum Target {
+    Agent(std::path::PathBuf),
+    /// kube-proxy in this mode, its rules in this network namespace.
+    KubeProxy(Mode, String),
 }
 
 pub fn run(p: &Profile) -> Vec<PropagationResult> {
@@ -120,14 +149,57 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
         &sizes,
         Duration::from_secs(300),
     );
-    let pin_dir = pins.path.clone();
+    let target = Target::Agent(pins.path.clone());
     let kc = admin_kc.clone();
+    let run = rt.clone();
     let result =
-        std::thread::spawn(move || rt().block_on(measure(&kc, &pin_dir, services, samples)))
+        std::thread::spawn(move || run().block_on(measure(&kc, target, services, samples)))
             .join()
             .unwrap();
     drop(agent);
-    PropagationResult { setup_s, ..result }
+
+    // The real kube-proxy as the same node, on the same objects, one mode
+    // after the other, each from empty rules (`stop_and_clean_up`).
+    let kp_kc = kube_proxy::kubeconfig(&cp);
+    let mut kube_proxy = Vec::new();
+    for mode in [Mode::Iptables, Mode::Nftables] {
+        let log = cp.dir.join(format!("kube-proxy-{}.log", mode.name()));
+        let mut kp = KubeProxy::start_in(&cp.netns.name, &kp_kc, mode, NODE, log);
+        let deadline = Instant::now() + Duration::from_secs(900);
+        while !kp.synced() {
+            assert!(
+                Instant::now() < deadline,
+                "kube-proxy ({}) never synced",
+                mode.name()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let kc = admin_kc.clone();
+        let run = rt.clone();
+        let target = Target::KubeProxy(mode, cp.netns.name.clone());
+        let r = std::thread::spawn(move || run().block_on(measure(&kc, target, services, samples)))
+            .join()
+            .unwrap();
+        eprintln!(
+            "lb-bench:   kube-proxy {}: write → rules p50 {:?}, p99 {:?}",
+            mode.name(),
+            r.to_map[0],
+            r.to_map[1]
+        );
+        kube_proxy.push(KubeProxyPropagation {
+            mode: mode.name(),
+            samples: r.samples,
+            to_slice: r.to_slice,
+            slice_to_rules: r.slice_to_map,
+            to_rules: r.to_map,
+        });
+        kp.stop_and_clean_up();
+    }
+    PropagationResult {
+        setup_s,
+        kube_proxy,
+        ..result
+    }
 }
 
 pub(crate) async fn client(kubeconfig: &std::path::Path) -> Client {
@@ -251,15 +323,33 @@ type SliceLog = Arc<Mutex<Vec<(String, usize, Instant)>>>;
 
 async fn measure(
     kubeconfig: &std::path::Path,
-    pin_dir: &std::path::Path,
+    target: Target,
     services: usize,
     samples: usize,
 ) -> PropagationResult {
     let c = client(kubeconfig).await;
     let svcs = Api::<Service>::namespaced(c.clone(), NS);
     let pods = Api::<Pod>::namespaced(c.clone(), NS);
-    let map: BpfHashMap<_, Service4Key, ServiceValue> =
-        BpfHashMap::try_from(lb::maps::bpf::open_pinned(pin_dir, "LB4_SERVICES").unwrap()).unwrap();
+    // Backends of Service `name` (ClusterIP `ip`) as the target programmed
+    // them; None while it has not got the Service at all.
+    let mut programmed: Programmed = match &target {
+        Target::Agent(pin_dir) => {
+            let map: BpfHashMap<_, Service4Key, ServiceValue> =
+                BpfHashMap::try_from(lb::maps::bpf::open_pinned(pin_dir, "LB4_SERVICES").unwrap())
+                    .unwrap();
+            Box::new(move |_, ip| map_count(&map, ip).map(usize::from))
+        }
+        Target::KubeProxy(mode, netns) => {
+            let mut rules = Rules::new(netns, *mode);
+            Box::new(move |name, _| rules.endpoints(NS, name, "http"))
+        }
+    };
+    // Every pod ready again (an earlier run leaves some not ready).
+    for s in 0..MEASURED + BACKGROUND {
+        for p in 0..2 {
+            set_ready(&pods, &format!("churn-{s}-{p}"), pod_ip(s, p), true).await;
+        }
+    }
 
     let mut ips = HashMap::new();
     for s in 0..MEASURED {
@@ -279,13 +369,17 @@ async fn measure(
         .unwrap()
         .parse()
         .unwrap();
+    let last_name = format!("bulk-{}", services - 1);
     let deadline = Instant::now() + Duration::from_secs(300);
-    while !(map_count(&map, last) == Some(10)
-        && ips.values().all(|ip| map_count(&map, *ip) == Some(2)))
+    while !(programmed(&last_name, last) == Some(10)
+        && ips
+            .iter()
+            .all(|(s, ip)| programmed(&format!("churn-{s}"), *ip) == Some(2)))
     {
         assert!(
             Instant::now() < deadline,
-            "the agent never had every service in its maps"
+            "{} never had every service programmed",
+            target.name()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -350,13 +444,15 @@ async fn measure(
         let ip = ips[&s];
         let deadline = t0 + Duration::from_secs(60);
         let mapped = loop {
-            // An empty service keeps its master entry with count 0.
-            if usize::from(map_count(&map, ip).unwrap_or(0)) == want {
+            // An empty service keeps its master entry with count 0 (the
+            // agent) or loses its chain (kube-proxy).
+            if programmed(&name, ip).unwrap_or(0) == want {
                 break Instant::now();
             }
             assert!(
                 Instant::now() < deadline,
-                "{name}: the map never showed {want} backends"
+                "{name}: {} never showed {want} backends",
+                target.name()
             );
             tokio::time::sleep(Duration::from_micros(500)).await;
         };
@@ -387,5 +483,15 @@ async fn measure(
         to_map: q(to_map),
         setup_s: 0.0,
         background_changes,
+        kube_proxy: Vec::new(),
+    }
+}
+
+impl Target {
+    fn name(&self) -> String {
+        match self {
+            Target::Agent(_) => "the agent".into(),
+            Target::KubeProxy(m, _) => format!("kube-proxy ({})", m.name()),
+        }
     }
 }

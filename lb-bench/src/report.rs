@@ -19,6 +19,7 @@ const NOTES: &str = include_str!("report/notes.md");
 mod memory;
 mod packet;
 mod targets;
+mod versus;
 
 pub struct Report {
     /// The commit the run's binaries are built from.
@@ -168,6 +169,7 @@ impl Report {
              read the ratios, not the absolute values. Targets are what the benchmark issue asks; they are\n\
              never asserted in tests.\n\n",
         );
+        self.versus_kube_proxy(&mut o);
         self.targets(&mut o);
         o.push_str(NOTES);
         self.connect_section(&mut o);
@@ -265,13 +267,20 @@ impl Report {
              sig-scalability's SLI is its p99 (the SLO's threshold is still unset upstream). Our\n\
              cluster is one node and thousands of services, not 5 000 nodes: compare the agent's\n\
              column, which is what we add to the controller's, not the totals.\n\n\
-             | Services | Samples | controller p50 | p99 | agent p50 | p99 | write → map p50 | p99 | background changes | setup |\n\
-             |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+             The real kube-proxy (cmd/kube-proxy v1.35.8 of the test bed) then runs as the same node\n\
+             on the same objects, iptables mode and then nftables mode, each from empty rules once the\n\
+             agent has stopped, and the same samples poll its rules instead of the map: the Service\n\
+             port's chain listed (`iptables -t nat -S KUBE-SVC-…`, `nft list chain ip kube-proxy\n\
+             service-…`) until it spreads over the new number of endpoints, a few ms per poll (the\n\
+             resolution of its rows). Its own defaults: `--iptables-min-sync-period` 1 s, and so for\n\
+             nftables. *× agent* is its write → rules over the agent's write → map.\n\n\
+             | Services | proxy | Samples | controller p50 | p99 | proxy p50 | p99 | write → data path p50 | p99 | × agent p50 | p99 | background changes | setup |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.propagation {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | {} | {:.0} s |",
+                "| {} | lb-agent | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | 1 | 1 | {} | {:.0} s |",
                 r.services,
                 r.samples,
                 ms(r.to_slice[0]),
@@ -283,6 +292,25 @@ impl Report {
                 r.background_changes,
                 r.setup_s,
             );
+            for k in &r.kube_proxy {
+                let ratio =
+                    |i: usize| k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9);
+                let _ = writeln!(
+                    o,
+                    "| {} | kube-proxy {} | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | {:.1} | {:.1} | | |",
+                    r.services,
+                    k.mode,
+                    k.samples,
+                    ms(k.to_slice[0]),
+                    ms(k.to_slice[1]),
+                    ms(k.slice_to_rules[0]),
+                    ms(k.slice_to_rules[1]),
+                    ms(k.to_rules[0]),
+                    ms(k.to_rules[1]),
+                    ratio(0),
+                    ratio(1),
+                );
+            }
         }
         o.push('\n');
     }

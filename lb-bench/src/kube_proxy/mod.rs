@@ -9,6 +9,7 @@
 //! chains: they are not on the path of a ClusterIP connection from a pod.
 pub mod iptables;
 pub mod nftables;
+pub mod real;
 
 use std::{
     io::Write as _,

@@ -86,6 +86,44 @@ impl Report {
             );
         }
         o.push('\n');
+        if self.kube_scale.iter().all(|k| k.kube_proxy.is_empty()) {
+            return;
+        }
+        o.push_str(
+            "The same restart with the real kube-proxy (cmd/kube-proxy v1.35.8 of the test bed, as the\n\
+             same node, in the same run, started after the agents stopped, with every service already\n\
+             in the apiserver): seconds from its start to its first full sync programmed (every family's\n\
+             `kubeproxy_sync_proxy_rules_last_timestamp_seconds` set), its CPU seconds until then with\n\
+             the iptables-restore / nft runs it waited for, and its RSS then; beside the second agent's.\n\
+             Ratios are kube-proxy's over the agent's (above 1: the agent is faster or smaller).\n\n\
+             | Services | proxy | start → synced | × agent | CPU s | × agent | RSS MiB | × agent |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for k in &self.kube_scale {
+            let _ = writeln!(
+                o,
+                "| {} | lb-agent | {:.1} s | 1 | {:.1} | 1 | {:.1} | 1 |",
+                k.services,
+                k.sync_s,
+                k.sync_cpu_s,
+                k.second_rss_kib as f64 / 1024.0
+            );
+            for kp in &k.kube_proxy {
+                let _ = writeln!(
+                    o,
+                    "| {} | kube-proxy {} | {:.1} s | {:.2} | {:.1} | {:.2} | {:.1} | {:.2} |",
+                    k.services,
+                    kp.mode,
+                    kp.sync_s,
+                    kp.sync_s / k.sync_s.max(1e-9),
+                    kp.sync_cpu_s,
+                    kp.sync_cpu_s / k.sync_cpu_s.max(1e-9),
+                    kp.rss_kib as f64 / 1024.0,
+                    kp.rss_kib as f64 / (k.second_rss_kib as f64).max(1.0)
+                );
+            }
+        }
+        o.push('\n');
     }
 
     /// Kubernetes mode: the store and the reconciler, per service and per
