@@ -308,26 +308,22 @@ fn services_in(agent: &lb_testkit::agent::Agent) -> Option<usize> {
         .map(|v| v as usize)
 }
 
-/// utime + stime of `pid` and of its children it waited for (cutime,
-/// cstime), in clock ticks.
-fn cpu_ticks_with_children(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // Fields 14 to 17; `rest` starts at field 3.
-    n(11) + n(12) + n(13) + n(14)
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
+/// utime + stime of `pid`, and with `children` also of the children it
+/// waited for (cutime, cstime), in clock ticks.
+fn cpu_ticks(pid: u32, children: bool) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command (which may hold spaces): state is field 3.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();
     let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // utime and stime are fields 14 and 15; `rest` starts at field 3.
-    n(11) + n(12)
+    // utime, stime, cutime, cstime are fields 14 to 17; `rest` starts at
+    // field 3.
+    let own = n(11) + n(12);
+    if children {
+        own + n(13) + n(14)
+    } else {
+        own
+    }
 }
 
 pub fn scale(services: usize) -> KubeScale {
@@ -394,9 +390,9 @@ pub fn scale(services: usize) -> KubeScale {
     let pid = first.pid().unwrap();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let t0 = cpu_ticks(pid);
+    let t0 = cpu_ticks(pid, false);
     std::thread::sleep(std::time::Duration::from_secs(30));
-    let idle_cpu_percent = (cpu_ticks(pid) - t0) as f64 / hz / 30.0 * 100.0;
+    let idle_cpu_percent = (cpu_ticks(pid, false) - t0) as f64 / hz / 30.0 * 100.0;
 
     let synced = Instant::now();
     let (second, _pins2, _cgroup2) = start("scaleb");
@@ -406,7 +402,7 @@ pub fn scale(services: usize) -> KubeScale {
         "the second agent did not reach {want} services"
     );
     let sync_s = synced.elapsed().as_secs_f64();
-    let sync_cpu_s = cpu_ticks(second.pid().unwrap()) as f64 / hz;
+    let sync_cpu_s = cpu_ticks(second.pid().unwrap(), false) as f64 / hz;
     let second_rss_kib = crate::memory::rss_kib(second.pid().unwrap());
     drop(second);
     drop(first);
@@ -447,7 +443,7 @@ fn kube_proxy_resync(cp: &lb_testkit::k8s::ControlPlane, mode: Mode, hz: f64) ->
     let result = KubeProxyScale {
         mode: mode.name().to_string(),
         sync_s,
-        sync_cpu_s: cpu_ticks_with_children(kp.pid()) as f64 / hz,
+        sync_cpu_s: cpu_ticks(kp.pid(), true) as f64 / hz,
         rss_kib: crate::memory::rss_kib(kp.pid()),
     };
     eprintln!(

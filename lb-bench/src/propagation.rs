@@ -165,15 +165,11 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     for mode in [Mode::Iptables, Mode::Nftables] {
         let log = cp.dir.join(format!("kube-proxy-{}.log", mode.name()));
         let mut kp = KubeProxy::start_in(&cp.netns.name, &kp_kc, mode, NODE, log);
-        let deadline = Instant::now() + Duration::from_secs(900);
-        while !kp.synced() {
-            assert!(
-                Instant::now() < deadline,
-                "kube-proxy ({}) never synced",
-                mode.name()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        assert!(
+            lb_testkit::wait_until(Duration::from_secs(900), || kp.synced()),
+            "kube-proxy ({}) never synced",
+            mode.name()
+        );
         let kc = admin_kc.clone();
         let run = rt.clone();
         let target = Target::KubeProxy(mode, cp.netns.name.clone());

@@ -218,35 +218,29 @@ fn testbed() -> anyhow::Result<()> {
         ));
     }
     let started = std::time::Instant::now();
-    let bin = out_dir.join("lbtestbed");
-    let mut c = cmd(go, &["build", "-trimpath", "-ldflags", &ldflags, "-o"]);
-    c.arg(&bin)
-        .arg(".")
-        .current_dir(root().join("testbed"))
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=readonly");
-    run(c)?;
-    // agnhost, the e2e suite's test image program, from the same module.
-    let mut c = cmd(go, &["build", "-trimpath", "-ldflags", "-s -w", "-o"]);
-    c.arg(out_dir.join("agnhost"))
-        .arg("k8s.io/kubernetes/test/images/agnhost")
-        .current_dir(root().join("testbed"))
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=readonly");
-    run(c)?;
-    // The real kube-proxy (cmd/kube-proxy of the same module and version,
-    // stamped like lbtestbed): the control runs of the conformance suite and
-    // the side-by-side benchmarks run it where the agent would run.
-    let mut c = cmd(go, &["build", "-trimpath", "-ldflags", &ldflags, "-o"]);
-    c.arg(out_dir.join("kube-proxy"))
-        .arg("k8s.io/kubernetes/cmd/kube-proxy")
-        .current_dir(root().join("testbed"))
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=readonly");
-    run(c)?;
+    // lbtestbed (the control plane, the kubelet, kubectl); agnhost, the e2e
+    // suite's test image program; and the real kube-proxy, stamped like
+    // lbtestbed (the control runs of the conformance suite and the
+    // side-by-side benchmarks run it where the agent would run). All from
+    // the Kubernetes module of testbed/go.mod.
+    for (out, pkg, flags) in [
+        ("lbtestbed", ".", ldflags.as_str()),
+        ("agnhost", "k8s.io/kubernetes/test/images/agnhost", "-s -w"),
+        (
+            "kube-proxy",
+            "k8s.io/kubernetes/cmd/kube-proxy",
+            ldflags.as_str(),
+        ),
+    ] {
+        let mut c = cmd(go, &["build", "-trimpath", "-ldflags", flags, "-o"]);
+        c.arg(out_dir.join(out))
+            .arg(pkg)
+            .current_dir(root().join("testbed"))
+            .env("CGO_ENABLED", "0")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=readonly");
+        run(c)?;
+    }
     let kubectl = out_dir.join("kubectl");
     let _ = std::fs::remove_file(&kubectl);
     std::os::unix::fs::symlink("lbtestbed", &kubectl)?;
