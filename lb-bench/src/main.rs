@@ -7,6 +7,7 @@
 //! directories and removes them afterwards; nothing touches the root cgroup,
 //! a real interface, or sends a packet that could leave the machine.
 //! `cargo xtask bench` builds it in release mode and runs it as root.
+mod bed_traffic;
 mod client;
 mod connect;
 mod control;
@@ -47,7 +48,7 @@ struct Cli {
     /// target/benchmarks-<profile>.md otherwise].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Only these parts (connect, control, file, packet, maglev, northsouth, propagation, memory); default all.
+    /// Only these parts (connect, control, file, packet, maglev, northsouth, propagation, memory, bed); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     #[command(subcommand)]
@@ -153,6 +154,10 @@ fn main() {
             "lb-bench: propagation delay on a real control plane (pod readiness → map entry)"
         );
         r.propagation = propagation::run(&p);
+    }
+    if wants("bed") {
+        eprintln!("lb-bench: traffic on the two-node test bed, the agent and the real kube-proxy");
+        r.bed = bed_traffic::run(&p);
     }
     if wants("memory") {
         eprintln!("lb-bench: where the agent's heap goes");

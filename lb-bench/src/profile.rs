@@ -60,6 +60,13 @@ pub struct Profile {
     pub file_edit_samples: usize,
     /// Elements per variant of the map-write measurement.
     pub map_write_elements: usize,
+    /// Traffic on the two-node test bed (agent, kube-proxy iptables and
+    /// nftables in turn): Services added besides the measured one before
+    /// each measurement (cumulative), rounds, and how long each
+    /// measurement of a round runs.
+    pub bed_services: Vec<usize>,
+    pub bed_rounds: usize,
+    pub bed_ms: u64,
 }
 
 impl Profile {
@@ -92,6 +99,9 @@ impl Profile {
                 file_edit_services: vec![1_000, 10_000],
                 file_edit_samples: 30,
                 map_write_elements: 230_000,
+                bed_services: vec![0, 1_000, 10_000],
+                bed_rounds: 3,
+                bed_ms: 2_000,
             },
             Name::Quick => Self {
                 name,
@@ -120,6 +130,9 @@ impl Profile {
                 file_edit_services: vec![10_000],
                 file_edit_samples: 10,
                 map_write_elements: 230_000,
+                bed_services: vec![0, 1_000],
+                bed_rounds: 2,
+                bed_ms: 1_500,
             },
             Name::Smoke => Self {
                 name,
@@ -148,6 +161,9 @@ impl Profile {
                 file_edit_services: vec![100],
                 file_edit_samples: 3,
                 map_write_elements: 10_000,
+                bed_services: vec![0, 20],
+                bed_rounds: 1,
+                bed_ms: 300,
             },
         }
     }

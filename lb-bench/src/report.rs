@@ -16,6 +16,7 @@ const NOTES: &str = include_str!("report/notes.md");
 
 // The longer parts of the report, each in a file of its own: they add
 // methods to `Report`.
+mod bed;
 mod memory;
 mod packet;
 mod targets;
@@ -37,6 +38,7 @@ pub struct Report {
     pub breakdown: Vec<crate::memory::Breakdown>,
     pub kube_breakdown: Vec<crate::kube_memory::KubeBreakdown>,
     pub kube_scale: Vec<crate::kube_memory::KubeScale>,
+    pub bed: Vec<crate::bed_traffic::BedResult>,
     pub total: Duration,
 }
 
@@ -144,6 +146,7 @@ impl Report {
             breakdown: Vec::new(),
             kube_breakdown: Vec::new(),
             kube_scale: Vec::new(),
+            bed: Vec::new(),
             total: Duration::ZERO,
         }
     }
@@ -180,6 +183,7 @@ impl Report {
         self.propagation_section(&mut o);
         self.memory_section(&mut o);
         self.file_edit_section(&mut o);
+        self.bed_section(&mut o);
         o
     }
 

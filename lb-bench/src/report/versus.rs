@@ -5,50 +5,147 @@ use std::fmt::Write as _;
 
 use super::{ms, Report};
 
+/// kube-proxy's modes, in the table's column order.
+const MODES: [&str; 2] = ["iptables", "nftables"];
+
+/// One line of the table: what, the agent's figure, and per mode
+/// kube-proxy's figure and how many times better the agent does.
+struct Row {
+    what: String,
+    agent: String,
+    modes: Vec<(&'static str, String, f64)>,
+}
+
+impl Row {
+    fn new(what: String, agent: String) -> Self {
+        Self {
+            what,
+            agent,
+            modes: Vec::new(),
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut line = format!("| {} | {} |", self.what, self.agent);
+        for mode in MODES {
+            match self.modes.iter().find(|(m, _, _)| *m == mode) {
+                Some((_, v, x)) => {
+                    let _ = write!(line, " {v} | {x:.2}× |");
+                }
+                None => line.push_str(" - | - |"),
+            }
+        }
+        line
+    }
+}
+
+fn mode_of(name: &str) -> &'static str {
+    MODES
+        .into_iter()
+        .find(|m| name.ends_with(m))
+        .unwrap_or("other")
+}
+
 impl Report {
     pub(super) fn versus_kube_proxy(&self, o: &mut String) {
         let mut rows = Vec::new();
         for r in &self.propagation {
-            for k in &r.kube_proxy {
-                for (i, q) in ["p50", "p99"].iter().enumerate() {
-                    rows.push(format!(
-                        "| one EndpointSlice change → data path, {q}, {} services (§6) | {} ms | {} ms ({}) | {:.1}× |",
-                        r.services,
-                        ms(r.to_map[i]),
-                        ms(k.to_rules[i]),
-                        k.mode,
-                        k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9)
+            for (i, q) in ["p50", "p99"].iter().enumerate() {
+                let mut row = Row::new(
+                    format!(
+                        "one EndpointSlice change → data path, {q}, {} services (§6)",
+                        r.services
+                    ),
+                    format!("{} ms", ms(r.to_map[i])),
+                );
+                for k in &r.kube_proxy {
+                    row.modes.push((
+                        mode_of(k.mode),
+                        format!("{} ms", ms(k.to_rules[i])),
+                        k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9),
                     ));
                 }
+                rows.push(row);
             }
         }
         for k in &self.kube_scale {
+            let mut wall = Row::new(
+                format!(
+                    "full sync after a restart, {} services: wall (§7)",
+                    k.services
+                ),
+                format!("{:.1} s", k.sync_s),
+            );
+            let mut cpu = Row::new(
+                format!(
+                    "full sync after a restart, {} services: CPU (§7)",
+                    k.services
+                ),
+                format!("{:.1} s", k.sync_cpu_s),
+            );
+            let mut rss = Row::new(
+                format!("RSS with {} services (§7)", k.services),
+                format!("{:.1} MiB", k.second_rss_kib as f64 / 1024.0),
+            );
             for kp in &k.kube_proxy {
-                rows.push(format!(
-                    "| full sync after a restart, {} services: wall (§7) | {:.1} s | {:.1} s ({}) | {:.1}× |",
-                    k.services,
-                    k.sync_s,
-                    kp.sync_s,
-                    kp.mode,
-                    kp.sync_s / k.sync_s.max(1e-9)
+                let mode = mode_of(&kp.mode);
+                wall.modes.push((
+                    mode,
+                    format!("{:.1} s", kp.sync_s),
+                    kp.sync_s / k.sync_s.max(1e-9),
                 ));
-                rows.push(format!(
-                    "| full sync after a restart, {} services: CPU (§7) | {:.1} s | {:.1} s ({}) | {:.1}× |",
-                    k.services,
-                    k.sync_cpu_s,
-                    kp.sync_cpu_s,
-                    kp.mode,
-                    kp.sync_cpu_s / k.sync_cpu_s.max(1e-9)
+                cpu.modes.push((
+                    mode,
+                    format!("{:.1} s", kp.sync_cpu_s),
+                    kp.sync_cpu_s / k.sync_cpu_s.max(1e-9),
                 ));
-                rows.push(format!(
-                    "| RSS with {} services (§7) | {:.1} MiB | {:.1} MiB ({}) | {:.1}× |",
-                    k.services,
-                    k.second_rss_kib as f64 / 1024.0,
-                    kp.rss_kib as f64 / 1024.0,
-                    kp.mode,
-                    kp.rss_kib as f64 / (k.second_rss_kib as f64).max(1.0)
+                rss.modes.push((
+                    mode,
+                    format!("{:.1} MiB", kp.rss_kib as f64 / 1024.0),
+                    kp.rss_kib as f64 / (k.second_rss_kib as f64).max(1.0),
                 ));
             }
+            rows.extend([wall, cpu, rss]);
+        }
+        for a in self.bed.iter().filter(|r| r.proxy == "lb-agent") {
+            let more = a.extra_services;
+            let shares = |r: &crate::bed_traffic::BedResult| {
+                [
+                    r.cluster_ip_ratio,
+                    r.node_port_ratio.up_mbit,
+                    r.node_port_ratio.down_mbit,
+                    r.node_port_ratio.conns_per_s,
+                ]
+            };
+            let mut lines: Vec<Row> = [
+                "connects/s through a ClusterIP from a pod, ÷ direct",
+                "NodePort to a pod on another node: upload ÷ routing",
+                "NodePort to a pod on another node: download ÷ routing",
+                "NodePort to a pod on another node: connections/s ÷ routing",
+            ]
+            .iter()
+            .zip(shares(a))
+            .map(|(what, ours)| {
+                Row::new(
+                    format!("{what}, {more} more services (§9)"),
+                    format!("{ours:.2}×"),
+                )
+            })
+            .collect();
+            for k in self
+                .bed
+                .iter()
+                .filter(|k| k.proxy != a.proxy && k.extra_services == more)
+            {
+                for ((line, ours), theirs) in lines.iter_mut().zip(shares(a)).zip(shares(k)) {
+                    line.modes.push((
+                        mode_of(&k.proxy),
+                        format!("{theirs:.2}×"),
+                        ours / theirs.max(1e-9),
+                    ));
+                }
+            }
+            rows.append(&mut lines);
         }
         if rows.is_empty() {
             return;
@@ -56,19 +153,86 @@ impl Report {
         o.push_str(
             "## Against the real kube-proxy\n\n\
              The agent and the real kube-proxy (cmd/kube-proxy v1.35.8, built from the test bed's module)\n\
-             in this one run, on the same real control plane and objects, one after the other. *×* is\n\
-             kube-proxy's figure over the agent's: above 1 the agent is faster or smaller. kube-proxy runs\n\
-             with its defaults (`--iptables-min-sync-period` / nftables' 1 s), the agent with the\n\
-             DaemonSet's (`--min-sync-period` 100 ms). ipvs mode cannot run on this kernel (no\n\
-             CONFIG_IP_VS, docs/testbed.md). Not yet against the real kube-proxy: connects through a\n\
-             ClusterIP (§1) and the rule loads of §2 still use re-created iptables and nftables\n\
-             layouts (`lb-bench/src/kube_proxy`), and NodePort traffic to another node is not\n\
-             measured against it.\n\n\
-             | What | lb-agent | kube-proxy | × |\n|---|---:|---:|---:|\n",
+             in this one run, on the same real control plane and objects (§6, §7) or the same\n\
+             manifests on the two-node test bed (§9), one after the other. *×* says how many times\n\
+             better the agent does: for times and sizes kube-proxy's figure over the agent's, for\n\
+             traffic (each a share of its own baseline) the agent's share over kube-proxy's. Above 1\n\
+             the agent is ahead. kube-proxy runs with its defaults (`--iptables-min-sync-period` /\n\
+             nftables' 1 s), the agent with the DaemonSet's (`--min-sync-period` 100 ms). ipvs mode\n\
+             cannot run on this kernel (no CONFIG_IP_VS, docs/testbed.md). §1 (connects at up to\n\
+             100 000 services, per-hook costs) and §2 (rule loads) still use re-created iptables and\n\
+             nftables layouts (`lb-bench/src/kube_proxy`), where the real kube-proxy would need that\n\
+             many objects in a real apiserver.",
+        );
+        if self.bed.is_empty() {
+            o.push_str(" Not in this run: traffic on the test bed (§9, `--only bed`).");
+        }
+        o.push_str(
+            "\n\n| What | lb-agent | kube-proxy iptables | × | kube-proxy nftables | × |\n\
+             |---|---:|---:|---:|---:|---:|\n",
         );
         for r in rows {
-            let _ = writeln!(o, "{r}");
+            let _ = writeln!(o, "{}", r.render());
         }
         o.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        bed_traffic::{BedResult, Path},
+        profile::{Name, Profile},
+    };
+
+    fn bed(proxy: &str, cluster_ip: f64, conns: f64) -> BedResult {
+        let share = Path {
+            up_mbit: 1.0,
+            down_mbit: 1.0,
+            conns_per_s: conns,
+        };
+        BedResult {
+            proxy: proxy.into(),
+            extra_services: 1_000,
+            direct_cps: 0.0,
+            cluster_ip_cps: 0.0,
+            cluster_ip_ratio: cluster_ip,
+            cluster_ip_p50: std::time::Duration::ZERO,
+            direct_p50: std::time::Duration::ZERO,
+            connect_failures: 0,
+            routing: Path::default(),
+            node_port: Path::default(),
+            node_port_ratio: share,
+            sync_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn each_kube_proxy_mode_lands_in_its_own_column_with_the_agents_share_over_its_own() {
+        let mut r = Report::new(&Profile::new(Name::Smoke), "test".into());
+        // nftables first: the columns follow MODES, not the run's order.
+        r.bed = vec![
+            bed("lb-agent", 0.9, 1.0),
+            bed("kube-proxy nftables", 0.45, 0.5),
+            bed("kube-proxy iptables", 0.6, 1.0),
+        ];
+        let mut o = String::new();
+        r.versus_kube_proxy(&mut o);
+        let row = |what: &str| {
+            o.lines()
+                .find(|l| l.starts_with(&format!("| {what}")))
+                .unwrap_or_else(|| panic!("no row {what:?} in\n{o}"))
+                .to_string()
+        };
+        assert_eq!(
+            row("connects/s through a ClusterIP"),
+            "| connects/s through a ClusterIP from a pod, ÷ direct, 1000 more services (§9) | 0.90× | 0.60× | 1.50× | 0.45× | 2.00× |"
+        );
+        assert_eq!(
+            row("NodePort to a pod on another node: connections/s"),
+            "| NodePort to a pod on another node: connections/s ÷ routing, 1000 more services (§9) | 1.00× | 1.00× | 1.00× | 0.50× | 2.00× |"
+        );
+        assert!(!o.contains("Not in this run"), "{o}");
     }
 }
