@@ -21,6 +21,7 @@ mod northsouth;
 mod packet;
 mod packet_per_run;
 mod profile;
+mod prom;
 mod propagation;
 mod report;
 mod stats;

@@ -40,7 +40,7 @@ use lb_testkit::{
 
 use lb_testkit::kube_proxy::{self, KubeProxy, Mode};
 
-use crate::{kube_proxy::real::Rules, profile::Profile, stats::percentile};
+use crate::{kube_proxy::real::Rules, profile::Profile, prom::Buckets, stats::percentile};
 
 const NS: &str = "bench";
 const NODE: &str = "bench-node";
@@ -61,6 +61,11 @@ pub struct PropagationResult {
     /// Seconds to create the bulk objects (context for the run).
     pub setup_s: f64,
     pub background_changes: usize,
+    /// p50 and p99 of `kubeproxy_network_programming_duration_seconds` over
+    /// the sampling (the samples and the background changes), as the agent
+    /// itself accounts them, estimated from the buckets as
+    /// `histogram_quantile` would; and how many changes it counted.
+    pub programming: Option<([f64; 2], f64)>,
     /// The same samples with the real kube-proxy in each mode, started
     /// after the agent stopped: write → its rules showing the change.
     pub kube_proxy: Vec<KubeProxyPropagation>,
@@ -76,6 +81,9 @@ pub struct KubeProxyPropagation {
     pub slice_to_rules: [Duration; 2],
     /// Pod status write → rules.
     pub to_rules: [Duration; 2],
+    /// Its own `kubeproxy_network_programming_duration_seconds` over the
+    /// sampling, as for the agent.
+    pub programming: Option<([f64; 2], f64)>,
 }
 
 /// Backends of a Service (name, ClusterIP) as the target programmed them.
@@ -85,7 +93,9 @@ type Programmed = Box<dyn FnMut(&str, Ipv4Addr) -> Option<usize>>;
 /// LB4_SERVICES, or the real kube-proxy's rules.
 #[derive(Clone)]
 enum Target {
-    Agent(std::path::PathBuf),
+    /// The agent's pin directory, and its metrics address in the control
+    /// plane's namespace.
+    Agent(std::path::PathBuf, std::net::SocketAddr),
     /// kube-proxy in this mode, its rules in this network namespace.
     KubeProxy(Mode, String),
 }
@@ -149,7 +159,7 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
         &sizes,
         Duration::from_secs(300),
     );
-    let target = Target::Agent(pins.path.clone());
+    let target = Target::Agent(pins.path.clone(), agent.metrics);
     let kc = admin_kc.clone();
     let run = rt.clone();
     let result =
@@ -188,6 +198,7 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
             to_slice: r.to_slice,
             slice_to_rules: r.slice_to_map,
             to_rules: r.to_map,
+            programming: r.programming,
         });
         kp.stop_and_clean_up();
     }
@@ -287,11 +298,17 @@ async fn create_objects(kubeconfig: &std::path::Path, services: usize) {
 }
 
 async fn set_ready(pods: &Api<Pod>, name: &str, ip: Ipv4Addr, ready: bool) {
+    // The transition time, as a kubelet writes it: the EndpointSlice
+    // controller carries it to the slice (last-change-trigger-time), where
+    // both proxies start their network programming latency. API times
+    // have whole seconds, so that metric reads up to 1 s long for both.
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let status = serde_json::json!({"status": {
         "phase": "Running",
         "podIP": ip.to_string(),
         "podIPs": [{"ip": ip.to_string()}],
-        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }, "lastTransitionTime": now}]
     }});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
@@ -329,7 +346,7 @@ async fn measure(
     // Backends of Service `name` (ClusterIP `ip`) as the target programmed
     // them; None while it has not got the Service at all.
     let mut programmed: Programmed = match &target {
-        Target::Agent(pin_dir) => {
+        Target::Agent(pin_dir, _) => {
             let map: BpfHashMap<_, Service4Key, ServiceValue> =
                 BpfHashMap::try_from(lb::maps::bpf::open_pinned(pin_dir, "LB4_SERVICES").unwrap())
                     .unwrap();
@@ -427,6 +444,7 @@ async fn measure(
         })
     };
 
+    let programming_before = target.programming();
     let (mut to_slice, mut slice_to_map, mut to_map) = (Vec::new(), Vec::new(), Vec::new());
     let mut ready = [[true; 2]; MEASURED];
     for i in 0..samples {
@@ -465,6 +483,11 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     background.abort();
+    let programmed_changes = target.programming().since(&programming_before);
+    let programming = programmed_changes
+        .quantile(0.5)
+        .zip(programmed_changes.quantile(0.99))
+        .map(|(p50, p99)| ([p50, p99], programmed_changes.count()));
     let background_changes = churned.load(std::sync::atomic::Ordering::Relaxed);
     watch.abort();
     let q = |mut v: Vec<Duration>| {
@@ -479,6 +502,7 @@ async fn measure(
         to_map: q(to_map),
         setup_s: 0.0,
         background_changes,
+        programming,
         kube_proxy: Vec::new(),
     }
 }
@@ -486,8 +510,35 @@ async fn measure(
 impl Target {
     fn name(&self) -> String {
         match self {
-            Target::Agent(_) => "the agent".into(),
+            Target::Agent(..) => "the agent".into(),
             Target::KubeProxy(m, _) => format!("kube-proxy ({})", m.name()),
         }
     }
+
+    /// `kubeproxy_network_programming_duration_seconds` as the target
+    /// exports it (the agent under kube-proxy's name, with its buckets).
+    /// Called from a thread in the control plane's namespace.
+    fn programming(&self) -> Buckets {
+        let text = match self {
+            Target::Agent(_, addr) => http_get(*addr, "/metrics"),
+            Target::KubeProxy(_, netns) => kube_proxy::metrics(netns),
+        };
+        Buckets::parse(&text, PROGRAMMING)
+    }
+}
+
+const PROGRAMMING: &str = "kubeproxy_network_programming_duration_seconds";
+
+/// The body of a plain HTTP GET ("" when it fails).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_string())
 }

@@ -67,6 +67,25 @@ impl Report {
                 }
                 rows.push(row);
             }
+            if let Some(([p50, _], _)) = r.programming {
+                let mut row = Row::new(
+                    format!(
+                        "`kubeproxy_network_programming_duration_seconds` p50 as each exports it, {} services (§6)",
+                        r.services
+                    ),
+                    format!("{:.0} ms", p50 * 1e3),
+                );
+                for k in &r.kube_proxy {
+                    if let Some(([theirs, _], _)) = k.programming {
+                        row.modes.push((
+                            mode_of(k.mode),
+                            format!("{:.0} ms", theirs * 1e3),
+                            theirs / p50.max(1e-9),
+                        ));
+                    }
+                }
+                rows.push(row);
+            }
         }
         for k in &self.kube_scale {
             let mut wall = Row::new(
