@@ -19,10 +19,15 @@
 //!   same client routed to a pod through node 1 (no Service in the way).
 //!
 //! Each proxy's figures are ratios to its own baseline, measured in the
-//! same rounds (they take turns), because the three clusters run one after
-//! the other and machine noise differs between them. Selectorless Services
-//! whose slices name the same two pods are added between scales, so the
-//! measured Service is one of N, as in a real cluster.
+//! same rounds (they take turns, in ABBA order), because the three clusters
+//! run one after the other and machine noise differs between them. A
+//! baseline is not free of the proxy: kube-proxy's iptables rules see every
+//! new connection through the node, Service or not (nat PREROUTING's
+//! KUBE-SERVICES list is walked before the no-Service packet leaves it), so
+//! the report also sets the absolute rates side by side. Selectorless
+//! Services whose slices name the same two pods are added between scales,
+//! so the measured Service is one of N, as in a real cluster; each
+//! measurement starts once the proxies' last sync is a few seconds old.
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
@@ -158,14 +163,15 @@ fn one_proxy(p: &Profile, proxy: Proxy) -> Vec<BedResult> {
 
     // The routing baseline: the outside client reaches node 2's pods
     // through node 1, and node 2 answers through node 1 too (symmetric, as
-    // SNAT through a NodePort is; kube-proxy drops conntrack-INVALID
-    // packets, which a one-sided flow through node 1 would be).
+    // SNAT through a NodePort is; kube-proxy's iptables mode drops
+    // conntrack-INVALID packets, which a one-sided flow through node 1
+    // would be).
     // The client must keep sending through node 1: node 1 forwards out of
     // the fabric port the packet came in by, so it sends an ICMP redirect,
     // and a host that does not forward follows it (accept_redirects is on
     // when either `all` or the device says so). Followed, the flow would
     // skip node 1 one way, and kube-proxy drops such one-sided flows as
-    // conntrack INVALID.
+    // conntrack INVALID in iptables mode.
     let client = c.client();
     let mut no_redirects = std::process::Command::new("sh");
     no_redirects.args([
@@ -245,6 +251,7 @@ fn one_proxy(p: &Profile, proxy: Proxy) -> Vec<BedResult> {
         } else {
             0.0
         };
+        wait_quiet(&c, proxy);
         let r = measure(p, &pod, &client.name, &direct, &via_cluster_ip, &ways);
         eprintln!(
             "lb-bench:   {} with {extra} more services: ClusterIP {:.2}× direct, NodePort up {:.2}× down {:.2}× conns {:.2}× routing",
@@ -286,8 +293,24 @@ fn measure(
     let mut routed: Vec<[f64; 3]> = Vec::new();
     let mut through: Vec<[f64; 3]> = Vec::new();
     for round in 0..p.bed_rounds {
-        let d = pod.connects(direct, UNBOUNDED, ms);
-        let v = pod.connects(via_cluster_ip, UNBOUNDED, ms);
+        // ABBA: the baseline first in even rounds, second in odd ones, so
+        // neither always runs on what the other left warm (or cold).
+        let baseline_first = round % 2 == 0;
+        let (d, v) = if baseline_first {
+            let d = pod.connects(direct, UNBOUNDED, ms);
+            (d, pod.connects(via_cluster_ip, UNBOUNDED, ms))
+        } else {
+            let v = pod.connects(via_cluster_ip, UNBOUNDED, ms);
+            (pod.connects(direct, UNBOUNDED, ms), v)
+        };
+        // A path that fails must not pass as a slow one.
+        for (what, s) in [("direct", &d), ("through the ClusterIP", &v)] {
+            assert_eq!(
+                s.failed, 0,
+                "connects from the pod {what} failed: {:?}",
+                s.first_error
+            );
+        }
         failures += d.failed + v.failed;
         let (dr, vr) = (rate(&d), rate(&v));
         d_rates.push(dr);
@@ -296,10 +319,14 @@ fn measure(
         d_lat.extend(d.latencies_ns);
         c_lat.extend(v.latencies_ns);
         let seed = 100 + round as u64;
-        for (bulk, tcp, into) in [
+        let mut order = [
             (ways.routed_bulk, ways.routed_tcp, &mut routed),
             (ways.node_port_bulk, ways.node_port_tcp, &mut through),
-        ] {
+        ];
+        if !baseline_first {
+            order.reverse();
+        }
+        for (bulk, tcp, into) in order {
             let up = traffic::upload(client, bulk, seed, ms)
                 .unwrap_or_else(|e| panic!("upload to {bulk}: {e}"));
             let down = traffic::download(client, bulk, seed, None, Some(ms))
@@ -488,10 +515,20 @@ fn wait_served(c: &Cluster, pod: &PodClient, last: usize, proxy: Proxy) {
         .trim()
         .parse()
         .unwrap();
+    // One connect per poll with a short limit: an address not served yet
+    // goes to a route that drops silently, and a long limit would be the
+    // resolution of the sync time.
     let target = [SocketAddr::from((ip, 80))];
     let ok = lb_testkit::wait_until(Duration::from_secs(900), || {
-        let s = pod.connects(&target, 3, 3_000);
-        s.failed == 0 && s.latencies_ns.len() == 3
+        let s = client::run_with_timeout(
+            &pod.cgroup,
+            &pod.netns,
+            &target,
+            1,
+            1_000,
+            Duration::from_millis(50),
+        );
+        s.failed == 0 && s.latencies_ns.len() == 1
     });
     assert!(
         ok,
@@ -499,6 +536,62 @@ fn wait_served(c: &Cluster, pod: &PodClient, last: usize, proxy: Proxy) {
         label(proxy),
         c.logs()
     );
+}
+
+/// Waits until every node's proxy has not synced for 3 s: what was just
+/// created is in, and no full sync of it (kube-proxy's comes up to a
+/// `--iptables-min-sync-period` after the last change) overlaps the
+/// measurement. Both export `kubeproxy_sync_proxy_rules_last_timestamp_seconds`
+/// (the agent under kube-proxy's name), so the check is the same for both.
+fn wait_quiet(c: &Cluster, proxy: Proxy) {
+    let address = match proxy {
+        Proxy::Agent => AGENT_METRICS,
+        Proxy::KubeProxy(_) => lb_testkit::kube_proxy::METRICS,
+    };
+    let last_syncs = || -> Vec<Option<f64>> {
+        c.nodes
+            .iter()
+            .map(|n| last_sync(&n.netns_name, address))
+            .collect()
+    };
+    let mut seen = last_syncs();
+    let mut since = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while since.elapsed() < Duration::from_secs(3) {
+        assert!(
+            Instant::now() < deadline,
+            "{}: the proxies never stopped syncing ({seen:?})",
+            label(proxy)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        let now = last_syncs();
+        assert!(
+            now.iter().all(Option::is_some),
+            "{}: a node's proxy exports no last sync time at {address}: {now:?}",
+            label(proxy)
+        );
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        }
+    }
+}
+
+/// The agent's /metrics in its node's network namespace (the chart's
+/// `metrics.address`).
+const AGENT_METRICS: &str = "127.0.0.1:9967";
+
+/// The latest `kubeproxy_sync_proxy_rules_last_timestamp_seconds` of any
+/// family at `address` in network namespace `netns`.
+fn last_sync(netns: &str, address: &str) -> Option<f64> {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-s", "-m", "2", &format!("http://{address}/metrics")]);
+    lb_testkit::netns::exec_in(&mut cmd, netns).ok()?;
+    let out = cmd.output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .reduce(f64::max)
 }
 
 /// The client pod's network namespace and cgroup, for the bench's connect

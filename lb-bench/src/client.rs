@@ -29,6 +29,9 @@ pub struct Args {
     /// ...and for at most this long.
     #[arg(long)]
     millis: u64,
+    /// How long one connect may take before it counts as failed.
+    #[arg(long, default_value_t = 1_000)]
+    timeout_ms: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -61,7 +64,7 @@ pub fn main(a: Args) {
         // connects a round makes.
         s.set_linger(Some(Duration::ZERO)).unwrap();
         let t = Instant::now();
-        match s.connect_timeout(&target.into(), Duration::from_secs(1)) {
+        match s.connect_timeout(&target.into(), Duration::from_millis(a.timeout_ms)) {
             Ok(()) => latencies.push(t.elapsed().as_nanos() as u64),
             Err(e) => {
                 failed += 1;
@@ -101,6 +104,25 @@ pub fn run(
     count: usize,
     millis: u64,
 ) -> Sample {
+    run_with_timeout(
+        cgroup,
+        netns,
+        targets,
+        count,
+        millis,
+        Duration::from_secs(1),
+    )
+}
+
+/// `run` with another limit for one connect.
+pub fn run_with_timeout(
+    cgroup: &std::path::Path,
+    netns: &str,
+    targets: &[SocketAddr],
+    count: usize,
+    millis: u64,
+    timeout: Duration,
+) -> Sample {
     let target: Vec<String> = targets
         .iter()
         .map(std::string::ToString::to_string)
@@ -118,6 +140,8 @@ pub fn run(
             &count.to_string(),
             "--millis",
             &millis.to_string(),
+            "--timeout-ms",
+            &timeout.as_millis().to_string(),
         ])
         .output()
         .expect("running the client");

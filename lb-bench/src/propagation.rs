@@ -483,6 +483,9 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     background.abort();
+    // What the proxy still holds (kube-proxy batches changes for up to its
+    // 1 s min-sync-period) is in its histogram before the second scrape.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let programmed_changes = target.programming().since(&programming_before);
     let programming = programmed_changes
         .quantile(0.5)
@@ -523,6 +526,14 @@ impl Target {
             Target::Agent(_, addr) => http_get(*addr, "/metrics"),
             Target::KubeProxy(_, netns) => kube_proxy::metrics(netns),
         };
+        // A failed scrape would read as an empty histogram, and the
+        // difference as everything since the proxy started. (A histogram
+        // nothing was observed in yet may be missing from a good one.)
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds"),
+            "{}'s /metrics did not answer with kube-proxy's metrics: {text:.300}",
+            self.name()
+        );
         Buckets::parse(&text, PROGRAMMING)
     }
 }

@@ -163,13 +163,14 @@ impl Report {
         let _ = writeln!(o, "# Benchmarks\n");
         let _ = writeln!(
             o,
-            "Written by `cargo xtask bench` ({} profile) on {}, on commit `{}`; {}; {}, {}. Command: `{}`. Whole run: {:.0} s.\n",
+            "Written by `cargo xtask bench` ({} profile) on {}, on commit `{}`; {}; re-created layouts loaded with {} and {}, the real kube-proxy using {}. Command: `{}`. Whole run: {:.0} s.\n",
             self.profile,
             today(),
             self.commit,
             machine(),
             version("iptables-legacy"),
             version("nft"),
+            version("iptables"),
             self.command,
             self.total.as_secs_f64()
         );
@@ -287,9 +288,16 @@ impl Report {
              nftables. *× agent* is its write → rules over the agent's write → map.\n\n\
              *Own metric*: `kubeproxy_network_programming_duration_seconds` as each proxy exports it\n\
              (the agent under kube-proxy's name and buckets), the difference of two scrapes around the\n\
-             sampling, so the samples and the background changes; p50 / p99 estimated from the buckets\n\
-             as Prometheus' `histogram_quantile` does (linear inside a bucket; the buckets are 0.25 s\n\
-             wide below 1 s, so sub-bucket values are interpolation, not measurement), and the count.\n\n\
+             sampling (the samples and the background changes, what the proxy still held 2 s later\n\
+             included), p50 / p99 estimated from the buckets as Prometheus' `histogram_quantile` does\n\
+             (linear inside a bucket; the bounds are 0.25 s, 0.5 s, then whole seconds, so values\n\
+             inside a bucket are interpolation, not measurement), and the count. Both start at the\n\
+             Pod's Ready `lastTransitionTime`, which the API keeps in whole seconds: every observation\n\
+             gains 0-1 s (about 0.5 s on average) for both proxies, so these figures are much closer\n\
+             together than the measured ones and get no ratio. The EndpointSlice controller also\n\
+             drops a trigger time not later than the pod's previous one (two flips of a pod within a\n\
+             second), so the counts differ from the changes made; and kube-proxy's sampling ran longer\n\
+             (its samples are slower), so it saw more background changes.\n\n\
              | Services | proxy | Samples | controller p50 | p99 | proxy p50 | p99 | write → data path p50 | p99 | × agent p50 | p99 | own metric p50 / p99 (count) | background changes | setup |\n\
              |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );

@@ -13,13 +13,18 @@ impl Report {
             "## 9. On the two-node test bed: the agent and the real kube-proxy\n\n\
              Two nodes with real kubelets, containerd and pods (`lb_testkit::kube_cluster`), served in\n\
              turn by the agent (its Helm chart's defaults: socket LB, SNAT on tc), by kube-proxy in\n\
-             iptables mode and by kube-proxy in nftables mode (v1.35.8, its defaults), each a cluster\n\
+             iptables mode and by kube-proxy in nftables mode (v1.35.8, its defaults but the bed's\n\
+             `--cluster-cidr` and `--conntrack-max-per-core=0`, docs/testbed.md), each a cluster\n\
              of its own built from the same manifests: two `lb-pod-server` pods on node 2 behind a\n\
              NodePort Service, a client pod on node 1, an outside client on the fabric. *More\n\
              services*: selectorless Services whose slices name the same two pods, so the measured\n\
-             one is one of N. Each figure is a ratio to a baseline measured in the same rounds in\n\
-             the same cluster (the variants take turns), because the clusters ran one after the\n\
-             other: from the pod, connects straight to the pods' addresses; from outside, the client\n\
+             one is one of N; each measurement starts once every node's proxy has not synced for\n\
+             3 s. *Sync*: from the last of them created to the pod reaching the pods through it.\n\
+             Each share is a ratio to a baseline measured in the same rounds in the same cluster\n\
+             (the variants take turns, ABBA), because the clusters ran one after the other. A\n\
+             baseline is not free of the proxy: kube-proxy's iptables rules see every new connection\n\
+             through the node, Service or not, so compare the absolute columns too. Baselines: from\n\
+             the pod, connects straight to the pods' addresses; from outside, the client\n\
              routed to a pod through node 1 with no Service in the way (node 2 answers through node\n\
              1 too, as SNAT makes it). Connects: the bench's client in the pod's network namespace\n\
              and cgroup, connect() then RST, one at a time; bulk: one TCP stream each way, every byte\n\

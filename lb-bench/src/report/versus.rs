@@ -9,11 +9,12 @@ use super::{ms, Report};
 const MODES: [&str; 2] = ["iptables", "nftables"];
 
 /// One line of the table: what, the agent's figure, and per mode
-/// kube-proxy's figure and how many times better the agent does.
+/// kube-proxy's figure and how many times better the agent does (none
+/// where the figures cannot be set against each other that way).
 struct Row {
     what: String,
     agent: String,
-    modes: Vec<(&'static str, String, f64)>,
+    modes: Vec<(&'static str, String, Option<f64>)>,
 }
 
 impl Row {
@@ -29,8 +30,11 @@ impl Row {
         let mut line = format!("| {} | {} |", self.what, self.agent);
         for mode in MODES {
             match self.modes.iter().find(|(m, _, _)| *m == mode) {
-                Some((_, v, x)) => {
+                Some((_, v, Some(x))) => {
                     let _ = write!(line, " {v} | {x:.2}× |");
+                }
+                Some((_, v, None)) => {
+                    let _ = write!(line, " {v} | - |");
                 }
                 None => line.push_str(" - | - |"),
             }
@@ -43,7 +47,7 @@ fn mode_of(name: &str) -> &'static str {
     MODES
         .into_iter()
         .find(|m| name.ends_with(m))
-        .unwrap_or("other")
+        .unwrap_or_else(|| panic!("kube-proxy mode {name:?} has no column (MODES)"))
 }
 
 impl Report {
@@ -62,7 +66,7 @@ impl Report {
                     row.modes.push((
                         mode_of(k.mode),
                         format!("{} ms", ms(k.to_rules[i])),
-                        k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9),
+                        Some(k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9)),
                     ));
                 }
                 rows.push(row);
@@ -70,18 +74,15 @@ impl Report {
             if let Some(([p50, _], _)) = r.programming {
                 let mut row = Row::new(
                     format!(
-                        "`kubeproxy_network_programming_duration_seconds` p50 as each exports it, {} services (§6)",
+                        "`kubeproxy_network_programming_duration_seconds` p50 as each exports it (whole-second start times: no ratio), {} services (§6)",
                         r.services
                     ),
                     format!("{:.0} ms", p50 * 1e3),
                 );
                 for k in &r.kube_proxy {
                     if let Some(([theirs, _], _)) = k.programming {
-                        row.modes.push((
-                            mode_of(k.mode),
-                            format!("{:.0} ms", theirs * 1e3),
-                            theirs / p50.max(1e-9),
-                        ));
+                        row.modes
+                            .push((mode_of(k.mode), format!("{:.0} ms", theirs * 1e3), None));
                     }
                 }
                 rows.push(row);
@@ -111,17 +112,17 @@ impl Report {
                 wall.modes.push((
                     mode,
                     format!("{:.1} s", kp.sync_s),
-                    kp.sync_s / k.sync_s.max(1e-9),
+                    Some(kp.sync_s / k.sync_s.max(1e-9)),
                 ));
                 cpu.modes.push((
                     mode,
                     format!("{:.1} s", kp.sync_cpu_s),
-                    kp.sync_cpu_s / k.sync_cpu_s.max(1e-9),
+                    Some(kp.sync_cpu_s / k.sync_cpu_s.max(1e-9)),
                 ));
                 rss.modes.push((
                     mode,
                     format!("{:.1} MiB", kp.rss_kib as f64 / 1024.0),
-                    kp.rss_kib as f64 / (k.second_rss_kib as f64).max(1.0),
+                    Some(kp.rss_kib as f64 / (k.second_rss_kib as f64).max(1.0)),
                 ));
             }
             rows.extend([wall, cpu, rss]);
@@ -160,11 +161,51 @@ impl Report {
                     line.modes.push((
                         mode_of(&k.proxy),
                         format!("{theirs:.2}×"),
-                        ours / theirs.max(1e-9),
+                        Some(ours / theirs.max(1e-9)),
                     ));
                 }
             }
             rows.append(&mut lines);
+            // The shares above divide by a baseline that carries each
+            // proxy's own cost; the rates themselves, measured in clusters
+            // run one after the other (noise between them included).
+            let rates = |r: &crate::bed_traffic::BedResult| {
+                [
+                    r.direct_cps,
+                    r.cluster_ip_cps,
+                    r.routing.conns_per_s,
+                    r.node_port.conns_per_s,
+                ]
+            };
+            let mut absolute: Vec<Row> = [
+                "connects/s from a pod straight to the pods (no Service)",
+                "connects/s from a pod through the ClusterIP",
+                "connections/s from outside routed to a pod (no Service)",
+                "connections/s from outside through the NodePort",
+            ]
+            .iter()
+            .zip(rates(a))
+            .map(|(what, ours)| {
+                Row::new(
+                    format!("{what}, absolute, {more} more services (§9)"),
+                    format!("{ours:.0}"),
+                )
+            })
+            .collect();
+            for k in self
+                .bed
+                .iter()
+                .filter(|k| k.proxy != a.proxy && k.extra_services == more)
+            {
+                for ((line, ours), theirs) in absolute.iter_mut().zip(rates(a)).zip(rates(k)) {
+                    line.modes.push((
+                        mode_of(&k.proxy),
+                        format!("{theirs:.0}"),
+                        Some(ours / theirs.max(1e-9)),
+                    ));
+                }
+            }
+            rows.append(&mut absolute);
         }
         if rows.is_empty() {
             return;
@@ -175,8 +216,11 @@ impl Report {
              in this one run, on the same real control plane and objects (§6, §7) or the same\n\
              manifests on the two-node test bed (§9), one after the other. *×* says how many times\n\
              better the agent does: for times and sizes kube-proxy's figure over the agent's, for\n\
-             traffic (each a share of its own baseline) the agent's share over kube-proxy's. Above 1\n\
-             the agent is ahead. kube-proxy runs with its defaults (`--iptables-min-sync-period` /\n\
+             traffic (each a share of its own baseline) the agent's share over kube-proxy's, and for\n\
+             rates the agent's over kube-proxy's. Above 1 the agent is ahead. A share's baseline is\n\
+             not free of the proxy (kube-proxy's iptables rules see every new connection through the\n\
+             node, Service or not), hence the absolute rows, which compare clusters run one after the\n\
+             other. kube-proxy runs with its defaults (`--iptables-min-sync-period` /\n\
              nftables' 1 s), the agent with the DaemonSet's (`--min-sync-period` 100 ms). ipvs mode\n\
              cannot run on this kernel (no CONFIG_IP_VS, docs/testbed.md). §1 (connects at up to\n\
              100 000 services, per-hook costs) and §2 (rule loads) still use re-created iptables and\n\
