@@ -36,7 +36,7 @@ use std::{
 
 use futures::StreamExt as _;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-use kube::{api::PostParams, Api};
+use kube::Api;
 use lb_testkit::{
     fabric,
     kube_cluster::{Cluster, Proxy},
@@ -46,9 +46,9 @@ use lb_testkit::{
 };
 
 use crate::{
-    client,
+    apiserver::{client, in_netns, selectorless, Selectorless},
+    client as connect_client,
     profile::Profile,
-    propagation::{client as kube_client, json},
     stats::median_f64,
 };
 
@@ -379,7 +379,7 @@ fn measure(
     }
 }
 
-fn rate(s: &client::Sample) -> f64 {
+fn rate(s: &connect_client::Sample) -> f64 {
     s.latencies_ns.len() as f64 / (s.elapsed_ns as f64 / 1e9).max(1e-9)
 }
 
@@ -450,52 +450,32 @@ fn field(c: &Cluster, jsonpath: &str) -> String {
 /// the two web pods (so each is as real to the proxy as the measured one),
 /// created through the apiserver 16 at a time.
 fn create_services(c: &Cluster, range: std::ops::Range<usize>, pods: &[Ipv4Addr]) {
-    let (netns, kc) = (c.cp.netns.name.clone(), c.cp.admin_kubeconfig());
+    let kc = c.cp.admin_kubeconfig();
     let pods = pods.to_vec();
-    std::thread::spawn(move || {
-        lb_testkit::netns::enter(&netns).expect("entering the control plane's namespace");
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                let k = kube_client(&kc).await;
-                let svcs = Api::<Service>::namespaced(k.clone(), NS);
-                let slices = Api::<EndpointSlice>::namespaced(k, NS);
-                let endpoints: Vec<_> = pods
-                    .iter()
-                    .map(|ip| serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}}))
-                    .collect();
-                futures::stream::iter(range)
-                    .map(|i| {
-                        let (svcs, slices, endpoints) =
-                            (svcs.clone(), slices.clone(), endpoints.clone());
-                        async move {
-                            let pp = PostParams::default();
-                            let name = format!("extra-{i}");
-                            svcs.create(&pp, &json(serde_json::json!({
-                                "metadata": {"name": name},
-                                "spec": {"ports": [{"name": "tcp", "port": 80, "targetPort": TCP_PORT}]}
-                            })))
-                            .await
-                            .unwrap();
-                            slices.create(&pp, &json(serde_json::json!({
-                                "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
-                                "addressType": "IPv4",
-                                "ports": [{"name": "tcp", "port": TCP_PORT, "protocol": "TCP"}],
-                                "endpoints": endpoints
-                            })))
-                            .await
-                            .unwrap();
-                        }
-                    })
-                    .buffer_unordered(16)
-                    .collect::<Vec<()>>()
-                    .await;
-            });
-    })
-    .join()
-    .expect("creating the extra services");
+    in_netns(&c.cp.netns.name, move || async move {
+        let k = client(&kc).await;
+        let svcs = Api::<Service>::namespaced(k.clone(), NS);
+        let slices = Api::<EndpointSlice>::namespaced(k, NS);
+        futures::stream::iter(range)
+            .map(|i| {
+                let (svcs, slices, pods) = (svcs.clone(), slices.clone(), pods.clone());
+                async move {
+                    let name = format!("extra-{i}");
+                    let s = Selectorless {
+                        name: &name,
+                        labels: serde_json::Value::Null,
+                        port_name: "tcp",
+                        target_port: TCP_PORT,
+                        endpoints: &pods,
+                        node: None,
+                    };
+                    selectorless(&svcs, &slices, s).await;
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<()>>()
+            .await;
+    });
 }
 
 /// Waits until the pod reaches the pods through Service `extra-<last>`:
@@ -520,7 +500,7 @@ fn wait_served(c: &Cluster, pod: &PodClient, last: usize, proxy: Proxy) {
     // resolution of the sync time.
     let target = [SocketAddr::from((ip, 80))];
     let ok = lb_testkit::wait_until(Duration::from_secs(900), || {
-        let s = client::run_with_timeout(
+        let s = connect_client::run_with_timeout(
             &pod.cgroup,
             &pod.netns,
             &target,
@@ -635,7 +615,12 @@ impl PodClient {
         }
     }
 
-    fn connects(&self, targets: &[SocketAddr], count: usize, millis: u64) -> client::Sample {
-        client::run(&self.cgroup, &self.netns, targets, count, millis)
+    fn connects(
+        &self,
+        targets: &[SocketAddr],
+        count: usize,
+        millis: u64,
+    ) -> connect_client::Sample {
+        connect_client::run(&self.cgroup, &self.netns, targets, count, millis)
     }
 }

@@ -48,7 +48,7 @@ pub struct Sample {
 
 pub fn main(a: Args) {
     std::fs::write(a.cgroup.join("cgroup.procs"), "0").expect("joining the cgroup");
-    enter(&a.netns).expect("entering the namespace");
+    lb_testkit::netns::enter(&a.netns).expect("entering the namespace");
     let deadline = Duration::from_millis(a.millis);
     let mut latencies = Vec::with_capacity(a.count.min(1 << 20));
     let mut failed = 0;
@@ -79,21 +79,6 @@ pub fn main(a: Args) {
         elapsed_ns: started.elapsed().as_nanos() as u64,
     };
     println!("{}", serde_json::to_string(&sample).unwrap());
-}
-
-/// Moves the calling thread into namespace `netns`: a name of `ip netns`,
-/// or a path when it starts with '/'.
-fn enter(netns: &str) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    if !netns.starts_with('/') {
-        return lb_testkit::netns::enter(netns);
-    }
-    let f = std::fs::File::open(netns)?;
-    // SAFETY: an open namespace file; moves the calling thread only.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Runs the client as a child process of this very binary.

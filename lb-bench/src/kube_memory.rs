@@ -367,16 +367,9 @@ pub fn scale(services: usize) -> KubeScale {
     let created = Instant::now();
     let kc = admin_kc.clone();
     let ns = netns.clone();
-    std::thread::spawn(move || {
-        lb_testkit::netns::enter(&ns).expect("entering the control plane's namespace");
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(create(&kc, services));
-    })
-    .join()
-    .unwrap();
+    crate::apiserver::in_netns(&ns, move || async move {
+        create(&kc, services).await;
+    });
     let create_s = created.elapsed().as_secs_f64();
     eprintln!("lb-bench:   {services} services × 2 endpoints created in {create_s:.0} s");
     let want = base + services;
@@ -476,12 +469,14 @@ async fn create(kubeconfig: &std::path::Path, services: usize) {
         discovery::v1::EndpointSlice,
     };
     use kube::{api::PostParams, Api};
-    let c = crate::propagation::client(kubeconfig).await;
+
+    use crate::apiserver::{client, json, selectorless, Selectorless};
+    let c = client(kubeconfig).await;
     let pp = PostParams::default();
     Api::<Namespace>::all(c.clone())
         .create(
             &pp,
-            &crate::propagation::json(serde_json::json!({"metadata": {"name": "scale"}})),
+            &json(serde_json::json!({"metadata": {"name": "scale"}})),
         )
         .await
         .unwrap();
@@ -489,29 +484,25 @@ async fn create(kubeconfig: &std::path::Path, services: usize) {
     let slices = Api::<EndpointSlice>::namespaced(c, "scale");
     futures::stream::iter(0..services)
         .map(|i| {
-            let (svcs, slices, pp) = (svcs.clone(), slices.clone(), pp.clone());
+            let (svcs, slices) = (svcs.clone(), slices.clone());
             async move {
-                let name = format!("svc-{i}");
-                svcs.create(&pp, &crate::propagation::json(serde_json::json!({
-                    "metadata": {"name": name, "labels": {"app": "scale"}},
-                    "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
-                })))
-                .await
-                .unwrap();
                 let endpoints: Vec<_> = (0..2u32)
-                    .map(|e| {
-                        let ip = std::net::Ipv4Addr::from(0x0a80_0000u32 + (i as u32) * 4 + e);
-                        serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}, "nodeName": "elsewhere"})
-                    })
+                    .map(|e| std::net::Ipv4Addr::from(0x0a80_0000u32 + (i as u32) * 4 + e))
                     .collect();
-                slices.create(&pp, &crate::propagation::json(serde_json::json!({
-                    "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
-                    "addressType": "IPv4",
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                    "endpoints": endpoints
-                })))
-                .await
-                .unwrap();
+                let name = format!("svc-{i}");
+                selectorless(
+                    &svcs,
+                    &slices,
+                    Selectorless {
+                        name: &name,
+                        labels: serde_json::json!({"app": "scale"}),
+                        port_name: "http",
+                        target_port: 8080,
+                        endpoints: &endpoints,
+                        node: Some("elsewhere"),
+                    },
+                )
+                .await;
             }
         })
         .buffer_unordered(32)

@@ -7,6 +7,7 @@
 //! directories and removes them afterwards; nothing touches the root cgroup,
 //! a real interface, or sends a packet that could leave the machine.
 //! `cargo xtask bench` builds it in release mode and runs it as root.
+mod apiserver;
 mod bed_traffic;
 mod client;
 mod connect;

@@ -28,7 +28,7 @@ use k8s_openapi::api::{
 use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::{watcher, WatchStreamExt as _},
-    Api, Client,
+    Api,
 };
 use lb_common::service::{Service4Key, ServiceValue, SCOPE_ALL};
 use lb_testkit::{
@@ -40,7 +40,13 @@ use lb_testkit::{
 
 use lb_testkit::kube_proxy::{self, KubeProxy, Mode};
 
-use crate::{kube_proxy::real::Rules, profile::Profile, prom::Buckets, stats::percentile};
+use crate::{
+    apiserver::{client, in_netns, json, selectorless, Selectorless},
+    kube_proxy::real::Rules,
+    profile::Profile,
+    prom::Buckets,
+    stats::percentile,
+};
 
 const NS: &str = "bench";
 const NODE: &str = "bench-node";
@@ -116,22 +122,12 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     let pins = PinDir::create(&unique("benchprop"));
     let cgroup = ChildCgroup::create(&unique("benchprop"));
 
-    // Every Kubernetes call from a thread inside the control plane's
-    // namespace (the apiserver listens on its loopback).
-    let rt = move || {
-        lb_testkit::netns::enter(&netns).expect("entering the control plane's namespace");
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     let setup_started = Instant::now();
     {
         let kc = admin_kc.clone();
-        let rt = rt.clone();
-        std::thread::spawn(move || rt().block_on(create_objects(&kc, services)))
-            .join()
-            .unwrap();
+        in_netns(&netns, move || async move {
+            create_objects(&kc, services).await;
+        });
     }
     let setup_s = setup_started.elapsed().as_secs_f64();
     eprintln!("lb-bench:   {services} services × 10 endpoints created in {setup_s:.0} s");
@@ -161,11 +157,9 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
     );
     let target = Target::Agent(pins.path.clone(), agent.metrics);
     let kc = admin_kc.clone();
-    let run = rt.clone();
-    let result =
-        std::thread::spawn(move || run().block_on(measure(&kc, target, services, samples)))
-            .join()
-            .unwrap();
+    let result = in_netns(&netns, move || async move {
+        measure(&kc, target, services, samples).await
+    });
     drop(agent);
 
     // The real kube-proxy as the same node, on the same objects, one mode
@@ -181,11 +175,10 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
             mode.name()
         );
         let kc = admin_kc.clone();
-        let run = rt.clone();
         let target = Target::KubeProxy(mode, cp.netns.name.clone());
-        let r = std::thread::spawn(move || run().block_on(measure(&kc, target, services, samples)))
-            .join()
-            .unwrap();
+        let r = in_netns(&netns, move || async move {
+            measure(&kc, target, services, samples).await
+        });
         eprintln!(
             "lb-bench:   kube-proxy {}: write → rules p50 {:?}, p99 {:?}",
             mode.name(),
@@ -207,18 +200,6 @@ fn one_scale(services: usize, samples: usize) -> PropagationResult {
         kube_proxy,
         ..result
     }
-}
-
-pub(crate) async fn client(kubeconfig: &std::path::Path) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(cfg).unwrap()
-}
-
-pub(crate) fn json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v).unwrap()
 }
 
 fn pod_ip(svc: usize, pod: usize) -> Ipv4Addr {
@@ -247,29 +228,25 @@ async fn create_objects(kubeconfig: &std::path::Path, services: usize) {
     let slices = Api::<EndpointSlice>::namespaced(c.clone(), NS);
     futures::stream::iter(0..services)
         .map(|i| {
-            let (svcs, slices, pp) = (svcs.clone(), slices.clone(), pp.clone());
+            let (svcs, slices) = (svcs.clone(), slices.clone());
             async move {
-                let name = format!("bulk-{i}");
-                svcs.create(&pp, &json(serde_json::json!({
-                    "metadata": {"name": name},
-                    "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
-                })))
-                .await
-                .unwrap();
                 let endpoints: Vec<_> = (0..10)
-                    .map(|e| {
-                        let ip = Ipv4Addr::from(0x0a80_0000u32 + (i as u32) * 16 + e);
-                        serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true}, "nodeName": "elsewhere"})
-                    })
+                    .map(|e| Ipv4Addr::from(0x0a80_0000u32 + (i as u32) * 16 + e))
                     .collect();
-                slices.create(&pp, &json(serde_json::json!({
-                    "metadata": {"name": format!("{name}-1"), "labels": {"kubernetes.io/service-name": name}},
-                    "addressType": "IPv4",
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                    "endpoints": endpoints
-                })))
-                .await
-                .unwrap();
+                let name = format!("bulk-{i}");
+                selectorless(
+                    &svcs,
+                    &slices,
+                    Selectorless {
+                        name: &name,
+                        labels: serde_json::Value::Null,
+                        port_name: "http",
+                        target_port: 8080,
+                        endpoints: &endpoints,
+                        node: Some("elsewhere"),
+                    },
+                )
+                .await;
             }
         })
         .buffer_unordered(16)

@@ -35,10 +35,21 @@ impl Drop for Netns {
     }
 }
 
-/// Moves the calling thread into the named network namespace. Sockets made
+/// A namespace's file: `name` itself when it is a path (a process's
+/// `/proc/PID/ns/net`, e.g. a pod's), else the `ip netns` name's.
+fn path_of(name: &str) -> String {
+    if name.starts_with('/') {
+        name.to_string()
+    } else {
+        format!("/run/netns/{name}")
+    }
+}
+
+/// Moves the calling thread into the named network namespace (or the one
+/// at a path, see `path_of`). Sockets made
 /// afterwards by this thread live there.
 pub fn enter(name: &str) -> io::Result<()> {
-    let f = File::open(format!("/run/netns/{name}"))?;
+    let f = File::open(path_of(name))?;
     // SAFETY: an open namespace file; moves only the calling thread, as documented above.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(io::Error::last_os_error());
@@ -51,7 +62,7 @@ pub fn enter(name: &str) -> io::Result<()> {
 /// namespace (so /sys/fs/bpf stays visible) and adds nothing to a timing.
 pub fn exec_in(cmd: &mut std::process::Command, name: &str) -> io::Result<()> {
     use std::os::unix::process::CommandExt as _;
-    let f = File::open(format!("/run/netns/{name}"))?;
+    let f = File::open(path_of(name))?;
     // The file moves into the hook, so it stays open until the spawn.
     // SAFETY: setns(2) is async-signal-safe, all the hook does between fork and exec.
     unsafe {

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{ms, Report};
+use crate::bed_traffic::BedResult;
 
 /// kube-proxy's modes, in the table's column order.
 const MODES: [&str; 2] = ["iptables", "nftables"];
@@ -48,6 +49,35 @@ fn mode_of(name: &str) -> &'static str {
         .into_iter()
         .find(|m| name.ends_with(m))
         .unwrap_or_else(|| panic!("kube-proxy mode {name:?} has no column (MODES)"))
+}
+
+/// Rows of §9 figures where higher is better: `what` of the agent's result
+/// `a` against each kube-proxy result in `peers` (same scale), × being the
+/// agent's over kube-proxy's.
+fn bed_rows(
+    a: &BedResult,
+    peers: &[&BedResult],
+    what: [&str; 4],
+    figures: impl Fn(&BedResult) -> [f64; 4],
+    show: impl Fn(f64) -> String,
+) -> Vec<Row> {
+    let ours = figures(a);
+    what.iter()
+        .zip(ours)
+        .enumerate()
+        .map(|(i, (what, v))| {
+            let mut row = Row::new(
+                format!("{what}, {} more services (§9)", a.extra_services),
+                show(v),
+            );
+            for k in peers {
+                let theirs = figures(k)[i];
+                row.modes
+                    .push((mode_of(&k.proxy), show(theirs), Some(v / theirs.max(1e-9))));
+            }
+            row
+        })
+        .collect()
 }
 
 impl Report {
@@ -128,84 +158,52 @@ impl Report {
             rows.extend([wall, cpu, rss]);
         }
         for a in self.bed.iter().filter(|r| r.proxy == "lb-agent") {
-            let more = a.extra_services;
-            let shares = |r: &crate::bed_traffic::BedResult| {
-                [
-                    r.cluster_ip_ratio,
-                    r.node_port_ratio.up_mbit,
-                    r.node_port_ratio.down_mbit,
-                    r.node_port_ratio.conns_per_s,
-                ]
-            };
-            let mut lines: Vec<Row> = [
-                "connects/s through a ClusterIP from a pod, ÷ direct",
-                "NodePort to a pod on another node: upload ÷ routing",
-                "NodePort to a pod on another node: download ÷ routing",
-                "NodePort to a pod on another node: connections/s ÷ routing",
-            ]
-            .iter()
-            .zip(shares(a))
-            .map(|(what, ours)| {
-                Row::new(
-                    format!("{what}, {more} more services (§9)"),
-                    format!("{ours:.2}×"),
-                )
-            })
-            .collect();
-            for k in self
+            let peers: Vec<&BedResult> = self
                 .bed
                 .iter()
-                .filter(|k| k.proxy != a.proxy && k.extra_services == more)
-            {
-                for ((line, ours), theirs) in lines.iter_mut().zip(shares(a)).zip(shares(k)) {
-                    line.modes.push((
-                        mode_of(&k.proxy),
-                        format!("{theirs:.2}×"),
-                        Some(ours / theirs.max(1e-9)),
-                    ));
-                }
-            }
-            rows.append(&mut lines);
+                .filter(|k| k.proxy != a.proxy && k.extra_services == a.extra_services)
+                .collect();
+            rows.extend(bed_rows(
+                a,
+                &peers,
+                [
+                    "connects/s through a ClusterIP from a pod, ÷ direct",
+                    "NodePort to a pod on another node: upload ÷ routing",
+                    "NodePort to a pod on another node: download ÷ routing",
+                    "NodePort to a pod on another node: connections/s ÷ routing",
+                ],
+                |r| {
+                    [
+                        r.cluster_ip_ratio,
+                        r.node_port_ratio.up_mbit,
+                        r.node_port_ratio.down_mbit,
+                        r.node_port_ratio.conns_per_s,
+                    ]
+                },
+                |v| format!("{v:.2}×"),
+            ));
             // The shares above divide by a baseline that carries each
             // proxy's own cost; the rates themselves, measured in clusters
             // run one after the other (noise between them included).
-            let rates = |r: &crate::bed_traffic::BedResult| {
+            rows.extend(bed_rows(
+                a,
+                &peers,
                 [
-                    r.direct_cps,
-                    r.cluster_ip_cps,
-                    r.routing.conns_per_s,
-                    r.node_port.conns_per_s,
-                ]
-            };
-            let mut absolute: Vec<Row> = [
-                "connects/s from a pod straight to the pods (no Service)",
-                "connects/s from a pod through the ClusterIP",
-                "connections/s from outside routed to a pod (no Service)",
-                "connections/s from outside through the NodePort",
-            ]
-            .iter()
-            .zip(rates(a))
-            .map(|(what, ours)| {
-                Row::new(
-                    format!("{what}, absolute, {more} more services (§9)"),
-                    format!("{ours:.0}"),
-                )
-            })
-            .collect();
-            for k in self
-                .bed
-                .iter()
-                .filter(|k| k.proxy != a.proxy && k.extra_services == more)
-            {
-                for ((line, ours), theirs) in absolute.iter_mut().zip(rates(a)).zip(rates(k)) {
-                    line.modes.push((
-                        mode_of(&k.proxy),
-                        format!("{theirs:.0}"),
-                        Some(ours / theirs.max(1e-9)),
-                    ));
-                }
-            }
-            rows.append(&mut absolute);
+                    "connects/s from a pod straight to the pods (no Service), absolute",
+                    "connects/s from a pod through the ClusterIP, absolute",
+                    "connections/s from outside routed to a pod (no Service), absolute",
+                    "connections/s from outside through the NodePort, absolute",
+                ],
+                |r| {
+                    [
+                        r.direct_cps,
+                        r.cluster_ip_cps,
+                        r.routing.conns_per_s,
+                        r.node_port.conns_per_s,
+                    ]
+                },
+                |v| format!("{v:.0}"),
+            ));
         }
         if rows.is_empty() {
             return;
