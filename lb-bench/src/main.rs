@@ -112,7 +112,9 @@ fn main() {
         std::process::exit(1);
     }
     if let Some(Command::KubeScale { services }) = cli.command {
-        let s = kube_memory::scale(services);
+        let limit =
+            std::time::Duration::from_secs(Profile::new(cli.profile).kube_proxy_sync_limit_s);
+        let s = kube_memory::scale(services, limit, &[]);
         println!("{}", serde_json::to_string(&s).unwrap());
         return;
     }
@@ -174,9 +176,19 @@ fn main() {
             .iter()
             .map(|&(n, e)| kube_memory::breakdown_apart(n, e))
             .collect();
+        let limit = std::time::Duration::from_secs(p.kube_proxy_sync_limit_s);
         for &n in &p.kube_scale {
             eprintln!("lb-bench: Kubernetes mode at {n} services through the real apiserver");
-            r.kube_scale.push(kube_memory::scale(n));
+            // A kube-proxy mode that did not sync at a smaller scale is not
+            // waited for again at a larger one.
+            let skip: Vec<String> = r
+                .kube_scale
+                .iter()
+                .flat_map(|k| &k.kube_proxy)
+                .filter(|kp| !kp.synced)
+                .map(|kp| kp.mode.clone())
+                .collect();
+            r.kube_scale.push(kube_memory::scale(n, limit, &skip));
         }
     }
     if wants("connect") {

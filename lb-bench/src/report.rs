@@ -280,12 +280,14 @@ impl Report {
              cluster is one node and thousands of services, not 5 000 nodes: compare the agent's\n\
              column, which is what we add to the controller's, not the totals.\n\n\
              The real kube-proxy (cmd/kube-proxy v1.35.8 of the test bed) then runs as the same node\n\
-             on the same objects, iptables mode and then nftables mode, each from empty rules once the\n\
+             on the same objects, in iptables mode with iptables-nft (Debian 12's `iptables`), in\n\
+             iptables mode with iptables-legacy, and in nftables mode, each from empty rules once the\n\
              agent has stopped, and the same samples poll its rules instead of the map: the Service\n\
              port's chain listed (`iptables -t nat -S KUBE-SVC-…`, `nft list chain ip kube-proxy\n\
              service-…`) until it spreads over the new number of endpoints, a few ms per poll (the\n\
              resolution of its rows). Its own defaults: `--iptables-min-sync-period` 1 s, and so for\n\
-             nftables. *× agent* is its write → rules over the agent's write → map.\n\n\
+             nftables. *× agent* is its write → rules over the agent's write → map. A mode that has\n\
+             not programmed its first full sync within the run's limit is not sampled: its row says so.\n\n\
              *Own metric*: `kubeproxy_network_programming_duration_seconds` as each proxy exports it\n\
              (the agent under kube-proxy's name and buckets), the difference of two scrapes around the\n\
              sampling (the samples and the background changes, what the proxy still held 2 s later\n\
@@ -318,6 +320,16 @@ impl Report {
                 r.setup_s,
             );
             for k in &r.kube_proxy {
+                if let Err(limit) = k.first_sync {
+                    let _ = writeln!(
+                        o,
+                        "| {} | kube-proxy {} | 0 | no first full sync within {} s: not sampled | | | | | | | | | | |",
+                        r.services,
+                        k.mode,
+                        limit.as_secs()
+                    );
+                    continue;
+                }
                 let ratio =
                     |i: usize| k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9);
                 let _ = writeln!(

@@ -10,10 +10,17 @@ use std::{path::PathBuf, time::Duration};
 
 use crate::{k8s::ControlPlane, node::Node};
 
-/// kube-proxy's `--proxy-mode`.
+/// kube-proxy's `--proxy-mode`, and for iptables mode which iptables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// iptables mode with the machine's `iptables`: Debian 12's default is
+    /// iptables-nft (the nf_tables kernel API behind iptables' syntax).
     Iptables,
+    /// iptables mode with iptables-legacy (the x_tables kernel API), as the
+    /// upstream kube-proxy image's iptables-wrapper picks on a host whose
+    /// kubelet wrote legacy rules. Not a `--proxy-mode` of its own: the
+    /// same proxier with other binaries first in its PATH (`legacy_path`).
+    IptablesLegacy,
     Nftables,
     /// Needs the kernel's IPVS (CONFIG_IP_VS); this machine's kernel has
     /// none (docs/testbed.md), so kube-proxy refuses to start in it here.
@@ -21,20 +28,86 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// kube-proxy's own modes (`--proxy-mode`), what the conformance
+    /// control runs take.
     pub const ALL: [Mode; 3] = [Mode::Iptables, Mode::Nftables, Mode::Ipvs];
 
-    /// The value of `--proxy-mode`.
+    /// How reports and logs name it: the `--proxy-mode` value, but
+    /// "iptables-legacy" for that backend.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iptables => "iptables",
+            Mode::IptablesLegacy => "iptables-legacy",
             Mode::Nftables => "nftables",
             Mode::Ipvs => "ipvs",
+        }
+    }
+
+    /// The value of `--proxy-mode`.
+    pub fn proxy_mode(self) -> &'static str {
+        match self {
+            Mode::IptablesLegacy => "iptables",
+            m => m.name(),
+        }
+    }
+
+    /// Whether its rules are iptables rules (either backend).
+    pub fn is_iptables(self) -> bool {
+        matches!(self, Mode::Iptables | Mode::IptablesLegacy)
+    }
+
+    /// The `iptables` it runs (and the bench's rule readers must run to see
+    /// its rules: the two backends keep separate tables).
+    pub fn iptables(self) -> &'static str {
+        match self {
+            Mode::IptablesLegacy => "iptables-legacy",
+            _ => "iptables",
+        }
+    }
+
+    /// Sets up `cmd` to run with this mode's binaries: for IptablesLegacy a
+    /// PATH whose `iptables*` and `ip6tables*` are iptables-legacy's, as
+    /// kube-proxy runs them by name (k8s.io/kubernetes pkg/util/iptables).
+    pub fn configure(self, cmd: &mut std::process::Command) {
+        if self == Mode::IptablesLegacy {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs = vec![legacy_path()];
+            dirs.extend(std::env::split_paths(&path));
+            cmd.env("PATH", std::env::join_paths(dirs).unwrap());
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.name() == s)
     }
+}
+
+/// A directory of `iptables`, `iptables-save`, `iptables-restore` and their
+/// ip6tables siblings, each a link to xtables-legacy-multi (which acts by
+/// the name it was called with), made once per process.
+fn legacy_path() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let multi = [
+            "/usr/sbin/xtables-legacy-multi",
+            "/sbin/xtables-legacy-multi",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("xtables-legacy-multi is missing: Debian's iptables package has it");
+        let dir = std::env::temp_dir().join(format!("lb-iptables-legacy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for family in ["iptables", "ip6tables"] {
+            for suffix in ["", "-save", "-restore"] {
+                let link = dir.join(format!("{family}{suffix}"));
+                let _ = std::fs::remove_file(&link);
+                std::os::unix::fs::symlink(&multi, &link).unwrap();
+            }
+        }
+        dir
+    })
+    .clone()
 }
 
 /// Where `cargo xtask testbed` builds kube-proxy.
@@ -69,7 +142,7 @@ subjects: [{kind: ServiceAccount, name: kube-proxy, namespace: kube-system}]
 pub fn args(kubeconfig: &std::path::Path, mode: Mode, node_name: &str) -> Vec<String> {
     vec![
         format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--proxy-mode={}", mode.name()),
+        format!("--proxy-mode={}", mode.proxy_mode()),
         format!("--hostname-override={node_name}"),
         format!("--cluster-cidr={}", crate::node::CLUSTER_CIDR),
         // nf_conntrack_max is the machine's (writable only from the
@@ -132,6 +205,12 @@ pub fn synced(log: &str, metrics: &str) -> bool {
 /// has programmed its first full sync (`synced`). Panics with its log when
 /// one exits or never syncs.
 pub fn start_on(cp: &ControlPlane, nodes: &mut [Node], mode: Mode) {
+    // A node's process gets the node's environment (`Node::run`), not
+    // `Mode::configure`'s PATH.
+    assert!(
+        mode != Mode::IptablesLegacy,
+        "kube-proxy on a node runs the machine's iptables; iptables-legacy is for `KubeProxy::start_in`"
+    );
     let token_kubeconfig = kubeconfig(cp);
     let text = std::fs::read_to_string(&token_kubeconfig).unwrap();
     let bin = bin().display().to_string();
@@ -204,6 +283,12 @@ impl KubeProxy {
     ) -> Self {
         let out = std::fs::File::create(&log).unwrap();
         let mut cmd = std::process::Command::new(bin());
+        mode.configure(&mut cmd);
+        // A group of its own, so that stopping it stops the iptables-restore
+        // or nft it may be waiting for too: those outlive a killed parent
+        // (they get no PDEATHSIG), and one still restoring 10 000 Services
+        // would take a core from whatever the bench measures next.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.args(args(kubeconfig, mode, node_name))
             .stdin(std::process::Stdio::null())
             .stdout(out.try_clone().unwrap())
@@ -235,13 +320,37 @@ impl KubeProxy {
         synced(&log, &metrics(&self.netns))
     }
 
+    /// Waits up to `timeout` for its first full sync (`synced`), looking
+    /// `every` so often: at 10 000 Services each look reads a long log and
+    /// forks a curl, which a tight loop would take from kube-proxy's own CPU
+    /// on a small machine. Not syncing in time is a result, not a failure
+    /// (iptables-nft at 10 000 Services, docs/testbed.md): Err then carries
+    /// the log's last lines for the caller to show.
+    pub fn wait_synced(&mut self, timeout: Duration, every: Duration) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + timeout;
+        while !self.synced() {
+            if std::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "kube-proxy ({}) did not program its first sync within {timeout:?}:\n{}",
+                    self.mode.name(),
+                    crate::k8s::log_tail("kube-proxy", &self.log, 30)
+                ));
+            }
+            std::thread::sleep(every);
+        }
+        Ok(())
+    }
+
     /// Stops it and removes its rules as an operator switching modes would
     /// (`kube-proxy --cleanup`, which exits when done).
     pub fn stop_and_clean_up(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
         let mut cmd = std::process::Command::new(bin());
-        cmd.args(["--cleanup", &format!("--proxy-mode={}", self.mode.name())]);
+        self.mode.configure(&mut cmd);
+        cmd.args([
+            "--cleanup",
+            &format!("--proxy-mode={}", self.mode.proxy_mode()),
+        ]);
         crate::netns::exec_in(&mut cmd, &self.netns).unwrap();
         let out = cmd.output().expect("kube-proxy --cleanup");
         assert!(
@@ -252,10 +361,24 @@ impl KubeProxy {
     }
 }
 
-impl Drop for KubeProxy {
-    fn drop(&mut self) {
+impl KubeProxy {
+    /// SIGKILL to its process group (it and the rule loaders it runs),
+    /// then reaps it.
+    fn kill(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) with a negative pid signals that process
+            // group; the group is the child's own (`process_group(0)`) and
+            // lives while the child is unreaped.
+            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for KubeProxy {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

@@ -42,8 +42,11 @@ impl Rules {
         // stale-chain cleanup (every sync period in large clusters,
         // pkg/proxy/iptables/proxier.go): the REJECT is what says so.
         // (nftables mode flushes such a chain in the same transaction.)
-        if self.mode == Mode::Iptables {
-            let rejects = self.run("iptables", &["-w", "-t", "filter", "-S", "KUBE-SERVICES"])?;
+        if self.mode.is_iptables() {
+            let rejects = self.run(
+                self.mode.iptables(),
+                &["-w", "-t", "filter", "-S", "KUBE-SERVICES"],
+            )?;
             if rejects.contains(&format!("\"{key} has no endpoints\"")) {
                 return Some(0);
             }
@@ -51,7 +54,9 @@ impl Rules {
         let chain = &self.chains[&key];
         // A chain that is gone: the Service has no endpoints now.
         let listed = match self.mode {
-            Mode::Iptables => self.run("iptables", &["-w", "-t", "nat", "-S", chain]),
+            m if m.is_iptables() => {
+                self.run(self.mode.iptables(), &["-w", "-t", "nat", "-S", chain])
+            }
             _ => self.run("nft", &["list", "chain", "ip", "kube-proxy", chain]),
         };
         let Some(text) = listed else {
@@ -59,7 +64,7 @@ impl Rules {
         };
         Some(match self.mode {
             // -A KUBE-SVC-... -m statistic ... -j KUBE-SEP-...
-            Mode::Iptables => text.lines().filter(|l| l.contains("-j KUBE-SEP-")).count(),
+            m if m.is_iptables() => text.lines().filter(|l| l.contains("-j KUBE-SEP-")).count(),
             // numgen random mod N vmap { 0 : goto endpoint-..., ... }
             _ => text.matches("goto endpoint-").count(),
         })
@@ -70,8 +75,11 @@ impl Rules {
     /// nftables: the chain list, the name ends with ns/name/tcp/port).
     fn find_chain(&self, ns: &str, name: &str, port: &str) -> Option<String> {
         match self.mode {
-            Mode::Iptables => {
-                let text = self.run("iptables", &["-w", "-t", "nat", "-S", "KUBE-SERVICES"])?;
+            m if m.is_iptables() => {
+                let text = self.run(
+                    self.mode.iptables(),
+                    &["-w", "-t", "nat", "-S", "KUBE-SERVICES"],
+                )?;
                 let comment = format!("\"{ns}/{name}:{port} cluster IP\"");
                 text.lines()
                     .filter(|l| l.contains(&comment))

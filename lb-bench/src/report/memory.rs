@@ -92,10 +92,13 @@ impl Report {
         o.push_str(
             "The same restart with the real kube-proxy (cmd/kube-proxy v1.35.8 of the test bed, as the\n\
              same node, in the same run, started after the agents stopped, with every service already\n\
-             in the apiserver): seconds from its start to its first full sync programmed (every family's\n\
+             in the apiserver; iptables mode with iptables-nft and with iptables-legacy, then nftables\n\
+             mode): seconds from its start to its first full sync programmed (every family's\n\
              `kubeproxy_sync_proxy_rules_last_timestamp_seconds` set), its CPU seconds until then with\n\
              the iptables-restore / nft runs it waited for, and its RSS then; beside the second agent's.\n\
-             Ratios are kube-proxy's over the agent's (above 1: the agent is faster or smaller).\n\n\
+             Ratios are kube-proxy's over the agent's (above 1: the agent is faster or smaller). A mode\n\
+             that had not synced when the run stopped waiting shows where it stood then (lower bounds),\n\
+             and is not started again at a larger scale.\n\n\
              | Services | proxy | start → synced | × agent | CPU s | × agent | RSS MiB | × agent |\n\
              |---:|---|---:|---:|---:|---:|---:|---:|\n",
         );
@@ -109,6 +112,28 @@ impl Report {
                 k.second_rss_kib as f64 / 1024.0
             );
             for kp in &k.kube_proxy {
+                if kp.skipped {
+                    let _ = writeln!(
+                        o,
+                        "| {} | kube-proxy {} | not run: no first sync at a smaller scale | | | | | |",
+                        k.services, kp.mode
+                    );
+                    continue;
+                }
+                if !kp.synced {
+                    let _ = writeln!(
+                        o,
+                        "| {} | kube-proxy {} | no sync in {:.0} s | > {:.0} | > {:.1} | > {:.0} | {:.1} (unsynced) | |",
+                        k.services,
+                        kp.mode,
+                        kp.sync_s,
+                        kp.sync_s / k.sync_s.max(1e-9),
+                        kp.sync_cpu_s,
+                        kp.sync_cpu_s / k.sync_cpu_s.max(1e-9),
+                        kp.rss_kib as f64 / 1024.0,
+                    );
+                    continue;
+                }
                 let _ = writeln!(
                     o,
                     "| {} | kube-proxy {} | {:.1} s | {:.2} | {:.1} | {:.2} | {:.1} | {:.2} |",
