@@ -86,6 +86,14 @@ fn bed_rows(
                 show(v),
             );
             for k in peers {
+                if !k.served {
+                    row.modes.push((
+                        mode_of(&k.proxy),
+                        format!("not served in {:.0} s", k.sync_s),
+                        Ratio::None,
+                    ));
+                    continue;
+                }
                 let theirs = figures(k)[i];
                 row.modes.push((
                     mode_of(&k.proxy),
@@ -330,6 +338,7 @@ mod tests {
             node_port: Path::default(),
             node_port_ratio: share,
             sync_s: 0.0,
+            served: true,
         }
     }
 
@@ -359,5 +368,35 @@ mod tests {
             "| NodePort to a pod on another node: connections/s ÷ routing, 1000 more services (§9) | 1.00× | 1.00× | 1.00× | - | - | 0.50× | 2.00× |"
         );
         assert!(!o.contains("Not in this run"), "{o}");
+    }
+
+    #[test]
+    fn a_scale_kube_proxy_did_not_serve_in_time_says_so_without_a_ratio() {
+        let mut r = Report::new(&Profile::new(Name::Smoke), "test".into());
+        r.bed = vec![
+            bed("lb-agent", 0.9, 1.0),
+            BedResult::unserved("kube-proxy iptables".into(), 1_000, 300.0),
+            bed("kube-proxy nftables", 0.45, 0.5),
+        ];
+        let mut o = String::new();
+        r.versus_kube_proxy(&mut o);
+        let line = o
+            .lines()
+            .find(|l| l.starts_with("| connects/s through a ClusterIP"))
+            .unwrap_or_else(|| panic!("no ClusterIP row in\n{o}"));
+        assert_eq!(
+            line,
+            "| connects/s through a ClusterIP from a pod, ÷ direct, 1000 more services (§9) | 0.90× | not served in 300 s | - | - | - | 0.45× | 2.00× |"
+        );
+        let mut section = String::new();
+        r.bed_section(&mut section);
+        assert!(
+            section.contains("| kube-proxy iptables | 1000 | not served in 300 s | not measured"),
+            "{section}"
+        );
+        assert!(
+            !section.contains("kube-proxy iptables at 1000"),
+            "{section}"
+        );
     }
 }
