@@ -60,6 +60,10 @@ pub struct Profile {
     /// not finish and goes on: iptables-nft does not finish at 10 000
     /// services here (docs/testbed.md).
     pub kube_proxy_sync_limit_s: u64,
+    /// How long the real kube-proxy's propagation samples may take in all,
+    /// per mode and scale: nftables mode at 10 000 services takes tens of
+    /// seconds a change here, and 200 of them would take over an hour.
+    pub kube_proxy_sampling_limit_s: u64,
     /// Services-file edit → maps (standalone mode): file sizes and edits each.
     pub file_edit_services: Vec<usize>,
     pub file_edit_samples: usize,
@@ -102,6 +106,7 @@ impl Profile {
                 propagation_services: vec![1_000, 10_000],
                 propagation_samples: 200,
                 kube_proxy_sync_limit_s: 300,
+                kube_proxy_sampling_limit_s: 600,
                 file_edit_services: vec![1_000, 10_000],
                 file_edit_samples: 30,
                 map_write_elements: 230_000,
@@ -134,6 +139,7 @@ impl Profile {
                 propagation_services: vec![1_000],
                 propagation_samples: 60,
                 kube_proxy_sync_limit_s: 300,
+                kube_proxy_sampling_limit_s: 300,
                 file_edit_services: vec![10_000],
                 file_edit_samples: 10,
                 map_write_elements: 230_000,
@@ -166,6 +172,7 @@ impl Profile {
                 propagation_services: vec![100],
                 propagation_samples: 10,
                 kube_proxy_sync_limit_s: 120,
+                kube_proxy_sampling_limit_s: 120,
                 file_edit_services: vec![100],
                 file_edit_samples: 3,
                 map_write_elements: 10_000,

@@ -8,6 +8,7 @@ use crate::{
     maglev::MaglevResult,
     packet::{PacketResult, Timing},
     profile::Profile,
+    propagation::SAMPLE_TIMEOUT,
 };
 
 /// Why the numbers are what they are: measured separately (the figures say
@@ -256,7 +257,7 @@ impl Report {
         o.push('\n');
     }
 
-    fn propagation_section(&self, o: &mut String) {
+    pub(super) fn propagation_section(&self, o: &mut String) {
         if self.propagation.is_empty() {
             return;
         }
@@ -287,7 +288,10 @@ impl Report {
              service-…`) until it spreads over the new number of endpoints, a few ms per poll (the\n\
              resolution of its rows). Its own defaults: `--iptables-min-sync-period` 1 s, and so for\n\
              nftables. *× agent* is its write → rules over the agent's write → map. A mode that has\n\
-             not programmed its first full sync within the run's limit is not sampled: its row says so.\n\n\
+             not programmed its first full sync within the run's limit is not sampled: its row says so.\n\
+             Its samples stop at the profile's time limit per mode and scale (fewer samples than the\n\
+             agent's then), and a sample whose rules had not changed within 60 s counts as 60 s: a\n\
+             percentile that lands on one is shown as ≥, and so is its ratio.\n\n\
              *Own metric*: `kubeproxy_network_programming_duration_seconds` as each proxy exports it\n\
              (the agent under kube-proxy's name and buckets), the difference of two scrapes around the\n\
              sampling (the samples and the background changes, what the proxy still held 2 s later\n\
@@ -330,19 +334,40 @@ impl Report {
                     );
                     continue;
                 }
-                let ratio =
-                    |i: usize| k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9);
+                // A sample kube-proxy missed counts as the timeout: a
+                // percentile there is a lower bound, and so is its ratio.
+                let bound = |d: Duration| if d >= SAMPLE_TIMEOUT { "≥ " } else { "" };
+                let ratio = |i: usize| {
+                    format!(
+                        "{}{:.1}",
+                        bound(k.to_rules[i]),
+                        k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9)
+                    )
+                };
+                let samples = if k.missed == 0 {
+                    k.samples.to_string()
+                } else {
+                    format!(
+                        "{} ({} not shown in {} s)",
+                        k.samples,
+                        k.missed,
+                        SAMPLE_TIMEOUT.as_secs()
+                    )
+                };
                 let _ = writeln!(
                     o,
-                    "| {} | kube-proxy {} | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | {:.1} | {:.1} | {} | | |",
+                    "| {} | kube-proxy {} | {samples} | {} ms | {} ms | {}{} ms | {}{} ms | {}{} ms | {}{} ms | {} | {} | {} | | |",
                     r.services,
                     k.mode,
-                    k.samples,
                     ms(k.to_slice[0]),
                     ms(k.to_slice[1]),
+                    bound(k.slice_to_rules[0]),
                     ms(k.slice_to_rules[0]),
+                    bound(k.slice_to_rules[1]),
                     ms(k.slice_to_rules[1]),
+                    bound(k.to_rules[0]),
                     ms(k.to_rules[0]),
+                    bound(k.to_rules[1]),
                     ms(k.to_rules[1]),
                     ratio(0),
                     ratio(1),

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{ms, Report};
-use crate::bed_traffic::BedResult;
+use crate::{bed_traffic::BedResult, propagation::SAMPLE_TIMEOUT};
 
 /// kube-proxy's modes (`Mode::name`), in the table's column order.
 const MODES: [&str; 3] = ["iptables", "iptables-legacy", "nftables"];
@@ -120,13 +120,25 @@ impl Report {
                 );
                 for k in &r.kube_proxy {
                     row.modes.push(match k.first_sync {
-                        Ok(_) => (
-                            mode_of(k.mode),
-                            format!("{} ms", ms(k.to_rules[i])),
-                            Ratio::Is(
-                                k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9),
-                            ),
-                        ),
+                        Ok(_) => {
+                            let ratio =
+                                k.to_rules[i].as_secs_f64() / r.to_map[i].as_secs_f64().max(1e-9);
+                            // A percentile on a sample kube-proxy missed is
+                            // the timeout: a lower bound.
+                            if k.to_rules[i] >= SAMPLE_TIMEOUT {
+                                (
+                                    mode_of(k.mode),
+                                    format!("≥ {} ms", ms(k.to_rules[i])),
+                                    Ratio::AtLeast(ratio),
+                                )
+                            } else {
+                                (
+                                    mode_of(k.mode),
+                                    format!("{} ms", ms(k.to_rules[i])),
+                                    Ratio::Is(ratio),
+                                )
+                            }
+                        }
                         Err(limit) => (
                             mode_of(k.mode),
                             format!("no first sync in {} s", limit.as_secs()),
@@ -398,5 +410,56 @@ mod tests {
             !section.contains("kube-proxy iptables at 1000"),
             "{section}"
         );
+    }
+
+    #[test]
+    fn a_propagation_percentile_on_a_sample_kube_proxy_missed_is_a_lower_bound() {
+        use crate::propagation::{KubeProxyPropagation, PropagationResult, SAMPLE_TIMEOUT};
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let kp = |mode, p99| KubeProxyPropagation {
+            mode,
+            first_sync: Ok(Duration::from_secs(30)),
+            samples: 40,
+            missed: usize::from(p99 >= SAMPLE_TIMEOUT),
+            to_slice: [ms(5), ms(9)],
+            slice_to_rules: [ms(1_000), p99],
+            to_rules: [ms(1_000), p99],
+            programming: None,
+        };
+        let mut r = Report::new(&Profile::new(Name::Smoke), "test".into());
+        r.propagation = vec![PropagationResult {
+            services: 10_000,
+            samples: 200,
+            missed: 0,
+            to_slice: [ms(5), ms(9)],
+            slice_to_map: [ms(100), ms(200)],
+            to_map: [ms(100), ms(200)],
+            setup_s: 1.0,
+            background_changes: 10,
+            programming: None,
+            kube_proxy: vec![kp("iptables", ms(2_000)), kp("nftables", SAMPLE_TIMEOUT)],
+        }];
+        let mut o = String::new();
+        r.versus_kube_proxy(&mut o);
+        let p99 = o
+            .lines()
+            .find(|l| l.contains(", p99, 10000 services"))
+            .unwrap_or_else(|| panic!("no p99 row in\n{o}"));
+        assert_eq!(
+            p99,
+            "| one EndpointSlice change → data path, p99, 10000 services (§6) | 200 ms | 2000 ms | 10.00× | - | - | ≥ 60000 ms | > 300× |"
+        );
+        let mut section = String::new();
+        r.propagation_section(&mut section);
+        assert!(
+            section.contains("| 10000 | kube-proxy nftables | 40 (1 not shown in 60 s) |"),
+            "{section}"
+        );
+        assert!(
+            section.contains("≥ 60000 ms | 10.0 | ≥ 300.0 |"),
+            "{section}"
+        );
+        assert!(section.contains("| 2000 ms | 10.0 | 10.0 |"), "{section}");
     }
 }
