@@ -53,6 +53,10 @@ struct Cli {
     /// Only these parts (connect, control, file, packet, maglev, northsouth, propagation, memory, bed); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// The propagation part at these numbers of services instead of the
+    /// profile's (e.g. 10000: one scale redone alone).
+    #[arg(long, value_delimiter = ',')]
+    propagation_services: Vec<usize>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -127,7 +131,10 @@ fn main() {
         connect::profile(&dial, services, seconds);
         return;
     }
-    let p = Profile::new(cli.profile);
+    let mut p = Profile::new(cli.profile);
+    if !cli.propagation_services.is_empty() {
+        p.propagation_services.clone_from(&cli.propagation_services);
+    }
     let wants = |part: &str| cli.only.is_empty() || cli.only.iter().any(|o| o == part);
     let started = std::time::Instant::now();
     let mut r = report::Report::new(&p, std::env::args().collect::<Vec<_>>().join(" "));

@@ -74,6 +74,8 @@ pub struct PropagationResult {
     /// Seconds to create the bulk objects (context for the run).
     pub setup_s: f64,
     pub background_changes: usize,
+    /// One look at the target's state (p50, max): see `KubeProxyPropagation::poll`.
+    pub poll: [Duration; 2],
     /// p50 and p99 of `kubeproxy_network_programming_duration_seconds` over
     /// the sampling (the samples and the background changes), as the agent
     /// itself accounts them, estimated from the buckets as
@@ -104,6 +106,12 @@ pub struct KubeProxyPropagation {
     /// Its own `kubeproxy_network_programming_duration_seconds` over the
     /// sampling, as for the agent.
     pub programming: Option<([f64; 2], f64)>,
+    /// How long one look at its rules took (p50, max): the resolution of
+    /// its samples. Between looks the bench sleeps four times as long, so
+    /// the looks (a dump of the nat table under the xtables lock, or a
+    /// listing of nftables' ruleset) take at most a fifth of a core from
+    /// kube-proxy and never hold the lock back-to-back.
+    pub poll: [Duration; 2],
 }
 
 /// Backends of a Service (name, ClusterIP) as the target programmed them.
@@ -211,6 +219,7 @@ fn one_scale(
                 first_sync: Err(limit),
                 samples: 0,
                 missed: 0,
+                poll: [Duration::ZERO; 2],
                 to_slice: [Duration::ZERO; 2],
                 slice_to_rules: [Duration::ZERO; 2],
                 to_rules: [Duration::ZERO; 2],
@@ -238,6 +247,7 @@ fn one_scale(
             first_sync: Ok(first_sync),
             samples: r.samples,
             missed: r.missed,
+            poll: r.poll,
             to_slice: r.to_slice,
             slice_to_rules: r.slice_to_map,
             to_rules: r.to_map,
@@ -476,6 +486,10 @@ async fn measure(
     let (mut to_slice, mut slice_to_map, mut to_map) = (Vec::new(), Vec::new(), Vec::new());
     let mut ready = [[true; 2]; MEASURED];
     let mut missed = 0;
+    let mut polls: Vec<Duration> = Vec::new();
+    // The agent's map lookup is a syscall; kube-proxy's rules are a dump
+    // (see `KubeProxyPropagation::poll`): pace the looks by their cost.
+    let pace = matches!(target, Target::KubeProxy(..));
     let sampling_started = Instant::now();
     for i in 0..samples {
         if sampling_limit.is_some_and(|l| sampling_started.elapsed() >= l) {
@@ -498,7 +512,11 @@ async fn measure(
         let mapped = loop {
             // An empty service keeps its master entry with count 0 (the
             // agent) or loses its chain (kube-proxy).
-            if programmed(&name, ip).unwrap_or(0) == want {
+            let look = Instant::now();
+            let count = programmed(&name, ip).unwrap_or(0);
+            let took = look.elapsed();
+            polls.push(took);
+            if count == want {
                 break Instant::now();
             }
             if Instant::now() >= deadline {
@@ -514,7 +532,12 @@ async fn measure(
                 missed += 1;
                 break deadline;
             }
-            tokio::time::sleep(Duration::from_micros(500)).await;
+            let pause = if pace {
+                (took * 4).max(Duration::from_micros(500))
+            } else {
+                Duration::from_micros(500)
+            };
+            tokio::time::sleep(pause).await;
         };
         let seen = log
             .lock()
@@ -543,6 +566,11 @@ async fn measure(
         v.sort();
         [percentile(&v, 0.5), percentile(&v, 0.99)]
     };
+    polls.sort();
+    let poll = [
+        percentile(&polls, 0.5),
+        polls.last().copied().unwrap_or_default(),
+    ];
     PropagationResult {
         services,
         samples: to_map.len(),
@@ -552,6 +580,7 @@ async fn measure(
         to_map: q(to_map),
         setup_s: 0.0,
         background_changes,
+        poll,
         programming,
         kube_proxy: Vec::new(),
     }

@@ -291,7 +291,11 @@ impl Report {
              not programmed its first full sync within the run's limit is not sampled: its row says so.\n\
              Its samples stop at the profile's time limit per mode and scale (fewer samples than the\n\
              agent's then), and a sample whose rules had not changed within 60 s counts as 60 s: a\n\
-             percentile that lands on one is shown as ≥, and so is its ratio.\n\n\
+             percentile that lands on one is shown as ≥, and so is its ratio. *Look* is how long one\n\
+             look at the rules took (p50 / max), the resolution of the row: at 10 000 services a look\n\
+             dumps a large table (iptables' nat table under the xtables lock, nftables' ruleset), so\n\
+             the bench sleeps four times a look's time before the next, keeping its looks to a fifth\n\
+             of a core beside kube-proxy.\n\n\
              *Own metric*: `kubeproxy_network_programming_duration_seconds` as each proxy exports it\n\
              (the agent under kube-proxy's name and buckets), the difference of two scrapes around the\n\
              sampling (the samples and the background changes, what the proxy still held 2 s later\n\
@@ -304,13 +308,13 @@ impl Report {
              drops a trigger time not later than the pod's previous one (two flips of a pod within a\n\
              second), so the counts differ from the changes made; and kube-proxy's sampling ran longer\n\
              (its samples are slower), so it saw more background changes.\n\n\
-             | Services | proxy | Samples | controller p50 | p99 | proxy p50 | p99 | write → data path p50 | p99 | × agent p50 | p99 | own metric p50 / p99 (count) | background changes | setup |\n\
-             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+             | Services | proxy | Samples | controller p50 | p99 | proxy p50 | p99 | write → data path p50 | p99 | × agent p50 | p99 | own metric p50 / p99 (count) | look p50 / max | background changes | setup |\n\
+             |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.propagation {
             let _ = writeln!(
                 o,
-                "| {} | lb-agent | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | 1 | 1 | {} | {} | {:.0} s |",
+                "| {} | lb-agent | {} | {} ms | {} ms | {} ms | {} ms | {} ms | {} ms | 1 | 1 | {} | {} / {} ms | {} | {:.0} s |",
                 r.services,
                 r.samples,
                 ms(r.to_slice[0]),
@@ -320,6 +324,8 @@ impl Report {
                 ms(r.to_map[0]),
                 ms(r.to_map[1]),
                 own_metric(r.programming),
+                ms(r.poll[0]),
+                ms(r.poll[1]),
                 r.background_changes,
                 r.setup_s,
             );
@@ -327,7 +333,7 @@ impl Report {
                 if let Err(limit) = k.first_sync {
                     let _ = writeln!(
                         o,
-                        "| {} | kube-proxy {} | 0 | no first full sync within {} s: not sampled | | | | | | | | | | |",
+                        "| {} | kube-proxy {} | 0 | no first full sync within {} s: not sampled | | | | | | | | | | | |",
                         r.services,
                         k.mode,
                         limit.as_secs()
@@ -359,7 +365,7 @@ impl Report {
                 };
                 let _ = writeln!(
                     o,
-                    "| {} | kube-proxy {} | {samples} | {} ms | {} ms | {} ms | {} ms | {}{} ms | {}{} ms | {} | {} | {} | | |",
+                    "| {} | kube-proxy {} | {samples} | {} ms | {} ms | {} ms | {} ms | {}{} ms | {}{} ms | {} | {} | {} | {} / {} ms | | |",
                     r.services,
                     k.mode,
                     ms(k.to_slice[0]),
@@ -373,6 +379,8 @@ impl Report {
                     ratio(0),
                     ratio(1),
                     own_metric(k.programming),
+                    ms(k.poll[0]),
+                    ms(k.poll[1]),
                 );
             }
         }

@@ -426,6 +426,7 @@ mod tests {
             slice_to_rules: [ms(1_000), p99],
             to_rules: [ms(1_000), p99],
             programming: None,
+            poll: [ms(20), ms(40)],
         };
         let mut r = Report::new(&Profile::new(Name::Smoke), "test".into());
         r.propagation = vec![PropagationResult {
@@ -437,6 +438,7 @@ mod tests {
             to_map: [ms(100), ms(200)],
             setup_s: 1.0,
             background_changes: 10,
+            poll: [Duration::from_micros(20), Duration::from_micros(90)],
             programming: None,
             kube_proxy: vec![kp("iptables", ms(2_000)), kp("nftables", SAMPLE_TIMEOUT)],
         }];
@@ -457,7 +459,7 @@ mod tests {
             "{section}"
         );
         assert!(
-            section.contains("≥ 60000 ms | 10.0 | ≥ 300.0 |"),
+            section.contains("≥ 60000 ms | 10.0 | ≥ 300.0 | - | 20 / 40 ms |"),
             "{section}"
         );
         assert!(section.contains("| 2000 ms | 10.0 | 10.0 |"), "{section}");
