@@ -94,10 +94,22 @@ where
     let entries: Vec<(CtKey<A>, CtValue<A>)> = map.iter().filter_map(Result::ok).collect();
     let now = crate::monitor::reader::monotonic_ns();
     let gone = expired_keys(&entries, now, t);
+    let seen: crate::collections::HashMap<CtKey<A>, CtValue<A>> = entries.iter().copied().collect();
     let mut deleted = 0;
     for k in &gone {
-        // Evicted or deleted by a program meanwhile: fine.
-        if map.remove(k).is_ok() {
+        // The decision was made on a snapshot, and the programs keep
+        // writing: a client that reuses its port as its old flow expires
+        // gets a new flow under the same keys (new_flow overwrites both
+        // entries). Deleting that one's reverse entry would leave its
+        // forward entry sending SYNs whose replies nothing translates,
+        // retransmission after retransmission (the node answers them with
+        // RST) until the connect times out. So an entry is deleted only if
+        // it still holds what the snapshot held; and `expired_keys` lists
+        // reverse entries first, so the window left between this read and
+        // the delete can at worst cost a forward entry, which the next
+        // packet makes again.
+        let unchanged = map.get(k, 0).ok().as_ref() == seen.get(k);
+        if unchanged && map.remove(k).is_ok() {
             deleted += 1;
         }
     }

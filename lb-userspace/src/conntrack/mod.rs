@@ -73,6 +73,7 @@ pub fn forward_of<A: Copy>(key: &CtKey<A>, value: &CtValue<A>) -> Option<CtKey<A
 /// entries of SNAT and local flows with their forward entry (they are only
 /// refreshed by replies, and a one-way flow must keep its translation while
 /// it sends); other reverse entries (DSR) past their own lifetime.
+/// Reverse entries come first in the list: see `gc::sweep_table`.
 pub fn expired_keys<A: Copy + Eq + std::hash::Hash>(
     entries: &[(CtKey<A>, CtValue<A>)],
     now_ns: u64,
@@ -104,6 +105,8 @@ pub fn expired_keys<A: Copy + Eq + std::hash::Hash>(
             out.push(*k);
         }
     }
+    // Stable: the order within each kind stays the table's.
+    out.sort_by_key(|k| k.kind == CT_SERVICE);
     out
 }
 
@@ -155,6 +158,20 @@ mod tests {
         // Established TCP lives 6 h; at 6 h + 11 s both entries go.
         let gone = expired_keys(&flow, (21_600 + 11) * S, &t);
         assert_eq!(gone.len(), 2, "{gone:?}");
+    }
+
+    #[test]
+    fn reverse_entries_are_listed_before_forward_ones() {
+        // The table lists the forward entry first; the sweep must delete
+        // the reverse one first (gc::sweep_table says why).
+        let t = CtTimeouts::default();
+        let flow = snat_flow(CT_F_ESTABLISHED | CT_F_CLOSING, 10 * S);
+        let gone = expired_keys(&flow, 1_000 * S, &t);
+        assert_eq!(
+            gone.iter().map(|k| k.kind).collect::<Vec<_>>(),
+            [CT_REVERSE, CT_SERVICE],
+            "{gone:?}"
+        );
     }
 
     #[test]
