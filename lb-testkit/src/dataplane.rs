@@ -331,8 +331,14 @@ impl Dataplane {
     /// The standard `SERVICES` plus the services of `extra` (a services
     /// file of more services), as this node's services file.
     pub fn apply_with_extra(&mut self, extra: &str) {
+        self.apply_with_extra_to(SERVICES, extra);
+    }
+
+    /// `base` (a services file, as `SERVICES6`) plus the services of
+    /// `extra`, as this node's services file.
+    pub fn apply_with_extra_to(&mut self, base: &str, extra: &str) {
         let ctx = node_context();
-        let mut model = lb::source::file::parse::parse_with(SERVICES, &ctx).unwrap();
+        let mut model = lb::source::file::parse::parse_with(base, &ctx).unwrap();
         model.services.extend(
             lb::source::file::parse::parse_with(extra, &ctx)
                 .unwrap()

@@ -58,6 +58,18 @@ struct IcmpSeen<A> {
     quote: Vec<u8>,
 }
 
+/// A LoadBalancer with `loadBalancerSourceRanges` (`RANGES` in `yaml`)
+/// and one node-local backend, added to a family's services.
+struct Guarded {
+    yaml: &'static str,
+    lb: &'static str,
+    backend: &'static str,
+    node_port: u16,
+    /// Ranges that hold: neither the client nor its network; its network;
+    /// only the client; only another host of its network.
+    ranges: [&'static str; 4],
+}
+
 /// What a test needs to know of an address family.
 trait Family {
     type Addr: Copy + PartialEq + Debug + Into<IpAddr> + std::str::FromStr<Err: Debug>;
@@ -77,6 +89,8 @@ trait Family {
     /// The UDP LoadBalancer (port 53) and its backend (port 5353).
     const DNS_LB: &'static str;
     const DNS_BACKEND: &'static str;
+    /// A TCP LoadBalancer on port 80 (several remote backends).
+    const WEB_LB: &'static str;
     /// An address no frontend of `SERVICES` uses.
     const STRANGER: &'static str;
     /// What an error quotes at least: the IP header and 8 bytes.
@@ -85,9 +99,19 @@ trait Family {
     /// its header checksum) make a TCP error right even where the skb still
     /// asks for a checksum offload (packet/icmp.rs, `reply`).
     const QUOTE_CHOSEN: &'static [usize];
-    /// (type, code) of port unreachable and of time exceeded.
+    /// (type, code) of port unreachable, of time exceeded, and of "too
+    /// big" (IPv4's fragmentation needed with DF set, ICMPv6's packet too
+    /// big).
     const PORT_UNREACHABLE: (u8, u8);
     const TIME_EXCEEDED: (u8, u8);
+    const TOO_BIG: (u8, u8);
+    /// The second node, a router on the path to a remote backend.
+    const NODE_B: Self::Addr;
+    const GUARDED: Guarded;
+    /// How much of a packet a router or host quotes in its errors here:
+    /// IPv4's traditional header and 8 bytes (RFC 792), IPv6's as much as
+    /// fits (RFC 4443 §2.4(c): the whole of these small packets).
+    const ERROR_QUOTE: usize;
 
     #[allow(clippy::too_many_arguments)]
     fn tcp(
@@ -112,6 +136,17 @@ trait Family {
     ) -> Vec<u8>;
     /// `frame` (a TCP packet) with a DSR option or header naming `frontend`.
     fn with_dsr(frame: &[u8], frontend: Self::Addr, port: u16) -> Vec<u8>;
+    /// An ICMP or ICMPv6 error message `(type, code)` quoting `quote`.
+    #[allow(clippy::too_many_arguments)]
+    fn icmp_error(
+        src: Mac,
+        dst: Mac,
+        saddr: Self::Addr,
+        daddr: Self::Addr,
+        kind: (u8, u8),
+        rest: [u8; 4],
+        quote: &[u8],
+    ) -> Vec<u8>;
     fn seen(frame: &[u8]) -> Seen<Self::Addr>;
     fn icmp(frame: &[u8]) -> IcmpSeen<Self::Addr>;
     fn words(a: Self::Addr) -> Self::Words;
@@ -137,6 +172,11 @@ trait Family {
     }
     fn dataplane(test: &str) -> Dataplane {
         Dataplane::with_services(&unique(&format!("{}{test}", Self::TAG)), Self::SERVICES)
+    }
+    /// What an error about `frame` (as sent) quotes: its IP packet, cut
+    /// at `ERROR_QUOTE`.
+    fn quote_of(frame: &[u8]) -> &[u8] {
+        &frame[14..frame.len().min(Self::ERROR_QUOTE.saturating_add(14))]
     }
     /// A client's TCP packet to this node.
     fn to_node(dport: u16, sport: u16, flags: u8, payload: &[u8]) -> Vec<u8> {
@@ -171,11 +211,37 @@ impl Family for V4 {
     const REMOTE_BACKEND: &'static str = "10.244.2.10";
     const DNS_LB: &'static str = "203.0.113.10";
     const DNS_BACKEND: &'static str = "10.244.2.20";
+    const WEB_LB: &'static str = "203.0.113.20";
     const STRANGER: &'static str = "198.51.100.1";
     const QUOTE_MIN: usize = 28;
     const QUOTE_CHOSEN: &'static [usize] = &[4, 5, 10, 11];
     const PORT_UNREACHABLE: (u8, u8) = (3, 3);
     const TIME_EXCEEDED: (u8, u8) = (11, 0);
+    const TOO_BIG: (u8, u8) = (3, 4);
+    const NODE_B: Ipv4Addr = NODE_B_IP;
+    const ERROR_QUOTE: usize = 28;
+    const GUARDED: Guarded = Guarded {
+        yaml: r#"
+services:
+  - name: guarded
+    type: LoadBalancer
+    clusterIPs: [10.96.0.12]
+    loadBalancerIPs: [203.0.113.30]
+    loadBalancerSourceRanges: [RANGES]
+    ports: [{port: 80, targetPort: 8080, nodePort: 30012}]
+    backends: [{address: 10.244.1.50, local: true}]
+"#,
+        lb: "203.0.113.30",
+        backend: "10.244.1.50",
+        node_port: 30012,
+        // The client is 192.168.50.1.
+        ranges: [
+            "10.0.0.0/8, 192.168.60.0/24",
+            "10.0.0.0/8, 192.168.50.0/24",
+            "192.168.50.1/32",
+            "192.168.50.2/32",
+        ],
+    };
 
     fn tcp(
         src: Mac,
@@ -206,6 +272,18 @@ impl Family for V4 {
         payload: &[u8],
     ) -> Vec<u8> {
         packets::udp(src, dst, saddr, daddr, sport, dport, payload)
+    }
+
+    fn icmp_error(
+        src: Mac,
+        dst: Mac,
+        saddr: Ipv4Addr,
+        daddr: Ipv4Addr,
+        (ty, code): (u8, u8),
+        rest: [u8; 4],
+        quote: &[u8],
+    ) -> Vec<u8> {
+        packets::icmp_error(src, dst, saddr, daddr, ty, code, rest, quote)
     }
 
     /// The option after the 20-byte header: IHL 7, total length + 8.
@@ -297,11 +375,37 @@ impl Family for V6 {
     const REMOTE_BACKEND: &'static str = "fd00:244:2::10";
     const DNS_LB: &'static str = "2001:db8:113::10";
     const DNS_BACKEND: &'static str = "fd00:244:2::20";
+    const WEB_LB: &'static str = "2001:db8:113::20";
     const STRANGER: &'static str = "2001:db8:99::1";
     const QUOTE_MIN: usize = 48;
     const QUOTE_CHOSEN: &'static [usize] = &[];
     const PORT_UNREACHABLE: (u8, u8) = (1, 4);
     const TIME_EXCEEDED: (u8, u8) = (3, 0);
+    const TOO_BIG: (u8, u8) = (2, 0);
+    const NODE_B: Ipv6Addr = NODE_B_IP6;
+    const ERROR_QUOTE: usize = usize::MAX;
+    const GUARDED: Guarded = Guarded {
+        yaml: r#"
+services:
+  - name: guarded-local6
+    type: LoadBalancer
+    clusterIPs: ["fd00:96::12"]
+    loadBalancerIPs: ["2001:db8:113::31"]
+    loadBalancerSourceRanges: [RANGES]
+    ports: [{port: 80, targetPort: 8080, nodePort: 31012}]
+    backends: [{address: "fd00:244:1::50", local: true}]
+"#,
+        lb: "2001:db8:113::31",
+        backend: "fd00:244:1::50",
+        node_port: 31012,
+        // The client is fd00:50::1.
+        ranges: [
+            r#""2001:db8::/32", "fd00:60::/64""#,
+            r#""2001:db8::/32", "fd00:50::/64""#,
+            r#""fd00:50::1/128""#,
+            r#""fd00:50::2/128""#,
+        ],
+    };
 
     fn tcp(
         src: Mac,
@@ -327,6 +431,18 @@ impl Family for V6 {
         payload: &[u8],
     ) -> Vec<u8> {
         packets::udp6(src, dst, saddr, daddr, sport, dport, payload)
+    }
+
+    fn icmp_error(
+        src: Mac,
+        dst: Mac,
+        saddr: Ipv6Addr,
+        daddr: Ipv6Addr,
+        (ty, code): (u8, u8),
+        rest: [u8; 4],
+        quote: &[u8],
+    ) -> Vec<u8> {
+        packets::icmp6_error(src, dst, saddr, daddr, ty, code, rest, quote)
     }
 
     /// A Destination Options header (next header 60) right after the IPv6
@@ -474,6 +590,10 @@ both_families!(
     the_hop_count_is_decremented_and_a_packet_whose_count_runs_out_gets_time_exceeded,
     a_dsr_option_naming_a_frontend_this_node_does_not_serve_is_rejected,
     a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted,
+    a_routers_too_big_error_for_a_snat_flow_reaches_the_client_translated,
+    a_local_backends_icmp_error_leaves_quoting_the_frontend,
+    load_balancer_source_ranges_admit_only_their_networks_to_the_load_balancer_address,
+    traffic_that_is_not_for_a_service_passes_untouched,
 );
 
 fn a_nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_natted_on_egress<
@@ -788,4 +908,206 @@ fn a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trust
         backend,
         "an untrusted filter is not used"
     );
+}
+
+/// Path MTU discovery through the SNAT (RFC 1191, RFC 8201): a router
+/// between this node and a remote backend answers "too big" about a
+/// packet the node forwarded (source: the node, its SNAT port). The error
+/// is the client's (RFC 5508, NAT behaviour for ICMP): it leaves toward
+/// the client with the quote put back to what the client sent, the MTU
+/// unchanged, the router's own address kept (as netfilter's NAT does). An error quoting a port no flow holds is the
+/// stack's, untouched.
+fn a_routers_too_big_error_for_a_snat_flow_reaches_the_client_translated<F: Family>() {
+    let dp = F::dataplane("icmp_snat");
+    let (rc, sent) = dp.tc_ingress(&F::to_node(F::NP_REMOTE, 42100, SYN, b""));
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    let mtu_1300 = 1300u32.to_be_bytes();
+    let err = F::icmp_error(
+        NODE_B_MAC,
+        EXT0_MAC,
+        F::NODE_B,
+        F::NODE,
+        F::TOO_BIG,
+        mtu_1300,
+        F::quote_of(&sent),
+    );
+    let translated = dp.counter(lb_common::config::CNT_ICMP_TRANSLATED);
+    let (rc, out) = dp.tc_ingress(&err);
+    assert_eq!(rc, TC_ACT_REDIRECT, "toward the client");
+    let v = F::icmp(&out);
+    assert_eq!(
+        (v.saddr, v.daddr),
+        (F::NODE_B, F::CLIENT),
+        "the router's address kept"
+    );
+    assert_eq!(v.eth_dst, CLIENT_MAC);
+    assert_eq!(
+        v.quoted,
+        (F::CLIENT, F::NODE, 42100, F::NP_REMOTE),
+        "quotes what the client sent"
+    );
+    assert_eq!(
+        (v.ty, v.code, v.rest),
+        (F::TOO_BIG.0, F::TOO_BIG.1, mtu_1300),
+        "the MTU passes unchanged"
+    );
+    assert_eq!(
+        dp.counter(lb_common::config::CNT_ICMP_TRANSLATED),
+        translated + 1
+    );
+
+    // The same error about a source port nobody allocated.
+    let mut stray_quote = F::quote_of(&sent).to_vec();
+    let sport_at = F::QUOTE_MIN - 8;
+    stray_quote[sport_at..sport_at + 2].copy_from_slice(&1u16.to_be_bytes());
+    let stray = F::icmp_error(
+        NODE_B_MAC,
+        EXT0_MAC,
+        F::NODE_B,
+        F::NODE,
+        F::TOO_BIG,
+        mtu_1300,
+        &stray_quote,
+    );
+    let (rc, out) = dp.tc_ingress(&stray);
+    assert_eq!((rc, out), (TC_ACT_OK, stray), "the stack's");
+    assert_eq!(
+        dp.counter(lb_common::config::CNT_ICMP_TRANSLATED),
+        translated + 1
+    );
+}
+
+/// A local backend's error about a flow it got through a NodePort (here
+/// port unreachable) leaves from the node's address, quoting the NodePort
+/// the client dialed, as kube-proxy's conntrack reverses it.
+fn a_local_backends_icmp_error_leaves_quoting_the_frontend<F: Family>() {
+    let dp = F::dataplane("icmp_local");
+    let (rc, got) = dp.tc_ingress(&F::to_node(F::NP_LOCAL, 42200, SYN, b""));
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(
+        F::seen(&got).daddr,
+        F::addr(F::LOCAL_BACKEND),
+        "DNATted to the backend"
+    );
+    let err = F::icmp_error(
+        [0; 6],
+        CLIENT_MAC,
+        F::addr(F::LOCAL_BACKEND),
+        F::CLIENT,
+        F::PORT_UNREACHABLE,
+        [0; 4],
+        F::quote_of(&got),
+    );
+    let (rc, out) = dp.tc_egress(&err);
+    assert_eq!(rc, TC_ACT_OK);
+    let v = F::icmp(&out);
+    assert_eq!(
+        (v.saddr, v.daddr),
+        (F::NODE, F::CLIENT),
+        "from the frontend"
+    );
+    assert_eq!((v.ty, v.code), F::PORT_UNREACHABLE);
+    assert_eq!(
+        v.quoted,
+        (F::CLIENT, F::NODE, 42200, F::NP_LOCAL),
+        "quotes the NodePort the client dialed"
+    );
+}
+
+/// loadBalancerSourceRanges (kube-proxy's KUBE-FW chain): the
+/// LoadBalancer address admits only clients in its ranges, on tc and XDP
+/// alike, counting the others as source-range drops; its NodePort stays
+/// open to everyone, as kube-proxy's does; ranges follow the service as it
+/// changes, and no ranges open it to all, leaving nothing behind in the
+/// family's source-range map.
+fn load_balancer_source_ranges_admit_only_their_networks_to_the_load_balancer_address<F: Family>() {
+    let g = F::GUARDED;
+    let mut dp = F::dataplane("src_ranges");
+    let base_entries = dp.reconciler.state().source_range_entries();
+    let apply = |dp: &mut Dataplane, ranges: &str| {
+        dp.apply_with_extra_to(F::SERVICES, &g.yaml.replace("RANGES", ranges));
+    };
+    let to_lb = |sport: u16| {
+        F::tcp(
+            CLIENT_MAC,
+            EXT0_MAC,
+            F::CLIENT,
+            F::addr(g.lb),
+            sport,
+            80,
+            SYN,
+            b"",
+            64,
+        )
+    };
+    let served = |dp: &Dataplane, sport: u16| {
+        let (rc, out) = dp.tc_ingress(&to_lb(sport));
+        rc == TC_ACT_OK && F::seen(&out).daddr == F::addr(g.backend)
+    };
+    let drops = dp.drops("source-range");
+
+    apply(&mut dp, g.ranges[0]);
+    let (rc, _) = dp.tc_ingress(&to_lb(40100));
+    assert_eq!(rc, TC_ACT_SHOT, "the client is in neither network");
+    assert_eq!(dp.drops("source-range"), drops + 1);
+    let (rc, _) = dp.xdp(&to_lb(40101));
+    assert_eq!(rc, XDP_DROP);
+    assert_eq!(dp.drops("source-range"), drops + 2);
+    let (rc, out) = dp.tc_ingress(&F::to_node(g.node_port, 40102, SYN, b""));
+    assert_eq!(rc, TC_ACT_OK, "the NodePort is open");
+    assert_eq!(F::seen(&out).daddr, F::addr(g.backend));
+
+    apply(&mut dp, g.ranges[1]);
+    assert!(served(&dp, 40103), "its network admitted");
+    apply(&mut dp, g.ranges[2]);
+    assert!(served(&dp, 40104), "its host route admitted");
+    apply(&mut dp, g.ranges[3]);
+    assert!(
+        !served(&dp, 40105),
+        "another host's route admits only that host"
+    );
+    assert_eq!(dp.drops("source-range"), drops + 3);
+
+    apply(&mut dp, "");
+    assert!(served(&dp, 40106), "no ranges: open to everyone");
+    assert_eq!(
+        dp.reconciler.state().source_range_entries(),
+        base_entries,
+        "nothing of its ranges left behind"
+    );
+}
+
+/// What is not for a service is not ours: a port no service uses on the
+/// node's address, a port a LoadBalancer address does not serve (it serves
+/// TCP 80), ARP, an
+/// empty IPv6 header; tc (both ways) and XDP hand each on byte for byte.
+fn traffic_that_is_not_for_a_service_passes_untouched<F: Family>() {
+    let dp = F::dataplane("passthrough");
+    let ssh = F::to_node(22, 40005, SYN, b"ssh");
+    let unknown_lb_port = F::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        F::CLIENT,
+        F::addr(F::WEB_LB),
+        40005,
+        81,
+        SYN,
+        b"",
+        64,
+    );
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&CLIENT_MAC);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+    let mut bare_ipv6 = vec![0u8; 14 + 40];
+    bare_ipv6[12..14].copy_from_slice(&[0x86, 0xdd]);
+    bare_ipv6[14] = 0x60;
+    for p in [ssh, unknown_lb_port, arp, bare_ipv6] {
+        let (rc, out) = dp.tc_ingress(&p);
+        assert_eq!((rc, &out), (TC_ACT_OK, &p), "tc must not touch it");
+        let (rc, out) = dp.xdp(&p);
+        assert_eq!((rc, &out), (XDP_PASS, &p), "XDP must not touch it");
+        let (rc, out) = dp.tc_egress(&p);
+        assert_eq!((rc, &out), (TC_ACT_OK, &p), "tc egress must not touch it");
+    }
 }

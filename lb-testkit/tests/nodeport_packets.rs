@@ -111,37 +111,6 @@ services:
     }
 }
 
-#[test]
-fn traffic_that_is_not_for_a_service_passes_untouched() {
-    let dp = dataplane("np_passthrough");
-    let ssh = syn_to(22, 40005);
-    let unknown_vip_port = packets::tcp(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP,
-        ip("203.0.113.20"),
-        40005,
-        81,
-        SYN,
-        b"",
-    );
-    let mut arp = vec![0xffu8; 6];
-    arp.extend_from_slice(&CLIENT_MAC);
-    arp.extend_from_slice(&[0x08, 0x06]);
-    arp.extend_from_slice(&[0u8; 28]);
-    let mut ipv6 = vec![0u8; 14 + 40];
-    ipv6[12..14].copy_from_slice(&[0x86, 0xdd]);
-    ipv6[14] = 0x60;
-    for p in [ssh, unknown_vip_port, arp, ipv6] {
-        let (rc, out) = dp.tc_ingress(&p);
-        assert_eq!((rc, &out), (TC_ACT_OK, &p), "tc must not touch it");
-        let (rc, out) = dp.xdp(&p);
-        assert_eq!((rc, &out), (XDP_PASS, &p), "XDP must not touch it");
-        let (rc, out) = dp.tc_egress(&p);
-        assert_eq!((rc, &out), (TC_ACT_OK, &p), "tc egress must not touch it");
-    }
-}
-
 /// kube-proxy translates a packet to a ClusterIP that reaches the node by
 /// routing (a router announcing the service range); so do we.
 #[test]
@@ -745,67 +714,6 @@ services:
     );
 }
 
-/// RFC 5508: an ICMP error about a SNATed flow, sent by a router between
-/// the nodes to our SNAT address, reaches the client quoting the packet the
-/// client sent to the frontend.
-#[test]
-fn a_routers_frag_needed_for_a_snat_flow_reaches_the_client_translated() {
-    let dp = dataplane("np_icmp_snat");
-    let (rc, out) = dp.tc_ingress(&syn_to(30002, 42100));
-    assert_eq!(rc, TC_ACT_REDIRECT);
-    let sent = inspect(&out);
-    let snat_port = sent.sport;
-    // The router (node B's address here) quotes the packet it got.
-    let err = packets::icmp_error(
-        NODE_B_MAC,
-        EXT0_MAC,
-        NODE_B_IP,
-        NODE_IP,
-        3,
-        4,
-        [0, 0, 0x05, 0x14], // MTU 1300
-        &out[14..14 + 28],
-    );
-    let (rc, out) = dp.tc_ingress(&err);
-    assert_eq!(rc, TC_ACT_REDIRECT, "toward the client");
-    let v = packets::inspect_icmp(&out);
-    assert_eq!((v.saddr, v.daddr), (NODE_B_IP, CLIENT_IP));
-    assert_eq!(v.eth_dst, CLIENT_MAC);
-    assert_eq!(
-        (
-            Ipv4Addr::from(v.quoted.source),
-            Ipv4Addr::from(v.quoted.destination)
-        ),
-        (CLIENT_IP, NODE_IP)
-    );
-    assert_eq!(
-        (
-            u16::from_be_bytes([v.quoted_l4[0], v.quoted_l4[1]]),
-            u16::from_be_bytes([v.quoted_l4[2], v.quoted_l4[3]])
-        ),
-        (42100, 30002)
-    );
-    assert_eq!(&v.rest, &[0, 0, 0x05, 0x14], "the MTU passes unchanged");
-    assert_eq!(dp.counter(lb_common::config::CNT_ICMP_TRANSLATED), 1);
-    let _ = snat_port;
-
-    // The same error for a port nobody allocated: not ours, the stack's.
-    let mut stray_quote = err[14 + 20 + 8..].to_vec();
-    stray_quote[20..22].copy_from_slice(&1u16.to_be_bytes());
-    let stray = packets::icmp_error(
-        NODE_B_MAC,
-        EXT0_MAC,
-        NODE_B_IP,
-        NODE_IP,
-        3,
-        4,
-        [0, 0, 5, 20],
-        &stray_quote,
-    );
-    let (rc, out) = dp.tc_ingress(&stray);
-    assert_eq!((rc, out), (TC_ACT_OK, stray));
-}
-
 /// Spoofed ICMP errors aimed at a translated flow (docs/security.md,
 /// "Hostile input on the wire"): an error is translated only when it quotes
 /// the flow's whole tuple and is addressed to the quoted source. One that
@@ -903,37 +811,6 @@ fn a_spoofed_icmp_error_is_translated_only_when_it_quotes_the_flows_whole_tuple(
     );
 }
 
-/// A local backend's ICMP error about a flow it got through the NodePort
-/// leaves quoting the NodePort, from the node's address.
-#[test]
-fn a_local_backends_icmp_error_leaves_quoting_the_frontend() {
-    let dp = dataplane("np_icmp_local");
-    let syn = syn_to(30001, 42200);
-    let (rc, out) = dp.tc_ingress(&syn);
-    assert_eq!(rc, TC_ACT_OK);
-    // The backend answers "port unreachable" quoting what it received.
-    let err = packets::icmp_error(
-        [0; 6],
-        CLIENT_MAC,
-        ip("10.244.1.10"),
-        CLIENT_IP,
-        3,
-        3,
-        [0; 4],
-        &out[14..14 + 28],
-    );
-    let (rc, out) = dp.tc_egress(&err);
-    assert_eq!(rc, TC_ACT_OK);
-    let v = packets::inspect_icmp(&out);
-    assert_eq!(
-        (v.saddr, v.daddr),
-        (NODE_IP, CLIENT_IP),
-        "from the frontend"
-    );
-    assert_eq!(Ipv4Addr::from(v.quoted.destination), NODE_IP);
-    assert_eq!(u16::from_be_bytes([v.quoted_l4[2], v.quoted_l4[3]]), 30001);
-}
-
 /// Cilium's ct_reset_closing: a SYN on the tuple of a flow that is closing
 /// starts a new flow (a new choice, no closing state inherited).
 #[test]
@@ -1002,68 +879,6 @@ fn a_closed_flows_snat_port_goes_to_a_new_flow_after_a_quiet_second() {
     assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(inspect(&out).sport, 61000);
     assert_eq!(dp.counter(lb_common::config::CNT_SNAT_REUSED), 1);
-}
-
-/// loadBalancerSourceRanges (kube-proxy's KUBE-FW chain): a new flow to the
-/// LoadBalancer address from outside the ranges is dropped, counted as
-/// source-range, on tc and XDP alike; one from inside is served; the
-/// service's NodePort is not restricted (kube-proxy restricts the load
-/// balancer's address only); a change of ranges holds for the next flow.
-#[test]
-fn load_balancer_source_ranges_admit_only_their_networks_to_the_load_balancer_address() {
-    let guarded = r#"
-services:
-  - name: guarded
-    type: LoadBalancer
-    clusterIPs: [10.96.0.12]
-    loadBalancerIPs: [203.0.113.30]
-    loadBalancerSourceRanges: [RANGES]
-    ports: [{port: 80, targetPort: 8080, nodePort: 30012}]
-    backends: [{address: 10.244.1.50, local: true}]
-"#;
-    let mut dp = dataplane("np_src_ranges");
-    let apply =
-        |dp: &mut Dataplane, ranges: &str| dp.apply_with_extra(&guarded.replace("RANGES", ranges));
-    let to_lb = |sport: u16| {
-        packets::tcp(
-            CLIENT_MAC,
-            EXT0_MAC,
-            CLIENT_IP,
-            ip("203.0.113.30"),
-            sport,
-            80,
-            SYN,
-            b"",
-        )
-    };
-    let served = |dp: &Dataplane, sport: u16| {
-        let (rc, out) = dp.tc_ingress(&to_lb(sport));
-        rc == TC_ACT_OK && inspect(&out).daddr == ip("10.244.1.50")
-    };
-    // The client (192.168.50.1) is in neither network.
-    apply(&mut dp, "10.0.0.0/8, 192.168.60.0/24");
-    let (rc, _) = dp.tc_ingress(&to_lb(40100));
-    assert_eq!(rc, TC_ACT_SHOT);
-    assert_eq!(dp.drops("source-range"), 1);
-    let (rc, _) = dp.xdp(&to_lb(40101));
-    assert_eq!(rc, XDP_DROP);
-    assert_eq!(dp.drops("source-range"), 2);
-    let (rc, out) = dp.tc_ingress(&syn_to(30012, 40102));
-    assert_eq!(rc, TC_ACT_OK, "the NodePort is open");
-    assert_eq!(inspect(&out).daddr, ip("10.244.1.50"));
-
-    // The client's network added; then only its host route; then another host.
-    apply(&mut dp, "10.0.0.0/8, 192.168.50.0/24");
-    assert!(served(&dp, 40103));
-    apply(&mut dp, "192.168.50.1/32");
-    assert!(served(&dp, 40104));
-    apply(&mut dp, "192.168.50.2/32");
-    assert!(!served(&dp, 40105));
-    assert_eq!(dp.drops("source-range"), 3);
-    // No ranges: open to everyone, nothing left in LB4_SRC_RANGES.
-    apply(&mut dp, "");
-    assert!(served(&dp, 40106));
-    assert_eq!(dp.reconciler.state().source_range_entries(), 0);
 }
 
 /// sessionAffinity: ClientIP on the packet path (kube-proxy's per-source-IP
