@@ -23,6 +23,9 @@ pub struct Attempt {
     /// getsockname() of the client socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local: Option<String>,
+    /// How long the attempt took, in microseconds (the plain modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micros: Option<u64>,
 }
 
 impl Attempt {

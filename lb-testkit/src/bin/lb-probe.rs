@@ -71,7 +71,8 @@ fn main() {
         return;
     }
     for _ in 0..count {
-        let attempt = match mode {
+        let started = std::time::Instant::now();
+        let mut attempt = match mode {
             "tcp" => tcp(target),
             "tcp-blocking" => tcp_blocking(target),
             "udp" => udp(target, false),
@@ -81,6 +82,7 @@ fn main() {
                 std::process::exit(2);
             }
         };
+        attempt.micros = Some(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
         writeln!(out, "{}", serde_json::to_string(&attempt).unwrap()).unwrap();
     }
 }
