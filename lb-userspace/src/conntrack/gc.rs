@@ -94,22 +94,17 @@ where
     let entries: Vec<(CtKey<A>, CtValue<A>)> = map.iter().filter_map(Result::ok).collect();
     let now = crate::monitor::reader::monotonic_ns();
     let gone = expired_keys(&entries, now, t);
-    let seen: crate::collections::HashMap<CtKey<A>, CtValue<A>> = entries.iter().copied().collect();
+    // Decided on a snapshot while the programs kept writing: decided again
+    // on what the entries hold now (`confirm_expired` says why), and each
+    // deleted only if it still holds that, reverse entries first.
+    let now = crate::monitor::reader::monotonic_ns();
+    let confirmed = super::confirm_expired(&gone, |k| map.get(k, 0).ok(), now, t);
     let mut deleted = 0;
-    for k in &gone {
-        // The decision was made on a snapshot, and the programs keep
-        // writing: a client that reuses its port as its old flow expires
-        // gets a new flow under the same keys (new_flow overwrites both
-        // entries). Deleting that one's reverse entry would leave its
-        // forward entry sending SYNs whose replies nothing translates,
-        // retransmission after retransmission (the node answers them with
-        // RST) until the connect times out. So an entry is deleted only if
-        // it still holds what the snapshot held; and `expired_keys` lists
-        // reverse entries first, so the window left between this read and
-        // the delete can at worst cost a forward entry, which the next
-        // packet makes again.
-        let unchanged = map.get(k, 0).ok().as_ref() == seen.get(k);
-        if unchanged && map.remove(k).is_ok() {
+    for (k, v) in &confirmed {
+        // Evicted or deleted by a program meanwhile: fine. (What a program
+        // writes between this read and the delete is lost: a window of
+        // microseconds, against the snapshot's milliseconds.)
+        if map.get(k, 0).ok().as_ref() == Some(v) && map.remove(k).is_ok() {
             deleted += 1;
         }
     }

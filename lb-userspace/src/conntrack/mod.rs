@@ -110,6 +110,46 @@ pub fn expired_keys<A: Copy + Eq + std::hash::Hash>(
     out
 }
 
+/// The second look before deleting: `gone` was decided on a snapshot that
+/// took a while to read, while the programs kept writing. A client that
+/// reuses its port as its old flow expires gets a new flow under the same
+/// keys; the snapshot may hold the new flow's reverse entry beside the old
+/// flow's forward one (read before it was replaced), and deleting that
+/// reverse entry leaves the new flow's packets translated one way only:
+/// the backend's replies reach the node's stack, which answers RST, until
+/// the client gives up. So every entry of `gone` and the forward entry it
+/// depends on are read again (`read`), the decision is made again on those
+/// values, and what is still to go is returned with the value it must still
+/// hold when deleted (reverse entries first, as `expired_keys` lists them).
+pub fn confirm_expired<A: Copy + Eq + std::hash::Hash>(
+    gone: &[CtKey<A>],
+    mut read: impl FnMut(&CtKey<A>) -> Option<CtValue<A>>,
+    now_ns: u64,
+    t: &CtTimeouts,
+) -> Vec<(CtKey<A>, CtValue<A>)> {
+    let mut fresh: HashMap<CtKey<A>, CtValue<A>> = HashMap::default();
+    for k in gone {
+        let Some(v) = read(k) else {
+            continue; // deleted or evicted meanwhile
+        };
+        if let Some(fk) = forward_of(k, &v) {
+            if let std::collections::hash_map::Entry::Vacant(e) = fresh.entry(fk) {
+                if let Some(fv) = read(&fk) {
+                    e.insert(fv);
+                }
+            }
+        }
+        fresh.insert(*k, v);
+    }
+    let entries: Vec<(CtKey<A>, CtValue<A>)> = fresh.iter().map(|(k, v)| (*k, *v)).collect();
+    let was_gone: HashSet<CtKey<A>> = gone.iter().copied().collect();
+    expired_keys(&entries, now_ns, t)
+        .into_iter()
+        .filter(|k| was_gone.contains(k))
+        .map(|k| (k, fresh[&k]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use lb_common::conntrack::{Ct4Key, Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
@@ -158,6 +198,35 @@ mod tests {
         // Established TCP lives 6 h; at 6 h + 11 s both entries go.
         let gone = expired_keys(&flow, (21_600 + 11) * S, &t);
         assert_eq!(gone.len(), 2, "{gone:?}");
+    }
+
+    #[test]
+    fn a_flow_reopened_after_the_snapshot_keeps_both_entries() {
+        let t = CtTimeouts::default();
+        // The snapshot: the old flow's forward entry, closed long ago, and
+        // the new flow's reverse entry under the same key (the client
+        // reused its port; the new flow wrote the reverse entry first).
+        let [(fk, old_fwd), (rk, _)] = snat_flow(CT_F_ESTABLISHED | CT_F_CLOSING, 10 * S);
+        let [(_, new_fwd), (_, new_rev)] = snat_flow(0, 1_000 * S);
+        let snapshot = [(fk, old_fwd), (rk, new_rev)];
+        let gone = expired_keys(&snapshot, 1_000 * S, &t);
+        assert_eq!(gone.len(), 2, "the snapshot alone condemns both: {gone:?}");
+        // Read again, the forward entry is the new flow's: nothing goes.
+        let now = [(fk, new_fwd), (rk, new_rev)];
+        let read = |k: &Ct4Key| now.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        assert!(confirm_expired(&gone, read, 1_000 * S, &t).is_empty());
+        // Still the old flow when read again: both go, reverse first.
+        let old = snat_flow(CT_F_ESTABLISHED | CT_F_CLOSING, 10 * S);
+        let read = |k: &Ct4Key| old.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        let confirmed = confirm_expired(&gone, read, 1_000 * S, &t);
+        assert_eq!(
+            confirmed.iter().map(|(k, _)| k.kind).collect::<Vec<_>>(),
+            [CT_REVERSE, CT_SERVICE]
+        );
+        assert_eq!(
+            confirmed[0].1, old[1].1,
+            "deleted only if it still holds this"
+        );
     }
 
     #[test]
