@@ -48,7 +48,7 @@ tasks:
           setup, build, then the soak test for that long (s, m or h; default 1h): traffic
           through the socket and the packet path while services churn and the agent restarts;
           no request may fail and nothing may grow. Writes target/soak/report.md and soak.svg.
-          Not in the suite yet: it fails on an open defect (docs/reliability.md)
+          Not in the suite yet (docs/reliability.md)
 ";
 
 fn main() {
