@@ -272,6 +272,16 @@ pub fn churn_for(netns: &str, target: SocketAddr, for_ms: u64) -> Churn {
     )
 }
 
+/// One short connection from the current namespace: connected within 3 s,
+/// the server's answer read until it closes (within 3 s more).
+pub fn ask(target: SocketAddr) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(3))?;
+    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
 fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Duration>) -> Churn {
     in_netns(netns, move || {
         let started = Instant::now();
@@ -280,14 +290,7 @@ fn churn_until(netns: &str, target: SocketAddr, count: usize, limit: Option<Dura
             if limit.is_some_and(|l| started.elapsed() >= l) {
                 break;
             }
-            let r =
-                TcpStream::connect_timeout(&target, Duration::from_secs(3)).and_then(|mut s| {
-                    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-                    let mut answer = String::new();
-                    s.read_to_string(&mut answer)?;
-                    Ok(answer)
-                });
-            match r {
+            match ask(target) {
                 Ok(a) if !a.trim().is_empty() => {
                     c.ok += 1;
                     let name = a.split_whitespace().next().unwrap_or("").to_string();

@@ -34,8 +34,7 @@
 //! target/soak/ (LB_SOAK_REPORT), the figures docs/reliability.md quotes.
 use std::{
     fmt::Write as _,
-    io::Read as _,
-    net::{SocketAddr, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -47,7 +46,7 @@ use std::{
 
 use lb_testkit::{
     cluster::{Cluster, Node, NODE_A, POD_B},
-    netns, probe, servers, unique, wait_until,
+    netns, probe, servers, traffic, unique, wait_until,
 };
 
 /// Web's ClusterIP and NodePort: what both loads dial.
@@ -100,20 +99,20 @@ impl Loads {
         );
     }
 
-    fn stop(mut self) {
+    /// Stops and joins the loads: whether each ended without panicking.
+    fn halt(&mut self) -> Vec<bool> {
         self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            t.join().expect("a load panicked");
-        }
+        self.threads.drain(..).map(|t| t.join().is_ok()).collect()
+    }
+
+    fn stop(mut self) {
+        assert!(self.halt().iter().all(|ok| *ok), "a load panicked");
     }
 }
 
 impl Drop for Loads {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        self.halt();
     }
 }
 
@@ -210,13 +209,7 @@ fn packet_load(c: &Cluster, stop: Arc<AtomicBool>, log: Log) -> JoinHandle<()> {
         let target = SocketAddr::from((NODE_A, WEB_NODE_PORT));
         while !stop.load(Ordering::Relaxed) {
             let t = Instant::now();
-            let answer =
-                TcpStream::connect_timeout(&target, Duration::from_secs(3)).and_then(|mut s| {
-                    s.set_read_timeout(Some(Duration::from_secs(3)))?;
-                    let mut answer = String::new();
-                    s.read_to_string(&mut answer)?;
-                    Ok(answer)
-                });
+            let answer = traffic::ask(target);
             let ok = answer.as_ref().is_ok_and(|a| a.starts_with("pod-b"));
             if !ok {
                 eprintln!("soak: packet path request failed: {answer:?}");
