@@ -42,7 +42,8 @@ tasks:
   manifests
           render deploy/kubernetes from the Helm chart deploy/helm/lb-agent (the chart is
           the source; a test fails when the two differ)
-  bench   setup, release build, then benchmarks side by side with kube-proxy's rule layouts;
+  bench   setup, release build, then benchmarks side by side with the real kube-proxy (and
+          its re-created rule layouts where it cannot run);
           writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
   soak [--duration 1h]
           setup, build, then the soak test for that long (s, m or h; default 1h): traffic
