@@ -16,7 +16,7 @@ use std::{
 
 use lb::maps::convert::ip6_to_words;
 use lb_common::{
-    config::{CFG_FRONTEND_FILTER, CFG_LB_MODE, CNT_CT_CREATED, CNT_ICMP_SENT},
+    config::{CFG_FRONTEND_FILTER, CFG_LB_MODE, CNT_CT_CREATED, CNT_DSR_LEARNED, CNT_ICMP_SENT},
     conntrack::{CtKey, CtValue, CT_F_DSR, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
     nodeport::{DSR_OPT_LEN, DSR_OPT_TYPE, MODE_DSR, MODE_HYBRID},
 };
@@ -589,6 +589,8 @@ both_families!(
     a_frontend_without_endpoints_answers_port_unreachable_and_counts_the_reason,
     the_hop_count_is_decremented_and_a_packet_whose_count_runs_out_gets_time_exceeded,
     a_dsr_option_naming_a_frontend_this_node_does_not_serve_is_rejected,
+    a_dsr_option_naming_a_guarded_load_balancer_is_learned_only_for_a_client_its_ranges_admit,
+    a_spoofed_dsr_option_changes_only_the_reply_source_of_the_senders_own_tuple,
     a_nodeport_whose_filter_bit_is_clear_is_let_go_only_while_the_filter_is_trusted,
     a_routers_too_big_error_for_a_snat_flow_reaches_the_client_translated,
     a_local_backends_icmp_error_leaves_quoting_the_frontend,
@@ -864,6 +866,140 @@ fn a_dsr_option_naming_a_frontend_this_node_does_not_serve_is_rejected<F: Family
         CT_REVERSE,
     );
     assert_eq!(F::ct(&dp, &learned), None, "nothing learned");
+}
+
+/// A DSR option naming a LoadBalancer with loadBalancerSourceRanges is
+/// learned only for a client those ranges admit. The first node checked
+/// the ranges against the same source address, so a real flow passes; a
+/// client the ranges refuse cannot send its own option naming the guarded
+/// address and have a backend answer it from there (docs/security.md).
+fn a_dsr_option_naming_a_guarded_load_balancer_is_learned_only_for_a_client_its_ranges_admit<
+    F: Family,
+>() {
+    let g = F::GUARDED;
+    let mut dp = F::dataplane("dsrguard");
+    let apply = |dp: &mut Dataplane, ranges: &str| {
+        dp.apply_with_extra_to(F::SERVICES, &g.yaml.replace("RANGES", ranges));
+    };
+    let backend = F::addr(g.backend);
+    let with_option = |sport: u16| {
+        let plain = F::tcp(
+            CLIENT_MAC,
+            EXT0_MAC,
+            F::CLIENT,
+            backend,
+            sport,
+            8080,
+            SYN,
+            b"",
+            64,
+        );
+        F::with_dsr(&plain, F::addr(g.lb), 80)
+    };
+    let learned = |dp: &Dataplane, sport: u16| {
+        F::ct(
+            dp,
+            &tcp_key::<F>(backend, F::CLIENT, 8080, sport, CT_REVERSE),
+        )
+    };
+
+    apply(&mut dp, g.ranges[0]);
+    let (drops, learned_before) = (dp.drops("source-range"), dp.counter(CNT_DSR_LEARNED));
+    let (rc, _) = dp.tc_ingress(&with_option(42600));
+    assert_eq!(rc, TC_ACT_SHOT, "the client is outside the ranges");
+    assert_eq!(
+        dp.drops("source-range"),
+        drops + 1,
+        "counted as source-range"
+    );
+    assert_eq!(learned(&dp, 42600), None, "nothing learned");
+    assert_eq!(dp.counter(CNT_DSR_LEARNED), learned_before);
+
+    apply(&mut dp, g.ranges[1]);
+    let (rc, out) = dp.tc_ingress(&with_option(42601));
+    assert_eq!(rc, TC_ACT_OK, "an admitted client's flow is delivered");
+    let s = F::seen(&out);
+    assert_eq!(s.dsr, None, "stripped");
+    assert_eq!((s.saddr, s.daddr, s.dport), (F::CLIENT, backend, 8080));
+    let entry = learned(&dp, 42601).expect("learned for a client the ranges admit");
+    assert_eq!(
+        (entry.addr, u16::from_be(entry.port)),
+        (F::words(F::addr(g.lb)), 80),
+        "the guarded frontend learned"
+    );
+    assert_ne!(entry.flags & CT_F_DSR, 0);
+    assert_eq!(dp.counter(CNT_DSR_LEARNED), learned_before + 1);
+    assert_eq!(dp.drops("source-range"), drops + 1, "no further drop");
+}
+
+/// What a host outside the cluster can do with a DSR option naming a
+/// frontend this node serves: the entry it plants is keyed on its own
+/// tuple (the packet's source), so the only effect is that the backend's
+/// replies to that sender leave from the named frontend. Replies to any
+/// other client or port are untouched, and no reply is sent anywhere but
+/// to the sender: the option cannot turn a backend against a third host
+/// (docs/security.md).
+fn a_spoofed_dsr_option_changes_only_the_reply_source_of_the_senders_own_tuple<F: Family>() {
+    let dp = F::dataplane("dsrspoof");
+    let backend = F::addr(F::LOCAL_BACKEND);
+    let web = F::addr(F::WEB_LB);
+    let plain = F::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        F::CLIENT,
+        backend,
+        42700,
+        8080,
+        SYN,
+        b"",
+        64,
+    );
+    let spoofed = F::with_dsr(&plain, web, 80);
+    let learned_before = dp.counter(CNT_DSR_LEARNED);
+    let (rc, out) = dp.tc_ingress(&spoofed);
+    assert_eq!(rc, TC_ACT_OK, "a served frontend: learned and delivered");
+    assert_eq!(F::seen(&out).dsr, None, "stripped");
+    assert_eq!(dp.counter(CNT_DSR_LEARNED), learned_before + 1);
+
+    let reply_to = |client: F::Addr, port: u16| {
+        F::tcp(
+            [0; 6],
+            CLIENT_MAC,
+            backend,
+            client,
+            8080,
+            port,
+            SYN | ACK,
+            b"",
+            64,
+        )
+    };
+    // The sender's own tuple: its replies now come from the frontend, and
+    // still go to the sender.
+    let (rc, out) = dp.tc_egress(&reply_to(F::CLIENT, 42700));
+    assert_eq!(rc, TC_ACT_OK);
+    let v = F::seen(&out);
+    assert_eq!(
+        (v.saddr, v.sport, v.daddr, v.dport),
+        (web, 80, F::CLIENT, 42700),
+        "only the source changes"
+    );
+    // Another port of the sender, another host: byte for byte as sent.
+    for (client, port) in [(F::CLIENT, 42701), (F::NODE_B, 42700)] {
+        let reply = reply_to(client, port);
+        let (rc, out) = dp.tc_egress(&reply);
+        assert_eq!(
+            (rc, &out),
+            (TC_ACT_OK, &reply),
+            "a reply to {client:?}:{port} is not the sender's tuple"
+        );
+    }
+    let others = tcp_key::<F>(backend, F::NODE_B, 8080, 42700, CT_REVERSE);
+    assert_eq!(
+        F::ct(&dp, &others),
+        None,
+        "nothing planted for another host"
+    );
 }
 
 /// The frontend filter (lb_common::filter) with a NodePort's bit cleared by

@@ -15,7 +15,10 @@ use lb_common::{
     conntrack::{CtValue, CT_F_CLOSING, CT_F_DSR, CT_REVERSE},
     drop::DropReason,
     nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
-    service::{SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
+    service::{
+        SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
+        SVC_FLAG_SOURCE_RANGES,
+    },
 };
 
 use super::{
@@ -183,25 +186,38 @@ fn remove_option<C: Hook>(ctx: &C, f: &Flow<V4>) -> bool {
 /// node serves on its own address (the option carries the first node's),
 /// and it never takes over a live flow of the same tuple for another
 /// frontend: otherwise any outside host could plant entries that rewrite a
-/// pod's replies.
+/// pod's replies. A frontend with loadBalancerSourceRanges is learned only
+/// for a client its ranges admit.
 #[inline(never)]
 pub fn learn<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let (vip, vport) = (f.dsr_addr, f.dsr_port);
     let key = I::service_key(vip, vport, f.proto, SCOPE_ALL);
-    let known = match I::service(&key) {
-        Some(svc) => {
-            svc.flags & (SVC_FLAG_NODE_PORT | SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP) != 0
+    let svc = match I::service(&key) {
+        Some(svc)
+            if svc.flags & (SVC_FLAG_NODE_PORT | SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP)
+                != 0 =>
+        {
+            Some(svc)
         }
+        Some(_) => None,
         None => match I::device_address(ctx.ingress_ifindex()) {
             Some(node) => {
                 let own = I::service_key(node, vport, f.proto, SCOPE_ALL);
-                I::service(&own).is_some_and(|s| s.flags & SVC_FLAG_NODE_PORT != 0)
+                I::service(&own).filter(|s| s.flags & SVC_FLAG_NODE_PORT != 0)
             }
-            None => false,
+            None => None,
         },
     };
-    if !known {
+    let Some(svc) = svc else {
         return drop_packet(ctx, f, DropReason::DsrRejected, 0);
+    };
+    // A frontend guarded by loadBalancerSourceRanges admits on this node only
+    // the clients it admits on the first: otherwise a client the ranges
+    // refuse could send its own option naming the guarded frontend and have
+    // a backend answer it from that address (the first node checked the
+    // ranges against the same source address, so a real flow passes).
+    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 && !I::source_allowed(svc.service_id, f.saddr) {
+        return drop_packet(ctx, f, DropReason::SourceRange, svc.service_id);
     }
     let rkey = f.reply_ct_key(CT_REVERSE);
     let val = CtValue {
