@@ -19,110 +19,24 @@
 //! The writes reach the maps in exactly the order they are computed, so
 //! every state a reader sees is one the serial order would show.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     time::{Duration, Instant},
 };
 
 use smallvec::SmallVec;
 
+mod errors;
 mod pipeline;
+pub use errors::{refusal_summary, ReconcileError, ServiceError};
 pub use pipeline::FROM_SERVICES;
 
 use crate::{
     collections::{HashMap, HashSet},
-    desired::{self, BuildConfig, Desired, DesiredError, Ids},
+    desired::{self, BuildConfig, Desired, Ids},
     diff::{diff, filter, sweep},
-    maps::{capacity::Bounded, LbMaps, MapOp, MapState, MapWriteError, SvcKey},
+    maps::{capacity, LbMaps, MapOp, MapState, SvcKey},
     model::{Model, Service, ServiceName},
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    #[error(transparent)]
-    Desired(#[from] DesiredError),
-    #[error(
-        "{map} would need {needed} entries but holds at most {max}: raise {flag} or remove services; \
-         nothing of this service was changed"
-    )]
-    Capacity {
-        map: &'static str,
-        needed: usize,
-        max: u32,
-        flag: &'static str,
-    },
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    /// These services were refused (the others applied); retried on the next
-    /// reconcile. Displayed as one summary line (the per-service detail is in
-    /// the list), however many there are.
-    #[error("{}", refusal_summary(.0))]
-    Refused(Vec<(ServiceName, ServiceError)>),
-    /// Stopped between two services (the agent is shutting down); what was
-    /// written stays, the next start syncs the rest.
-    #[error("reconcile cancelled after {done} of {total} services")]
-    Cancelled { done: usize, total: usize },
-    /// After a failed pipelined write the maps could not be read back, so
-    /// nothing is written until they can (the next run tries again).
-    #[error("reading the maps back after a failed write failed: {0}; will retry")]
-    ReadBack(String),
-    #[error("applying {service} failed after {applied} of {total} writes: {source}; will retry with a full sync")]
-    Apply {
-        service: String,
-        applied: usize,
-        total: usize,
-        #[source]
-        source: MapWriteError,
-    },
-}
-
-/// "N service(s) not applied (first names); K: MAP is full (would need X,
-/// holds Y): raise FLAG; M other(s): first names and errors".
-pub fn refusal_summary(refused: &[(ServiceName, ServiceError)]) -> String {
-    use std::fmt::Write as _;
-    let mut full: BTreeMap<(&str, &str), (usize, usize, u32)> = BTreeMap::new();
-    let mut other = Vec::new();
-    for (name, e) in refused {
-        match e {
-            ServiceError::Capacity {
-                map,
-                needed,
-                max,
-                flag,
-            } => {
-                let entry = full.entry((map, flag)).or_insert((0, 0, *max));
-                entry.0 += 1;
-                entry.1 = entry.1.max(*needed);
-            }
-            ServiceError::Desired(d) => other.push((name, d)),
-        }
-    }
-    let mut out = format!("{} service(s) not applied (", refused.len());
-    let names: Vec<String> = refused.iter().take(3).map(|(n, _)| n.to_string()).collect();
-    out.push_str(&names.join(", "));
-    out.push_str(if refused.len() > 3 { ", …)" } else { ")" });
-    for ((map, flag), (n, needed, max)) in &full {
-        let _ = write!(
-            out,
-            "; {n}: {map} is full (would need {needed}, holds {max}): raise {flag} or remove services"
-        );
-    }
-    if !other.is_empty() {
-        let _ = write!(out, "; {} other(s): ", other.len());
-        let shown: Vec<String> = other
-            .iter()
-            .take(3)
-            .map(|(n, e)| format!("{n}: {e}"))
-            .collect();
-        out.push_str(&shown.join("; "));
-        if other.len() > 3 {
-            out.push_str("; …");
-        }
-    }
-    out.push_str(" (nothing of those services was changed; every refused service is listed at debug level and in `lbctl status`)");
-    out
-}
 
 /// A long reconcile (a full sync of a big cluster) says how far it got this
 /// often, unless told otherwise.
@@ -681,26 +595,15 @@ impl<M: LbMaps> Reconciler<M> {
     /// before deletes in a diff, so the peak is the current size plus inserts.
     /// Each family has its own maps of the same capacity.
     fn check_capacity(&self, ops: &[MapOp]) -> Result<(), ServiceError> {
-        let cap = self.capacity;
-        let mut added: BTreeMap<Bounded, usize> = BTreeMap::new();
-        for op in ops {
-            if let Some(m) = Bounded::added_by(op, &self.state) {
-                *added.entry(m).or_default() += 1;
-            }
+        match capacity::overfilled(ops, &self.state, &self.capacity) {
+            None => Ok(()),
+            Some((m, needed)) => Err(ServiceError::Capacity {
+                map: m.map(),
+                needed,
+                max: m.max(&self.capacity),
+                flag: m.flag(),
+            }),
         }
-        for m in Bounded::ALL {
-            let Some(n) = added.get(&m) else { continue };
-            let needed = m.len(&self.state) + n;
-            if needed > m.max(&cap) as usize {
-                return Err(ServiceError::Capacity {
-                    map: m.map(),
-                    needed,
-                    max: m.max(&cap),
-                    flag: m.flag(),
-                });
-            }
-        }
-        Ok(())
     }
 }
 

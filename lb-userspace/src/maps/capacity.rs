@@ -119,6 +119,26 @@ impl Bounded {
     }
 }
 
+/// The first map (in `Bounded::ALL` order) that `ops` would fill past its
+/// size, with the entries it would then need: what the reconciler refuses
+/// a service for before writing any of it.
+pub fn overfilled(ops: &[MapOp], state: &MapState, sizes: &MapSizes) -> Option<(Bounded, usize)> {
+    let mut added = [0usize; Bounded::ALL.len()];
+    for op in ops {
+        if let Some(m) = Bounded::added_by(op, state) {
+            if let Some(i) = Bounded::ALL.iter().position(|b| *b == m) {
+                added[i] += 1;
+            }
+        }
+    }
+    Bounded::ALL
+        .iter()
+        .zip(added)
+        .filter(|(_, n)| *n > 0)
+        .map(|(m, n)| (*m, m.len(state) + n))
+        .find(|(m, needed)| *needed > Bounded::max(*m, sizes) as usize)
+}
+
 /// An array write beyond the array (the kernel's E2BIG for an index past
 /// max_entries).
 pub fn out_of_range(op: &MapOp) -> bool {

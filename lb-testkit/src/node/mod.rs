@@ -35,12 +35,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod cgroups;
+mod config;
+
 use crate::{
     fabric::{self, Fabric},
     images::Images,
     k8s::{self, ControlPlane},
     netns::Netns,
 };
+use cgroups::{cgroup_pids, hierarchies, make_cgroup, remove_cgroup};
 
 /// The cluster's pod range; the controller manager gives each Node a /24
 /// of it (the first node gets 10.244.0.0/24).
@@ -95,87 +99,6 @@ pub struct Node {
     /// The node's own network namespace (`Place::Fabric`), held until the
     /// node's processes are gone (it drops last).
     _own_netns: Option<Netns>,
-}
-
-/// Every cgroup hierarchy mounted under /sys/fs/cgroup (v1 controllers,
-/// name=systemd and the unified cgroup2 one).
-fn hierarchies() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        let p = e.path();
-        if p.join("cgroup.procs").exists() {
-            out.push(p);
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Makes `rel` (e.g. `lbtest-node-x/runtime`) in every hierarchy; a new v1
-/// cpuset is empty and takes no tasks until it has CPUs and memory nodes.
-fn make_cgroup(rel: &str) {
-    for h in hierarchies() {
-        let mut path = h.clone();
-        for part in Path::new(rel).components() {
-            let parent = path.clone();
-            path = path.join(part);
-            if !path.exists() {
-                std::fs::create_dir(&path)
-                    .unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
-            }
-            for f in ["cpuset.cpus", "cpuset.mems"] {
-                if path.join(f).exists()
-                    && std::fs::read_to_string(path.join(f))
-                        .unwrap_or_default()
-                        .trim()
-                        .is_empty()
-                {
-                    let v = std::fs::read_to_string(parent.join(f)).unwrap();
-                    std::fs::write(path.join(f), v.trim()).unwrap();
-                }
-            }
-        }
-    }
-}
-
-/// Every process in the subtree `rel` of the cgroup2 hierarchy.
-fn cgroup_pids(rel: &str) -> Vec<i32> {
-    fn walk(dir: &Path, out: &mut Vec<i32>) {
-        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-            out.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-        }
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    walk(&e.path(), out);
-                }
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for h in hierarchies() {
-        walk(&h.join(rel), &mut out);
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// Removes the subtree `rel` from every hierarchy, leaves first.
-fn remove_cgroup(rel: &str) {
-    fn rmdirs(dir: &Path) {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    rmdirs(&e.path());
-                }
-            }
-        }
-        let _ = std::fs::remove_dir(dir);
-    }
-    for h in hierarchies() {
-        rmdirs(&h.join(rel));
-    }
 }
 
 impl Node {
@@ -319,73 +242,10 @@ impl Node {
 
         std::fs::write(
             dir.join("containerd.toml"),
-            format!(
-                r#"version = 2
-root = "{root}"
-state = "{state}"
-# Snapshotters and tracing this host cannot or need not run.
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  disable_apparmor = true
-  # Sandboxes ask for oom_score_adj -998, and lowering it below our own
-  # needs CAP_SYS_RESOURCE, which this machine's root lacks (runc then dies
-  # with "can't get final child's PID from pipe: EOF"): clamp to ours.
-  restrict_oom_score_adj = true
-  # hugetlb is a cgroup2 controller here, not a v1 one: runc cannot apply it.
-  disable_hugetlb_controller = true
-  tolerate_missing_hugetlb_controller = true
-  netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "{runc}"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{cni}"
-    # The CNI configuration is written from this template when the kubelet
-    # passes the Node's spec.podCIDR (CRI UpdateRuntimeConfig), as kubenet
-    # and GKE's nodes do: each node's bridge gets the /24 the controller
-    # manager allocated it.
-    conf_template = "{template}"
-"#,
-                root = dir.join("containerd").display(),
-                state = run_dir.join("containerd").display(),
-                sock = containerd_socket.display(),
-                cni = dir.join("cni/net.d").display(),
-                template = dir.join("cni/bridge.template").display(),
-                runc = run_dir.join("runc").display(),
-            ),
+            config::containerd_toml(&dir, &run_dir, &containerd_socket),
         )
         .unwrap();
-        // Go text/template (containerd's cniConfigTemplate: .PodCIDRRanges).
-        std::fs::write(
-            dir.join("cni/bridge.template"),
-            format!(
-                r#"{{"cniVersion": "1.0.0", "name": "pods", "plugins": [
-  {{"type": "bridge", "bridge": "cni0", "isGateway": true, "isDefaultGateway": true,
-    "ipMasq": false, "hairpinMode": true,
-    "ipam": {{"type": "host-local",
-             "ranges": [{{{{range $i, $r := .PodCIDRRanges}}}}{{{{if $i}}}}, {{{{end}}}}[{{"subnet": "{{{{$r}}}}"}}]{{{{end}}}}],
-             "dataDir": "{ipam}"}}}},
-  {{"type": "portmap", "capabilities": {{"portMappings": true}}}}
-]}}
-"#,
-                ipam = dir.join("ipam").display(),
-            ),
-        )
-        .unwrap();
+        std::fs::write(dir.join("cni/bridge.template"), config::cni_template(&dir)).unwrap();
         node.run(
             "containerd",
             "containerd",
@@ -425,42 +285,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         std::fs::write(dir.join("resolv.conf"), "nameserver 127.0.0.1\n").unwrap();
         std::fs::write(
             dir.join("kubelet.yaml"),
-            format!(
-                r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# No systemd here, and the machine's cgroup layout is hybrid (v1 controllers).
-cgroupDriver: cgroupfs
-failCgroupV1: false
-cgroupRoot: /{cgroup_root}
-cgroupsPerQOS: true
-enforceNodeAllocatable: [pods]
-failSwapOn: false
-containerRuntimeEndpoint: unix://{sock}
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: {ca}}}
-authorization: {{mode: Webhook}}
-clusterDNS: [{CLUSTER_DNS}]
-clusterDomain: cluster.local
-resolvConf: {resolv}
-# Images cannot be pulled back once collected: never collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {{}}
-protectKernelDefaults: false
-serializeImagePulls: false
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-staticPodPath: {static_pods}
-podLogsDir: {pod_logs}
-"#,
-                sock = containerd_socket.display(),
-                ca = pki.join("ca.crt").display(),
-                resolv = dir.join("resolv.conf").display(),
-                static_pods = dir.join("manifests").display(),
-                pod_logs = dir.join("pod-logs").display(),
-            ),
+            config::kubelet_yaml(&dir, &cgroup_root, &containerd_socket, &pki),
         )
         .unwrap();
         std::fs::create_dir_all(dir.join("manifests")).unwrap();
