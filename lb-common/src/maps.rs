@@ -1,7 +1,8 @@
 //! Map names (also their pin names) and default capacities.
 //!
-//! Names stay under 16 bytes: the kernel truncates object names to
-//! `BPF_OBJ_NAME_LEN - 1` characters.
+//! A pin has the whole name; the kernel keeps only the first
+//! `BPF_OBJ_NAME_LEN - 1` (15) bytes as the map's own name (what bpftool
+//! shows), so names differ within those (a catalog test checks it).
 
 pub const LB4_SERVICES: &str = "LB4_SERVICES";
 pub const LB4_BACKENDS: &str = "LB4_BACKENDS";
@@ -35,40 +36,14 @@ pub const LB6_SRC_RANGES: &str = "LB6_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
 pub const LB_BACKENDS_GEN: &str = "LB_BACKENDS_GEN";
 
-/// All pinned maps, in the order `lbctl status` lists them.
-pub const ALL: [&str; 31] = [
-    LB4_SERVICES,
-    LB4_BACKENDS,
-    LB4_REVNAT,
-    LB4_SOCK_REVNAT,
-    LB6_SERVICES,
-    LB6_BACKENDS,
-    LB6_REVNAT,
-    LB6_SOCK_REVNAT,
-    LB_SOCK_PEERS,
-    LB_SOCK_TCP,
-    LB_SOCK_FILTER,
-    LB_SOCK_COOKIES,
-    LB_SOCK_UDP,
-    LB_AFFINITY,
-    LB_AFFINITY_MATCH,
-    LB_AFFINITY_GROUP,
-    LB4_CT,
-    LB4_FRAGS,
-    LB_DEVICES,
-    LB6_CT,
-    LB6_DEVICES,
-    LB_MAGLEV,
-    LB4_SRC_RANGES,
-    LB6_SRC_RANGES,
-    LB4_FE_FILTER,
-    LB_BACKENDS_GEN,
-    LB_DROPS,
-    LB_EVENTS,
-    LB_CONFIG,
-    LB_COUNTERS,
-    LB_EVENT_RATE,
-];
+/// Names that say the wrong family, renamed with the next layout version
+/// (a pin's name is what a running data path and a rollback open, so it
+/// changes only with `LAYOUT_VERSION`): the frontend filter holds both
+/// families' frontends, and the devices map holds IPv4 addresses only.
+/// Every pinned map, its type and family, is listed in the agent's catalog
+/// (lb-userspace/src/maps/catalog.rs).
+pub const RENAME_AT_NEXT_LAYOUT: [(&str, &str); 2] =
+    [(LB4_FE_FILTER, "LB_FE_FILTER"), (LB_DEVICES, "LB4_DEVICES")];
 
 /// Default capacities, per address family. The agent can change them at load
 /// time (`--map-size-*`).

@@ -101,8 +101,9 @@ fn consecutive_writes_to_several_maps_all_land_in_order() {
 }
 
 /// The map catalog describes the object as built: after a load every map
-/// it lists is pinned with the key and value sizes and the capacity it
-/// says, and a pinned map of another capacity is refused by name.
+/// it lists is pinned with the kernel map type, key and value sizes and
+/// capacity it says, every map pinned has a row, and a pinned map of
+/// another capacity is refused by name.
 #[test]
 fn every_map_of_the_catalog_is_pinned_as_the_catalog_describes_it() {
     let pins = PinDir::create(&unique("catalog"));
@@ -113,7 +114,28 @@ fn every_map_of_the_catalog_is_pinned_as_the_catalog_describes_it() {
     let (_ebpf, reused) = datapath::load(&pins.path, &sizes).expect("loading");
     assert!(!reused);
     for m in lb::maps::catalog::CATALOG {
-        assert!(pins.path.join(m.name).exists(), "{} is not pinned", m.name);
+        let pin = pins.path.join(m.name);
+        assert!(pin.exists(), "{} is not pinned", m.name);
+        let info = aya::maps::MapData::from_pin(&pin)
+            .and_then(|map| map.info())
+            .unwrap_or_else(|e| panic!("{}: {e}", m.name));
+        assert_eq!(
+            info.map_type().ok(),
+            Some(m.kind),
+            "{}: the kernel's map type",
+            m.name
+        );
+    }
+    // Every map the object pins has a row (the uninstall and `lbctl status`
+    // walk the catalog: a map without one would be left behind, unlisted).
+    for e in std::fs::read_dir(&pins.path).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("LB") {
+            assert!(
+                lb::maps::catalog::spec_of(&name).is_some(),
+                "{name} is pinned but not in the catalog"
+            );
+        }
     }
     let layout = datapath::PinLayout::new(&pins.path);
     assert!(layout

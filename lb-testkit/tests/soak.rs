@@ -258,13 +258,13 @@ fn process(pid: u32) -> Process {
 /// Entries of every hash map of the node's pin directory, by name, and
 /// the socket path's TCP table (an array: its taken slots).
 fn map_entries(pins: &Path) -> Vec<(&'static str, usize)> {
-    let mut all: Vec<(&'static str, usize)> = lb_common::maps::ALL
+    let mut all: Vec<(&'static str, usize)> = lb::maps::catalog::CATALOG
         .iter()
-        .filter_map(|name| {
-            lb::maps::bpf::count_entries(pins, name)
+        .filter_map(|m| {
+            lb::maps::bpf::count_entries(pins, m.name)
                 .ok()
                 .flatten()
-                .map(|n| (*name, n))
+                .map(|n| (m.name, n))
         })
         .collect();
     all.push((

@@ -165,11 +165,12 @@ pub fn gather(pin_dir: &Path) -> Status {
     }
 
     let maps = if installed {
-        lb_common::maps::ALL
+        crate::maps::catalog::CATALOG
             .iter()
+            .map(|m| m.name)
             .map(|name| MapRow {
                 map: name,
-                entries: if *name == lb_common::maps::LB_SOCK_TCP {
+                entries: if name == lb_common::maps::LB_SOCK_TCP {
                     bpf::count_tcp_table(pin_dir).ok()
                 } else {
                     bpf::count_entries(pin_dir, name).ok().flatten()

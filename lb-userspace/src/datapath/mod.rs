@@ -591,7 +591,7 @@ pub fn uninstall(pin_dir: &Path) -> anyhow::Result<UninstallReport> {
                 .push(e.file_name().to_string_lossy().into_owned());
         }
     }
-    for name in names::ALL {
+    for name in crate::maps::catalog::CATALOG.iter().map(|m| m.name) {
         let p = pin_dir.join(name);
         if p.exists() {
             std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
