@@ -12,8 +12,29 @@ use crate::{
     source::nodeports::NodePortAddr,
 };
 
+/// `lb-agent run`: the flags, in one section per part of the agent (each
+/// part takes only its own section).
 #[derive(Args, Clone)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub datapath: DatapathArgs,
+    #[command(flatten)]
+    pub conntrack: ConntrackArgs,
+    #[command(flatten)]
+    pub maps: MapArgs,
+    #[command(flatten)]
+    pub servers: ServerArgs,
+}
+
+/// Where the services come from (a file or the apiserver) and which node
+/// addresses serve NodePorts: the source's part.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Where services come from")]
+pub struct SourceArgs {
     /// Standalone mode: services from this YAML file.
     #[arg(long, value_name = "FILE", conflicts_with = "kubernetes")]
     pub services: Option<PathBuf>,
@@ -50,24 +71,66 @@ pub struct RunArgs {
     /// Gather Kubernetes changes this long before applying them.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration, env = "LB_MIN_SYNC_PERIOD")]
     pub min_sync_period: Duration,
+}
+
+/// How services become map entries: backend selection, external IPs and
+/// the reconciler's progress: the model's and reconciler's part.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Services")]
+pub struct ServiceArgs {
+    /// Backend selection of services that do not choose one (the
+    /// `algorithm` field of the services file, the lb.dev/algorithm
+    /// annotation in Kubernetes): random, or maglev (consistent hashing: a
+    /// flow keeps its backend on every node and across backend changes).
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::Random, env = "LB_ALGORITHM")]
+    pub lb_algorithm: AlgorithmArg,
+    /// Size M of the Maglev tables of services that do not ask for their
+    /// own (`maglevTableSize` in the services file, the
+    /// lb.dev/maglev-table-size annotation), a prime (251, 509, 1021, 2039,
+    /// 4093, 8191, 16381, 32749, 65521, 65537, 131071). A table costs 4·M
+    /// bytes; a bigger M moves fewer flows when a backend goes
+    /// (docs/benchmarks.md, section 4). A change applies service by service
+    /// at the next sync.
+    #[arg(long, default_value_t = lb_common::maps::DEFAULT_MAGLEV_M, env = "LB_MAGLEV_TABLE_SIZE")]
+    pub maglev_table_size: u32,
+    /// A cluster-wide seed for the Maglev tables (Cilium's maglev.hashSeed,
+    /// e.g. `head -c12 /dev/urandom | base64`): the same on every node, or
+    /// a flow gets another backend on each. Without one, built-in seeds.
+    /// `lbctl status` and lb_maglev_seed_info show its fingerprint, to
+    /// compare nodes. Changing it moves new flows (established ones keep
+    /// their backend through conntrack and socket LB).
+    #[arg(
+        long,
+        default_value = "",
+        hide_default_value = true,
+        env = "LB_MAGLEV_HASH_SEED",
+        hide_env_values = true
+    )]
+    pub maglev_hash_seed: String,
+    /// What the node's own sockets and pods get for a Service's external
+    /// IPs: `translate` (kube-proxy's semantics, the default: every external
+    /// IP leads to the Service, wherever it is routed) or `owned-only` (only
+    /// the addresses this node holds; any other stays the real address it
+    /// names, as Cilium does against CVE-2020-8554). Traffic from outside the
+    /// node is served either way. docs/security.md weighs the two.
+    #[arg(long, value_enum, default_value_t = ExternalIpsArg::Translate, env = "LB_EXTERNAL_IPS_IN_CLUSTER")]
+    pub external_ips_in_cluster: ExternalIpsArg,
     /// How often a long reconcile logs how far it got.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, env = "LB_RECONCILE_PROGRESS_EVERY")]
     pub reconcile_progress_every: Duration,
+}
+
+/// Where and how the programs run: cgroup, pins, devices, forwarding mode
+/// and the programs' own settings: the data path's part.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Data path")]
+pub struct DatapathArgs {
     /// cgroup v2 directory to attach the socket hooks to [default: the cgroup2 root from /proc/mounts].
     #[arg(long, value_name = "DIR", env = "LB_CGROUP")]
     pub cgroup: Option<PathBuf>,
     /// Where maps and links are pinned (on bpffs).
     #[arg(long, value_name = "DIR", default_value_os_t = datapath::pins::default_pin_dir(), env = "LB_PIN_DIR")]
     pub pin_dir: PathBuf,
-    /// Capacity of LB4/6_SERVICES (one entry per frontend plus one per backend slot) and LB4/6_REVNAT.
-    #[arg(long, default_value_t = MapSizes::default().services, env = "LB_MAP_SIZE_SERVICES")]
-    pub map_size_services: u32,
-    /// Capacity of LB4/6_BACKENDS.
-    #[arg(long, default_value_t = MapSizes::default().backends, env = "LB_MAP_SIZE_BACKENDS")]
-    pub map_size_backends: u32,
-    /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer); LB_SOCK_TCP (translated TCP sockets by cookie) gets a quarter, rounded up to a power of two.
-    #[arg(long, default_value_t = MapSizes::default().sock_revnat, env = "LB_MAP_SIZE_SOCK_REVNAT")]
-    pub map_size_sock_revnat: u32,
     /// Translate only sockets of the host network namespace; pods keep the
     /// original service address (for service meshes), like Cilium's
     /// socketLB.hostNamespaceOnly.
@@ -96,44 +159,27 @@ pub struct RunArgs {
     /// How traffic to a backend on another node is forwarded.
     #[arg(long, value_enum, default_value_t = LbMode::Snat, env = "LB_MODE")]
     pub lb_mode: LbMode,
-    /// Backend selection of services that do not choose one (the
-    /// `algorithm` field of the services file, the lb.dev/algorithm
-    /// annotation in Kubernetes): random, or maglev (consistent hashing: a
-    /// flow keeps its backend on every node and across backend changes).
-    #[arg(long, value_enum, default_value_t = AlgorithmArg::Random, env = "LB_ALGORITHM")]
-    pub lb_algorithm: AlgorithmArg,
     /// XDP acceleration on the devices.
     #[arg(long, value_enum, default_value_t = datapath::Acceleration::Disabled, env = "LB_ACCELERATION")]
     pub acceleration: datapath::Acceleration,
-    /// Size M of the Maglev tables of services that do not ask for their
-    /// own (`maglevTableSize` in the services file, the
-    /// lb.dev/maglev-table-size annotation), a prime (251, 509, 1021, 2039,
-    /// 4093, 8191, 16381, 32749, 65521, 65537, 131071). A table costs 4·M
-    /// bytes; a bigger M moves fewer flows when a backend goes
-    /// (docs/benchmarks.md, section 4). A change applies service by service
-    /// at the next sync.
-    #[arg(long, default_value_t = lb_common::maps::DEFAULT_MAGLEV_M, env = "LB_MAGLEV_TABLE_SIZE")]
-    pub maglev_table_size: u32,
-    /// A cluster-wide seed for the Maglev tables (Cilium's maglev.hashSeed,
-    /// e.g. `head -c12 /dev/urandom | base64`): the same on every node, or
-    /// a flow gets another backend on each. Without one, built-in seeds.
-    /// `lbctl status` and lb_maglev_seed_info show its fingerprint, to
-    /// compare nodes. Changing it moves new flows (established ones keep
-    /// their backend through conntrack and socket LB).
-    #[arg(
-        long,
-        default_value = "",
-        hide_default_value = true,
-        env = "LB_MAGLEV_HASH_SEED",
-        hide_env_values = true
-    )]
-    pub maglev_hash_seed: String,
     /// Source ports for SNAT to remote backends. A client's own port is kept
     /// when it lies in the range (as Linux NAT and Cilium do), which keeps
     /// busy clients clear of their backends' TIME_WAIT; keep the range clear
     /// of the NodePort range.
     #[arg(long, default_value = "32768-65535", env = "LB_SNAT_PORT_RANGE")]
     pub snat_port_range: PortRange,
+    /// Log level of the eBPF programs (off, error, warn, info, debug, trace); debug covers hot paths.
+    #[arg(long, default_value = "warn", env = "LB_BPF_LOG_LEVEL")]
+    pub bpf_log_level: String,
+    /// Drop/trace events per second per CPU before rate limiting.
+    #[arg(long, default_value_t = lb_common::config::DEFAULT_EVENT_RATE, env = "LB_EVENT_RATE")]
+    pub event_rate: u32,
+}
+
+/// North-south conntrack lifetimes and its sweep: the conntrack part's.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Conntrack")]
+pub struct ConntrackArgs {
     /// Conntrack lifetime of an established TCP flow without traffic.
     #[arg(long, default_value = "6h", value_parser = humantime::parse_duration, env = "LB_CT_TIMEOUT_TCP")]
     pub conntrack_timeout_tcp: Duration,
@@ -150,6 +196,22 @@ pub struct RunArgs {
     /// 10 s to 10 min by how much each sweep finds].
     #[arg(long, value_parser = humantime::parse_duration, env = "LB_CT_GC_INTERVAL")]
     pub conntrack_gc_interval: Option<Duration>,
+}
+
+/// The maps' capacities (`--map-size-*`, one per `SizeFlag`) and their
+/// preallocation.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Map sizes")]
+pub struct MapArgs {
+    /// Capacity of LB4/6_SERVICES (one entry per frontend plus one per backend slot) and LB4/6_REVNAT.
+    #[arg(long, default_value_t = MapSizes::default().services, env = "LB_MAP_SIZE_SERVICES")]
+    pub map_size_services: u32,
+    /// Capacity of LB4/6_BACKENDS.
+    #[arg(long, default_value_t = MapSizes::default().backends, env = "LB_MAP_SIZE_BACKENDS")]
+    pub map_size_backends: u32,
+    /// Capacity of LB4/6_SOCK_REVNAT (sockets with a translated peer); LB_SOCK_TCP (translated TCP sockets by cookie) gets a quarter, rounded up to a power of two.
+    #[arg(long, default_value_t = MapSizes::default().sock_revnat, env = "LB_MAP_SIZE_SOCK_REVNAT")]
+    pub map_size_sock_revnat: u32,
     /// Capacity of LB4_CT and of LB6_CT (north-south conntrack; one or two entries per flow).
     #[arg(long, default_value_t = MapSizes::default().ct, env = "LB_MAP_SIZE_CT")]
     pub map_size_ct: u32,
@@ -171,6 +233,12 @@ pub struct RunArgs {
     /// made; a restart must keep it (an uninstall starts over).
     #[arg(long, env = "LB_PREALLOCATE_MAPS")]
     pub preallocate_maps: bool,
+}
+
+/// The metrics and health servers.
+#[derive(Args, Clone)]
+#[command(next_help_heading = "Servers")]
+pub struct ServerArgs {
     /// Address of /metrics and /healthz. Loopback unless you choose otherwise.
     #[arg(long, default_value = "127.0.0.1:9967", env = "LB_METRICS_ADDRESS")]
     pub metrics_address: SocketAddr,
@@ -181,20 +249,6 @@ pub struct RunArgs {
     /// /healthz turns unhealthy when an observed change is not in the maps after this long.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, env = "LB_HEALTHZ_GRACE")]
     pub healthz_grace: Duration,
-    /// What the node's own sockets and pods get for a Service's external
-    /// IPs: `translate` (kube-proxy's semantics, the default: every external
-    /// IP leads to the Service, wherever it is routed) or `owned-only` (only
-    /// the addresses this node holds; any other stays the real address it
-    /// names, as Cilium does against CVE-2020-8554). Traffic from outside the
-    /// node is served either way. docs/security.md weighs the two.
-    #[arg(long, value_enum, default_value_t = ExternalIpsArg::Translate, env = "LB_EXTERNAL_IPS_IN_CLUSTER")]
-    pub external_ips_in_cluster: ExternalIpsArg,
-    /// Log level of the eBPF programs (off, error, warn, info, debug, trace); debug covers hot paths.
-    #[arg(long, default_value = "warn", env = "LB_BPF_LOG_LEVEL")]
-    pub bpf_log_level: String,
-    /// Drop/trace events per second per CPU before rate limiting.
-    #[arg(long, default_value_t = lb_common::config::DEFAULT_EVENT_RATE, env = "LB_EVENT_RATE")]
-    pub event_rate: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -278,47 +332,52 @@ impl RunArgs {
     /// is installed: a bad flag changes nothing. `host_netns_cookie`: the
     /// agent's network namespace (`sys::fs::own_netns_cookie`).
     pub fn start_settings(&self, host_netns_cookie: u64) -> anyhow::Result<StartSettings> {
-        let seed_chars = self.maglev_hash_seed.chars().count();
+        let seed_chars = self.service.maglev_hash_seed.chars().count();
         if seed_chars > 0 && seed_chars < 12 {
             anyhow::bail!(
                 "--maglev-hash-seed is {seed_chars} characters: a seed that short can be guessed; use 12 or more (head -c12 /dev/urandom | base64)"
             );
         }
-        if !crate::desired::maglev::valid_size(self.maglev_table_size) {
+        if !crate::desired::maglev::valid_size(self.service.maglev_table_size) {
             anyhow::bail!(
                 "--maglev-table-size {} is not one of the supported primes: {:?}",
-                self.maglev_table_size,
+                self.service.maglev_table_size,
                 lb_common::maps::MAGLEV_PRIMES
             );
         }
         let log_level = datapath::config::parse_value(
             datapath::config::setting("bpf-log-level")?,
-            &self.bpf_log_level,
+            &self.datapath.bpf_log_level,
         )
         .context("--bpf-log-level")?;
         let settings = StartSettings {
             log_level,
-            event_rate: self.event_rate,
+            event_rate: self.datapath.event_rate,
             host_netns_cookie,
-            host_namespace_only: self.socket_lb_host_namespace_only,
-            lb_mode: match self.lb_mode {
+            host_namespace_only: self.datapath.socket_lb_host_namespace_only,
+            lb_mode: match self.datapath.lb_mode {
                 LbMode::Snat => lb_common::nodeport::MODE_SNAT,
                 LbMode::Dsr => lb_common::nodeport::MODE_DSR,
                 LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
             },
-            maglev_m: self.maglev_table_size,
-            snat_ports: (self.snat_port_range.0, self.snat_port_range.1),
+            maglev_m: self.service.maglev_table_size,
+            snat_ports: (
+                self.datapath.snat_port_range.0,
+                self.datapath.snat_port_range.1,
+            ),
             conntrack: Timeouts {
-                tcp: self.conntrack_timeout_tcp,
-                tcp_syn: self.conntrack_timeout_tcp_syn,
-                tcp_fin: self.conntrack_timeout_tcp_fin,
-                udp: self.conntrack_timeout_udp,
+                tcp: self.conntrack.conntrack_timeout_tcp,
+                tcp_syn: self.conntrack.conntrack_timeout_tcp_syn,
+                tcp_fin: self.conntrack.conntrack_timeout_tcp_fin,
+                udp: self.conntrack.conntrack_timeout_udp,
             },
         };
         settings.check()?;
         Ok(settings)
     }
+}
 
+impl MapArgs {
     /// The maps' sizes. The reverse-NAT maps hold one entry per frontend,
     /// and a service has at least one: they take `--map-size-services`
     /// (no flag of their own).
@@ -413,7 +472,7 @@ mod tests {
             "Zm9vYmFyYmF6cXV4",
         ]);
         assert!(long.start_settings(1).is_ok());
-        assert_eq!(long.maglev_hash_seed, "Zm9vYmFyYmF6cXV4");
+        assert_eq!(long.service.maglev_hash_seed, "Zm9vYmFyYmF6cXV4");
     }
 
     #[test]
@@ -426,6 +485,7 @@ mod tests {
             "--map-size-backends",
             "999",
         ])
+        .maps
         .map_sizes();
         assert_eq!((m.services, m.backends), (1234, 999));
         let revnat = crate::maps::catalog::spec_of(lb_common::maps::LB6_REVNAT).unwrap();
@@ -443,7 +503,7 @@ mod tests {
             args.push((2048 + i).to_string());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let m = flags(&args).map_sizes();
+        let m = flags(&args).maps.map_sizes();
         for (i, f) in SizeFlag::ALL.iter().enumerate() {
             assert_eq!(f.get(&m), 2048 + u32::try_from(i).unwrap(), "{}", f.flag());
         }

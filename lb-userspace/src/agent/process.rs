@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::{
     assembly::{Agent, Endpoints, Source},
-    flags::RunArgs,
+    flags::{ConntrackArgs, DatapathArgs, MapArgs, RunArgs, ServiceArgs, SourceArgs},
     router::Control,
     worker::Worker,
 };
@@ -56,7 +56,11 @@ fn file_context(
     args: &RunArgs,
     devices: &[String],
 ) -> anyhow::Result<crate::source::file::parse::FileContext> {
-    source::file::node_context(&args.nodeport_addresses, devices, args.lb_algorithm.into())
+    source::file::node_context(
+        &args.source.nodeport_addresses,
+        devices,
+        args.service.lb_algorithm.into(),
+    )
 }
 
 enum Mode {
@@ -65,25 +69,26 @@ enum Mode {
 }
 
 fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Result<Mode> {
-    match (&args.services, args.kubernetes) {
+    match (&args.source.services, args.source.kubernetes) {
         (Some(path), false) => Ok(Mode::File(path.clone())),
         (None, true) => {
-            let node_name = args.node_name.clone().context(
+            let node_name = args.source.node_name.clone().context(
                 "Kubernetes mode needs this node's name: --node-name or NODE_NAME (downward API spec.nodeName)",
             )?;
-            NodePortAddresses::check_flags(&args.nodeport_addresses).map_err(anyhow::Error::msg)?;
+            NodePortAddresses::check_flags(&args.source.nodeport_addresses)
+                .map_err(anyhow::Error::msg)?;
             Ok(Mode::Kubernetes(WatchConfig {
                 node_name,
                 nodeports: NodePortAddresses::from_flags(
-                    &args.nodeport_addresses,
+                    &args.source.nodeport_addresses,
                     sys::netdev::all_addresses()?
                         .into_iter()
                         .map(|(_, a)| a)
                         .collect(),
                 ),
-                debounce: args.min_sync_period,
+                debounce: args.source.min_sync_period,
                 node_eligibility: node_eligibility.clone(),
-                default_algorithm: args.lb_algorithm.into(),
+                default_algorithm: args.service.lb_algorithm.into(),
                 changes: Default::default(),
             }))
         }
@@ -95,7 +100,7 @@ fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Resu
 /// all is said loudly: traffic from outside the node to NodePorts,
 /// LoadBalancer and external IPs is then not served.
 fn external_devices(
-    args: &RunArgs,
+    args: &DatapathArgs,
     mode: &Mode,
     client: Option<&kube::Client>,
     rt: &tokio::runtime::Runtime,
@@ -169,7 +174,7 @@ async fn node_internal_ips(client: &kube::Client, node: &str) -> Vec<std::net::I
 /// kubeconfig's or in-cluster address when none is given), with the
 /// credentials of `--kubeconfig` or the pod's.
 async fn kube_clients(
-    args: &RunArgs,
+    args: &SourceArgs,
     traffic: &ApiTraffic,
 ) -> anyhow::Result<Vec<source::kubernetes::watch::ApiServer>> {
     let servers: Vec<String> = args
@@ -244,29 +249,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
     let api_traffic = ApiTraffic::default();
     let (servers, client) = rt.block_on(connect(&args, &mode, &api_traffic))?;
-    let devices = external_devices(&args, &mode, client.as_ref(), &rt)?;
-    let cfg = datapath_config(&args, &mode, devices.clone())?;
+    let devices = external_devices(&args.datapath, &mode, client.as_ref(), &rt)?;
+    let cfg = datapath_config(&args.datapath, &args.maps, &mode, devices.clone())?;
     let report = install(&args, &mode, &cfg, &settings, &devices)?;
 
     let cancel = Arc::new(AtomicBool::new(false));
-    let external_ips = crate::desired::ExternalIpsInCluster::from(args.external_ips_in_cluster);
-    let reconciler = restore(&args, &cfg, external_ips, cancel.clone())?;
+    let external_ips =
+        crate::desired::ExternalIpsInCluster::from(args.service.external_ips_in_cluster);
+    let reconciler = restore(&args.service, &cfg, external_ips, cancel.clone())?;
     let (metrics, mut registry) = Metrics::new(cfg.pin_dir.clone());
     if let Mode::Kubernetes(watch) = &mode {
         api_traffic.register(registry.sub_registry_with_prefix("lb"));
         watch.changes.register(&mut registry);
     }
     metrics.health.lock().unwrap().installed = true;
-    let background = Background::start(&args, &cfg, &metrics)?;
+    let background = Background::start(&args.conntrack, &cfg, &metrics)?;
     let udp_scans = Arc::new(crate::agent::worker::UdpScans::default());
-    let worker = worker(
-        &args,
-        &cfg,
-        reconciler,
-        &metrics,
-        external_ips,
-        udp_scans.clone(),
-    );
+    let worker = worker(&cfg, reconciler, &metrics, external_ips, udp_scans.clone());
     let source = match mode {
         Mode::File(path) => Source::File {
             context: file_context(&args, &devices)?,
@@ -275,9 +274,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Mode::Kubernetes(watch) => Source::Kubernetes { servers, watch },
     };
     let endpoints = Endpoints {
-        metrics: args.metrics_address,
-        healthz: args.healthz_address.0,
-        healthz_grace: args.healthz_grace,
+        metrics: args.servers.metrics_address,
+        healthz: args.servers.healthz_address.0,
+        healthz_grace: args.servers.healthz_grace,
     };
     let mut agent = Agent::new(
         worker,
@@ -314,7 +313,7 @@ async fn connect(
     traffic: &ApiTraffic,
 ) -> anyhow::Result<(Vec<ApiServer>, Option<kube::Client>)> {
     let servers = match mode {
-        Mode::Kubernetes(_) => kube_clients(args, traffic).await?,
+        Mode::Kubernetes(_) => kube_clients(&args.source, traffic).await?,
         Mode::File(_) => Vec::new(),
     };
     for s in &servers {
@@ -331,7 +330,8 @@ async fn connect(
 
 /// Where and how the data path is installed.
 fn datapath_config(
-    args: &RunArgs,
+    args: &DatapathArgs,
+    maps: &MapArgs,
     mode: &Mode,
     devices: Vec<String>,
 ) -> anyhow::Result<DatapathConfig> {
@@ -342,7 +342,7 @@ fn datapath_config(
     let cfg = DatapathConfig {
         pin_dir: args.pin_dir.clone(),
         cgroup,
-        sizes: args.map_sizes(),
+        sizes: maps.map_sizes(),
         devices,
         acceleration: args.acceleration,
         pod_devices: match (&args.pod_devices, mode) {
@@ -384,7 +384,7 @@ fn install(
     let report = datapath::install(cfg)?;
     info!(pin_dir = %cfg.pin_dir.display(), maps_reused = report.maps_reused, "data path installed");
     settings.write(&mut RuntimeConfig::open(&cfg.pin_dir)?)?;
-    if args.socket_lb_host_namespace_only {
+    if args.datapath.socket_lb_host_namespace_only {
         info!(
             netns_cookie = settings.host_netns_cookie,
             "socket LB applies to the host network namespace only"
@@ -395,7 +395,7 @@ fn install(
 
 /// The reconciler over the pinned maps, with what they hold.
 fn restore(
-    args: &RunArgs,
+    args: &ServiceArgs,
     cfg: &DatapathConfig,
     external_ips: crate::desired::ExternalIpsInCluster,
     cancel: Arc<AtomicBool>,
@@ -435,7 +435,11 @@ struct Background {
 }
 
 impl Background {
-    fn start(args: &RunArgs, cfg: &DatapathConfig, metrics: &Metrics) -> anyhow::Result<Self> {
+    fn start(
+        args: &ConntrackArgs,
+        cfg: &DatapathConfig,
+        metrics: &Metrics,
+    ) -> anyhow::Result<Self> {
         let pod_watch = if cfg.pod_devices.is_none() {
             None
         } else {
@@ -476,7 +480,6 @@ impl Background {
 
 /// The reconcile worker over the pinned maps.
 fn worker(
-    args: &RunArgs,
     cfg: &DatapathConfig,
     reconciler: Reconciler<BpfMaps>,
     metrics: &Metrics,
@@ -492,7 +495,7 @@ fn worker(
     let worker = Worker::new(
         reconciler,
         metrics.clone(),
-        super::worker::terminate_stale_udp(args.pin_dir.clone(), metrics.clone(), udp_scans),
+        super::worker::terminate_stale_udp(cfg.pin_dir.clone(), metrics.clone(), udp_scans),
     )
     .with_status_file(super::status_file(&cfg.pin_dir));
     // Only `owned-only` depends on them: with `translate` nothing is read
