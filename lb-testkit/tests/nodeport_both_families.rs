@@ -89,8 +89,15 @@ trait Family {
     /// The UDP LoadBalancer (port 53) and its backend (port 5353).
     const DNS_LB: &'static str;
     const DNS_BACKEND: &'static str;
-    /// A TCP LoadBalancer on port 80 (several remote backends).
+    /// A TCP LoadBalancer on port 80 with Maglev, its three remote
+    /// backends as `SERVICES` lists them, and an address to add a fourth.
     const WEB_LB: &'static str;
+    const WEB_BACKENDS: [&'static str; 3];
+    const WEB_EXTRA: &'static str;
+    /// A NodePort whose backend sits behind a 1400-byte path.
+    const NP_NARROW: u16;
+    /// The IP header's length (no options, no extension headers).
+    const IP_HEADER: usize;
     /// An address no frontend of `SERVICES` uses.
     const STRANGER: &'static str;
     /// What an error quotes at least: the IP header and 8 bytes.
@@ -153,6 +160,14 @@ trait Family {
     fn ct(dp: &Dataplane, key: &CtKey<Self::Words>) -> Option<CtValue<Self::Words>>;
     /// The 32 bits the frontend filter hashes for an address.
     fn filter_fold(a: Self::Addr) -> u32;
+    /// The flow hash the programs pick a Maglev slot with (TCP; ports in
+    /// host order).
+    fn flow_hash(saddr: Self::Addr, daddr: Self::Addr, sport: u16, dport: u16) -> u32;
+    /// A backend as the services file lists it.
+    fn backend_entry(a: &str) -> String;
+    /// `frame` marked "don't fragment" where the family has the bit (IPv6
+    /// routers never fragment: nothing to mark).
+    fn dont_fragment(frame: Vec<u8>) -> Vec<u8>;
 
     /// The first `QUOTE_MIN` bytes of `quote` equal the IP packet of
     /// `sent` (a frame), but for the bytes the program chooses.
@@ -212,6 +227,10 @@ impl Family for V4 {
     const DNS_LB: &'static str = "203.0.113.10";
     const DNS_BACKEND: &'static str = "10.244.2.20";
     const WEB_LB: &'static str = "203.0.113.20";
+    const WEB_BACKENDS: [&'static str; 3] = ["10.244.2.31", "10.244.2.32", "10.244.2.33"];
+    const WEB_EXTRA: &'static str = "10.244.2.34";
+    const NP_NARROW: u16 = 30006;
+    const IP_HEADER: usize = 20;
     const STRANGER: &'static str = "198.51.100.1";
     const QUOTE_MIN: usize = 28;
     const QUOTE_CHOSEN: &'static [usize] = &[4, 5, 10, 11];
@@ -356,6 +375,23 @@ services:
         dp.ct(key)
     }
 
+    fn flow_hash(saddr: Ipv4Addr, daddr: Ipv4Addr, sport: u16, dport: u16) -> u32 {
+        lb_common::nodeport::flow_hash(
+            u32::from_ne_bytes(saddr.octets()),
+            u32::from_ne_bytes(daddr.octets()),
+            sport.to_be(),
+            dport.to_be(),
+            6,
+        )
+    }
+    fn backend_entry(a: &str) -> String {
+        format!("{{address: {a}}}")
+    }
+    fn dont_fragment(mut frame: Vec<u8>) -> Vec<u8> {
+        frame[14 + 6] |= 0x40;
+        fix_ipv4_checksum(&mut frame);
+        frame
+    }
     fn filter_fold(a: Ipv4Addr) -> u32 {
         Self::words(a)
     }
@@ -376,6 +412,10 @@ impl Family for V6 {
     const DNS_LB: &'static str = "2001:db8:113::10";
     const DNS_BACKEND: &'static str = "fd00:244:2::20";
     const WEB_LB: &'static str = "2001:db8:113::20";
+    const WEB_BACKENDS: [&'static str; 3] = ["fd00:244:2::31", "fd00:244:2::32", "fd00:244:2::33"];
+    const WEB_EXTRA: &'static str = "fd00:244:2::34";
+    const NP_NARROW: u16 = 31008;
+    const IP_HEADER: usize = 40;
     const STRANGER: &'static str = "2001:db8:99::1";
     const QUOTE_MIN: usize = 48;
     const QUOTE_CHOSEN: &'static [usize] = &[];
@@ -504,6 +544,21 @@ services:
         dp.ct6(key)
     }
 
+    fn flow_hash(saddr: Ipv6Addr, daddr: Ipv6Addr, sport: u16, dport: u16) -> u32 {
+        lb_common::nodeport::flow_hash6(
+            ip6_to_words(saddr),
+            ip6_to_words(daddr),
+            sport.to_be(),
+            dport.to_be(),
+            6,
+        )
+    }
+    fn backend_entry(a: &str) -> String {
+        format!("{{address: \"{a}\"}}")
+    }
+    fn dont_fragment(frame: Vec<u8>) -> Vec<u8> {
+        frame
+    }
     fn filter_fold(a: Ipv6Addr) -> u32 {
         lb_common::filter::fold6(ip6_to_words(a))
     }
@@ -596,6 +651,8 @@ both_families!(
     a_local_backends_icmp_error_leaves_quoting_the_frontend,
     load_balancer_source_ranges_admit_only_their_networks_to_the_load_balancer_address,
     traffic_that_is_not_for_a_service_passes_untouched,
+    a_maglev_load_balancer_picks_the_flow_hashs_slot_and_conntrack_keeps_a_flow_across_table_changes,
+    a_packet_too_big_for_the_path_to_its_backend_gets_too_big_back_with_the_mtu,
 );
 
 fn a_nodeport_to_a_local_backend_is_dnatted_to_the_stack_and_the_reply_reverse_natted_on_egress<
@@ -1246,4 +1303,123 @@ fn traffic_that_is_not_for_a_service_passes_untouched<F: Family>() {
         let (rc, out) = dp.tc_egress(&p);
         assert_eq!((rc, &out), (TC_ACT_OK, &p), "tc egress must not touch it");
     }
+}
+
+/// Maglev (as Katran and Cilium): each new flow to the LoadBalancer goes to
+/// the backend of the slot its flow hash selects in the table the agent
+/// built, and many flows spread over all three backends. When the table
+/// changes (a fourth backend) an established flow stays on its backend
+/// (conntrack wins over the table); when its backend leaves, its next
+/// packet chooses again.
+fn a_maglev_load_balancer_picks_the_flow_hashs_slot_and_conntrack_keeps_a_flow_across_table_changes<
+    F: Family,
+>() {
+    use lb::source::file::parse::parse_with;
+    let mut dp = F::dataplane("maglev");
+    let vip = F::addr(F::WEB_LB);
+    let send = |dp: &Dataplane, sport: u16, flags: u8| -> F::Addr {
+        let (rc, out) = dp.tc_ingress(&F::tcp(
+            CLIENT_MAC,
+            EXT0_MAC,
+            F::CLIENT,
+            vip,
+            sport,
+            80,
+            flags,
+            b"",
+            64,
+        ));
+        assert_eq!(rc, TC_ACT_REDIRECT, "to a remote backend");
+        F::seen(&out).daddr
+    };
+    let svc_id = dp
+        .reconciler
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == vip.into())
+        .expect("the load balancer's frontend")
+        .1
+        .service_id;
+    let table = dp.reconciler.state().maglev[&svc_id].clone();
+    let mut seen = std::collections::BTreeSet::new();
+    for sport in 41000..41060u16 {
+        let got = send(&dp, sport, SYN);
+        let slot = F::flow_hash(F::CLIENT, vip, sport, 80) % table.len() as u32;
+        let want = dp.reconciler.state().backends[&table[slot as usize]].address;
+        assert_eq!(got.into(), want, "the flow from port {sport}");
+        seen.insert(format!("{got:?}"));
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
+
+    let ctx = node_context();
+    let first = send(&dp, 42000, SYN);
+    let last = F::backend_entry(F::WEB_BACKENDS[2]);
+    let more = F::SERVICES.replace(
+        &format!("{last}]"),
+        &format!("{last}, {}]", F::backend_entry(F::WEB_EXTRA)),
+    );
+    assert_ne!(more, F::SERVICES, "the fourth backend is added");
+    dp.apply(&parse_with(&more, &ctx).unwrap());
+    assert_ne!(
+        dp.reconciler.state().maglev[&svc_id],
+        table,
+        "the table changed"
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            send(&dp, 42000, ACK),
+            first,
+            "conntrack wins over the new table"
+        );
+    }
+    let entry = F::backend_entry(&Into::<IpAddr>::into(first).to_string());
+    let gone = F::SERVICES
+        .replace(&format!("{entry}, "), "")
+        .replace(&format!(", {entry}"), "");
+    assert_ne!(gone, F::SERVICES, "the flow's backend is removed");
+    dp.apply(&parse_with(&gone, &ctx).unwrap());
+    assert_ne!(
+        send(&dp, 42000, ACK),
+        first,
+        "its backend left: chosen again"
+    );
+}
+
+/// A packet that does not fit the path to its backend (1400 bytes) is
+/// answered from the address it was sent to with the family's "too big"
+/// (IPv4: fragmentation needed, DF set; ICMPv6: packet too big) carrying
+/// the MTU and quoting the packet as the client sent it; counted as
+/// `frag-needed`. XDP leaves it to tc; a packet that fits goes on. (IPv4's
+/// own cases, no DF and the offload-proof checksum, are in
+/// nodeport_packets.rs.)
+fn a_packet_too_big_for_the_path_to_its_backend_gets_too_big_back_with_the_mtu<F: Family>() {
+    let dp = F::dataplane("too_big");
+    let (drops, sent) = (dp.drops("frag-needed"), dp.counter(CNT_ICMP_SENT));
+    let segment = |payload: usize| {
+        F::dont_fragment(F::to_node(F::NP_NARROW, 41700, ACK, &vec![0x5a; payload]))
+    };
+    let syn = F::to_node(F::NP_NARROW, 41700, SYN, b"");
+    assert_eq!(dp.tc_ingress(&syn).0, TC_ACT_REDIRECT, "the handshake fits");
+    let fits = segment(1400 - F::IP_HEADER - 20);
+    assert_eq!(fits.len(), 14 + 1400);
+    assert_eq!(dp.tc_ingress(&fits).0, TC_ACT_REDIRECT, "1400 bytes fit");
+
+    let big = segment(1400 - F::IP_HEADER - 20 + 1);
+    let (rc, out) = dp.xdp(&big);
+    assert_eq!((rc, &out), (XDP_PASS, &big), "XDP hands it to tc");
+    let (rc, out) = dp.tc_ingress(&big);
+    assert_eq!(rc, TC_ACT_REDIRECT, "the error goes back out of ext0");
+    let v = F::icmp(&out);
+    assert_eq!((v.ty, v.code), F::TOO_BIG);
+    assert_eq!(u32::from_be_bytes(v.rest), 1400, "the path's MTU");
+    assert_eq!((v.saddr, v.daddr), (F::NODE, F::CLIENT));
+    assert_eq!((v.eth_dst, v.eth_src), (CLIENT_MAC, EXT0_MAC));
+    assert_eq!(
+        v.quoted,
+        (F::CLIENT, F::NODE, 41700, F::NP_NARROW),
+        "it quotes the packet as the client sent it"
+    );
+    assert!(F::quotes(&v.quote, &big), "the quote is the packet's start");
+    assert_eq!(dp.drops("frag-needed"), drops + 1);
+    assert_eq!(dp.counter(CNT_ICMP_SENT), sent + 1);
 }

@@ -3,13 +3,12 @@
 //! for each from one body in nodeport_both_families.rs), with IPv6
 //! frontends from the services file (`dataplane::SERVICES6`). Checksums are verified independently
 //! (etherparse computes them from scratch, pseudo-header included).
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::Ipv6Addr;
 
-use lb::maps::convert::ip6_to_words;
-use lb_common::{config::CNT_CT_CREATED, nodeport::flow_hash6};
+use lb_common::config::CNT_CT_CREATED;
 use lb_testkit::{
     dataplane::*,
-    packets::{self, inspect6, ACK, SYN},
+    packets::{self, inspect6, SYN},
     unique,
 };
 
@@ -88,115 +87,6 @@ fn ipv6_udp_load_balancer_through_xdp_is_forwarded_with_a_valid_udp_checksum_and
         (lb, 53, CLIENT_IP6, 5000)
     );
     assert_eq!(v.payload, b"answer");
-}
-
-#[test]
-fn ipv6_maglev_picks_the_slot_of_flow_hash6_in_the_agents_table() {
-    let dp = dataplane("np6_maglev");
-    let vip = ip6("2001:db8:113::20");
-    let mut seen = std::collections::BTreeSet::new();
-    let svc_id = dp
-        .reconciler
-        .state()
-        .frontends()
-        .find(|(k, _)| k.address == IpAddr::V6(vip))
-        .unwrap()
-        .1
-        .service_id;
-    let table = dp.reconciler.state().maglev[&svc_id].clone();
-    for sport in 41000..41060u16 {
-        let (rc, out) = dp.tc_ingress(&syn6(vip, 80, sport, b""));
-        assert_eq!(rc, TC_ACT_REDIRECT);
-        let got = inspect6(&out).daddr;
-        let slot = flow_hash6(
-            ip6_to_words(CLIENT_IP6),
-            ip6_to_words(vip),
-            sport.to_be(),
-            80u16.to_be(),
-            6,
-        ) % table.len() as u32;
-        let want = dp.reconciler.state().backends[&table[slot as usize]].address;
-        assert_eq!(IpAddr::V6(got), want, "flow from port {sport}");
-        seen.insert(got);
-    }
-    assert_eq!(seen.len(), 3, "{seen:?}");
-}
-
-/// An ICMPv6 error as it left the program: Ethernet and IPv6 headers
-/// swapped back toward the sender, the ICMPv6 checksum verified from
-/// scratch over the pseudo-header (RFC 8200 §8.1) and the message, and the
-/// quote compared with the packet it answers.
-fn icmp6_error(out: &[u8], answered: &[u8]) -> (u8, u8, u32) {
-    assert_eq!(&out[12..14], &[0x86, 0xdd], "IPv6");
-    assert_eq!(&out[0..6], &answered[6..12], "back to the sender's MAC");
-    let ip = &out[14..54];
-    assert_eq!(ip[6], 58, "next header ICMPv6 (no extension header)");
-    let src: [u8; 16] = ip[8..24].try_into().unwrap();
-    let dst: [u8; 16] = ip[24..40].try_into().unwrap();
-    assert_eq!(
-        src,
-        answered[14 + 24..14 + 40],
-        "from the address it was sent to"
-    );
-    assert_eq!(dst, answered[14 + 8..14 + 24], "to its sender");
-    let msg = &out[54..];
-    assert_eq!(u16::from_be_bytes([ip[4], ip[5]]) as usize, msg.len());
-    let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&src);
-    pseudo.extend_from_slice(&dst);
-    pseudo.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-    pseudo.extend_from_slice(&[0, 0, 0, 58]);
-    pseudo.extend_from_slice(msg);
-    assert_eq!(packets::internet_checksum(&pseudo), 0, "ICMPv6 checksum");
-    assert_eq!(
-        &msg[8..56],
-        &answered[14..62],
-        "quotes the IPv6 header and 8 bytes"
-    );
-    (
-        msg[0],
-        msg[1],
-        u32::from_be_bytes(msg[4..8].try_into().unwrap()),
-    )
-}
-
-#[test]
-fn ipv6_packet_too_big_answers_a_packet_that_does_not_fit_the_path_with_its_mtu() {
-    let dp = dataplane("np6_ptb");
-    let before = dp.drops("frag-needed");
-    let big = packets::tcp6(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP6,
-        NODE_IP6,
-        40050,
-        31008,
-        ACK,
-        &[7u8; 1400],
-    );
-    let (rc, out) = dp.tc_ingress(&big);
-    assert_eq!(rc, TC_ACT_REDIRECT, "bounced back out of ext0");
-    assert_eq!(
-        icmp6_error(&out, &big),
-        (2, 0, 1400),
-        "packet too big, MTU 1400"
-    );
-    assert_eq!(dp.drops("frag-needed"), before + 1);
-    // XDP leaves it to tc.
-    let (rc, out) = dp.xdp(&big);
-    assert_eq!((rc, out), (XDP_PASS, big));
-    // A packet that fits goes on.
-    let (rc, _) = dp.tc_ingress(&packets::tcp6(
-        CLIENT_MAC,
-        EXT0_MAC,
-        CLIENT_IP6,
-        NODE_IP6,
-        40051,
-        31008,
-        ACK,
-        &[7u8; 1300],
-    ));
-    assert_eq!(rc, TC_ACT_REDIRECT);
 }
 
 /// Source ranges in front of a remote backend (the shared body in
