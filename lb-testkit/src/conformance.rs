@@ -262,6 +262,7 @@ pub const RESULT_DEPENDS_ON: &[&str] = &[
     "lb-testkit/src/images.rs",
     "lb-testkit/src/k8s.rs",
     "lb-testkit/src/kube_cluster.rs",
+    "lb-testkit/src/node",
     "lb-testkit/src/node.rs",
     "testbed/e2e",
     "testbed/go.mod",
