@@ -29,6 +29,7 @@ pub mod node;
 pub mod packets;
 pub mod pods;
 pub mod probe;
+pub mod relay;
 pub mod servers;
 pub mod topology;
 pub mod traffic;

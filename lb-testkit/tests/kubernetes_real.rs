@@ -1443,3 +1443,388 @@ fn when_the_apiserver_it_watches_dies_the_agent_moves_to_the_next_prunes_nothing
         agent.log_text()
     );
 }
+
+/// `kubectl apply -f -` of `yaml` as the cluster admin, giving up after a
+/// few seconds (the apiserver may be down): whether it was applied.
+fn apply_briefly(
+    kubectl: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    netns: &str,
+    yaml: &str,
+) -> bool {
+    use std::io::Write as _;
+    let mut cmd = std::process::Command::new(kubectl);
+    cmd.arg("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout=3s", "apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    lb_testkit::netns::exec_in(&mut cmd, netns).unwrap();
+    let Ok(mut child) = cmd.spawn() else {
+        return false;
+    };
+    let _ = child.stdin.take().unwrap().write_all(yaml.as_bytes());
+    child.wait().is_ok_and(|s| s.success())
+}
+
+/// A selectorless Service `name` on port 80 with a slice of one ready
+/// endpoint (written as another controller would: the controller manager
+/// dies with the control plane in this test).
+fn service_with_slice(ns: &str, name: &str, node: &str, ip: std::net::Ipv4Addr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {name}, endpointslice.kubernetes.io/managed-by: test}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: ['{ip}'], conditions: {{ready: true}}, nodeName: {node}}}]\n"
+    )
+}
+
+/// The control plane fails under churn, with one apiserver (no failover
+/// to lean on): etcd is SIGKILLed, then the apiserver, then both, each for
+/// 20 s while a client creates and deletes Services in a loop (a kubectl
+/// apply and a delete each round, giving up after 3 s while down).
+/// Throughout, the agent keeps its state (the frontend keeps its backend in
+/// every sample, 4 a second, and serves); it reports each outage once
+/// (`apiserver-unready`, counted: /readyz fails when either is down) and
+/// its end; and
+/// after each recovery a Service made then is in the maps within 15 s (the
+/// watches start anew when one failed, rather than waiting out their
+/// backoff). At the end the agent's port-80 frontends are exactly the
+/// cluster's Services: nothing was pruned on partial data or missed.
+#[test]
+fn when_etcd_the_apiserver_or_both_die_under_churn_the_agent_keeps_its_state_says_so_and_converges()
+{
+    let w = World::new("k8sreal_chaos", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let mut cp = ControlPlane::start(&unique("k8schaos"));
+    let ns = "chaos";
+    let node = "node-chaos";
+    setup(&cp, ns, node, "192.168.77.7");
+    let ip = service(&cp, ns, "web", "");
+    ready_pod(
+        &cp,
+        ns,
+        "web-1",
+        node,
+        "web",
+        &[&Topology::backend_ip(0).to_string()],
+    );
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let agent =
+        Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
+    let target = format!("{ip}:80");
+    wait_for_one_backend(&agent, &target);
+
+    // The churn: services made and deleted in a loop, whatever is down.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (made, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let churn = {
+        let (stop, made, failed) = (stop.clone(), made.clone(), failed.clone());
+        let (bin, admin, netns) = (
+            k8s::testbed_bin(),
+            cp.admin_kubeconfig(),
+            cp.netns.name.clone(),
+        );
+        let (ns, node) = (ns.to_string(), node.to_string());
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let yaml =
+                    service_with_slice(&ns, &format!("churn-{i}"), &node, Topology::backend_ip(1));
+                if apply_briefly(&bin, &admin, &netns, &yaml) {
+                    made.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                if i >= 2 {
+                    let mut del = std::process::Command::new(&bin);
+                    del.arg("kubectl")
+                        .arg("--kubeconfig")
+                        .arg(&admin)
+                        .args([
+                            "--request-timeout=3s",
+                            "-n",
+                            &ns,
+                            "delete",
+                            "svc",
+                            "--ignore-not-found",
+                        ])
+                        .arg(format!("churn-{}", i - 2))
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null());
+                    lb_testkit::netns::exec_in(&mut del, &netns).unwrap();
+                    let _ = del.status();
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+
+    let unready = |agent: &Agent| {
+        metric(
+            agent,
+            "lb_source_errors_total",
+            "reason=\"apiserver-unready\"",
+        )
+    };
+    let mut report = Vec::new();
+    for (phase, killed) in [
+        ("etcd", &["etcd"][..]),
+        ("apiserver", &["apiserver"][..]),
+        ("both", &["apiserver", "etcd"][..]),
+    ] {
+        let unready_before = unready(&agent);
+        let answered_before = agent
+            .log_text()
+            .matches("the apiserver answers again")
+            .count();
+        for p in killed {
+            cp.kill(p);
+        }
+        let down = std::time::Instant::now();
+        let mut samples = 0;
+        while down.elapsed() < Duration::from_secs(20) {
+            let f = frontends(&agent);
+            assert!(
+                f.iter().any(|(t, _, n)| *t == target && *n == 1),
+                "{phase} down: the frontend lost its backend: {f:?}\n{}",
+                agent.log_text()
+            );
+            samples += 1;
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        assert_eq!(
+            served(&w, &target, 20),
+            BTreeSet::from(["b1".to_string()]),
+            "{phase} down: the data path serves on"
+        );
+        assert!(
+            unready(&agent) > unready_before,
+            "{phase} down for 20 s and the agent did not say so (apiserver-unready)\n{}",
+            agent.log_text()
+        );
+        // Back in the order they depend on: etcd, then the apiserver
+        // (waited for until /readyz answers).
+        for p in killed.iter().rev() {
+            cp.start_again(p);
+        }
+        wait(&cp, "the apiserver to answer /readyz again", || {
+            cp.kubectl_try(&["get", "--raw", "/readyz"]).is_some()
+        });
+        let back = std::time::Instant::now();
+        let late = format!("after-{phase}");
+        let yaml = service_with_slice(ns, &late, node, Topology::backend_ip(1));
+        assert!(
+            wait_until(Duration::from_secs(15), || apply_briefly(
+                &k8s::testbed_bin(),
+                &cp.admin_kubeconfig(),
+                &cp.netns.name,
+                &yaml
+            )),
+            "the control plane is back but {late} cannot be applied\n{}",
+            cp.logs()
+        );
+        let late_ip = cp.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "svc",
+            &late,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ]);
+        let late_target = format!("{late_ip}:80");
+        assert!(
+            wait_until(Duration::from_secs(15), || frontends(&agent)
+                .iter()
+                .any(|(t, _, n)| *t == late_target && *n == 1)),
+            "{phase}: {late} not in the maps 15 s after the control plane came back\n{}",
+            agent.log_text()
+        );
+        let took = back.elapsed();
+        // And it says the outage is over (its probe asks every 5 s), so
+        // the next one is reported as an outage of its own.
+        assert!(
+            wait_until(Duration::from_secs(15), || agent
+                .log_text()
+                .matches("the apiserver answers again")
+                .count()
+                > answered_before),
+            "{phase}: the agent did not say the apiserver answers again\n{}",
+            agent.log_text()
+        );
+        report.push(format!(
+            "{phase}: down 20 s, {samples} samples all kept the frontend, apiserver-unready {} -> {}, a new service in the maps {took:.1?} after recovery",
+            unready_before,
+            unready(&agent)
+        ));
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+
+    // Converged: the agent's port-80 frontends are the cluster's services.
+    let cluster: BTreeSet<String> = cp
+        .kubectl(&[
+            "get",
+            "svc",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.clusterIP}:{.spec.ports[0].port}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .filter(|l| l.ends_with(":80"))
+        .map(str::to_string)
+        .collect();
+    let mut ours = BTreeSet::new();
+    let converged = wait_until(Duration::from_secs(30), || {
+        ours = frontends(&agent)
+            .into_iter()
+            .map(|(t, _, _)| t)
+            .filter(|t| t.ends_with(":80"))
+            .collect();
+        ours == cluster
+    });
+    assert!(
+        converged,
+        "the agent's port-80 frontends differ from the cluster's services:\n only the agent: {:?}\n only the cluster: {:?}\n{}",
+        ours.difference(&cluster).collect::<Vec<_>>(),
+        cluster.difference(&ours).collect::<Vec<_>>(),
+        agent.log_text()
+    );
+    let (made, failed) = (made.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    eprintln!(
+        "control-plane chaos: {}\nchurn: {made} services applied, {failed} refused while down; {} services at the end, the agent lists each",
+        report.join("\n  "),
+        cluster.len()
+    );
+    // The churn ran through the outages: some of its writes were refused.
+    assert!(
+        made >= 5 && failed >= 3,
+        "the churn applied {made}, {failed} refused"
+    );
+}
+
+/// The agent's path to its only apiserver is cut silently for a minute (a
+/// relay that forwards nothing and closes nothing; when the cut ends, only
+/// new connections get through, as after a NAT lost its state). Meanwhile
+/// the frontend keeps its backend in every sample and serves, the outage
+/// is reported (`apiserver-unready`), and changes made during the cut (a
+/// second backend, a new Service) reach the maps within seconds of its
+/// end: the watches, stuck on connections that will never carry another
+/// byte, are started anew when /readyz answers again.
+#[test]
+fn a_silent_minute_long_cut_to_the_only_apiserver_is_reported_and_the_agent_converges_soon_after() {
+    let w = World::new("k8sreal_cut", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let cp = ControlPlane::start(&unique("k8scut"));
+    let ns = "cut";
+    let node = "node-cut";
+    setup(&cp, ns, node, "192.168.77.8");
+    let ip = service(&cp, ns, "web", "");
+    ready_pod(
+        &cp,
+        ns,
+        "web-1",
+        node,
+        "web",
+        &[&Topology::backend_ip(0).to_string()],
+    );
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let relay = lb_testkit::relay::Relay::start(
+        &cp.netns.name,
+        std::net::SocketAddr::from(([127, 0, 0, 1], cp.api_port)),
+    );
+    let agent = Agent::start_kubernetes_in(
+        &cp.netns.name,
+        &kc,
+        node,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--k8s-api-server", &format!("127.0.0.1:{}", relay.port)],
+    );
+    let target = format!("{ip}:80");
+    wait_for_one_backend(&agent, &target);
+
+    relay.cut();
+    let cut = std::time::Instant::now();
+    // Changes the agent cannot see yet, made straight to the apiserver.
+    ready_pod(
+        &cp,
+        ns,
+        "web-2",
+        node,
+        "web",
+        &[&Topology::backend_ip(1).to_string()],
+    );
+    cp.apply(&service_with_slice(
+        ns,
+        "during-cut",
+        node,
+        Topology::backend_ip(1),
+    ));
+    let late = format!(
+        "{}:80",
+        cp.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "svc",
+            "during-cut",
+            "-o",
+            "jsonpath={.spec.clusterIP}"
+        ])
+    );
+    let mut samples = 0;
+    while cut.elapsed() < Duration::from_secs(60) {
+        let f = frontends(&agent);
+        assert!(
+            f.iter().any(|(t, _, n)| *t == target && *n >= 1),
+            "the frontend was withdrawn during the cut: {f:?}\n{}",
+            agent.log_text()
+        );
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        served(&w, &target, 20),
+        BTreeSet::from(["b1".to_string()]),
+        "during the cut the maps hold what the agent last saw, and serve it"
+    );
+    let unready = metric(
+        &agent,
+        "lb_source_errors_total",
+        "reason=\"apiserver-unready\"",
+    );
+    assert!(
+        unready >= 1.0,
+        "a minute without the apiserver and the agent did not say so\n{}",
+        agent.log_text()
+    );
+
+    relay.restore();
+    let restored = std::time::Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let f = frontends(&agent);
+            f.iter().any(|(t, _, n)| *t == target && *n == 2)
+                && f.iter().any(|(t, _, n)| *t == late && *n == 1)
+        }),
+        "what changed during the cut is not in the maps 20 s after it: {:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+    let took = restored.elapsed();
+    assert_eq!(served(&w, &target, 40).len(), 2);
+    assert!(
+        agent.log_text().contains("the apiserver answers again"),
+        "{}",
+        agent.log_text()
+    );
+    eprintln!(
+        "silent cut of 60 s: {samples} samples kept the frontend, apiserver-unready {unready}, converged {took:.1?} after the cut ended"
+    );
+}

@@ -17,6 +17,18 @@
 //! busy apiserver still answers it. When every apiserver has been tried
 //! without one answering, the next round waits, doubling up to
 //! `ROUND_BACKOFF_MAX`.
+//!
+//! With one apiserver it is asked every `HEALTH_EVERY_ALONE`: when it has
+//! not answered for `FAILOVER_AFTER` the outage is reported once
+//! (`apiserver-unready`, counted, logged as an error) while the maps keep
+//! their state. When it answers again the watches start over at once with
+//! a fresh list: one that failed meanwhile would otherwise wait out
+//! kube-runtime's backoff (up to half a minute after a long outage), and
+//! one on a connection that a silent cut killed (no FIN, no RST: TCP keeps
+//! retrying for up to ~15 minutes) would never hear another event. So the
+//! agent converges within seconds of the apiserver's return; the price is
+//! a list per resource per outage, and nothing is pruned until it is
+//! complete.
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -38,8 +50,11 @@ use crate::source::SourceEvent;
 /// How often the apiserver in use is asked whether it answers (with more
 /// than one apiserver).
 pub const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// How often the only apiserver is asked whether it answers (cheaper: it
+/// only says when an outage began and ended).
+pub const HEALTH_EVERY_ALONE: Duration = Duration::from_secs(5);
 /// How long the apiserver in use may not answer before the watches move to
-/// the next one.
+/// the next one (or, with one apiserver, before the outage is reported).
 pub const FAILOVER_AFTER: Duration = Duration::from_secs(3);
 /// How long one probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -156,6 +171,22 @@ pub async fn run(servers: Vec<ApiServer>, cfg: WatchConfig, tx: mpsc::Sender<Sou
         tracing::info!(server = %server.url, "watching the apiserver");
         match watch(server, servers.len() > 1, &cfg, &mut store, &tx).await {
             Ended::Closed => return,
+            Ended::Recovered {
+                after,
+                watch_failed,
+            } => {
+                let why = if watch_failed {
+                    "a watch failed meanwhile"
+                } else {
+                    "a watch may sit on a connection the outage killed"
+                };
+                tracing::info!(
+                    server = %server.url,
+                    "the apiserver answers again after {after:.0?}; {why}: watching anew now (a fresh list; nothing is pruned until it is complete)"
+                );
+                backoff = Duration::from_secs(1);
+                silent = 0;
+            }
             Ended::Unhealthy { since, answered } => {
                 silent = if answered { 1 } else { silent + 1 };
                 if answered {
@@ -208,10 +239,13 @@ enum Ended {
     /// The apiserver has not answered since `since`; `answered`: it did
     /// before that, while it was watched.
     Unhealthy { since: Instant, answered: bool },
+    /// The only apiserver answers again after an outage of `after`
+    /// (`watch_failed`: a watch reported an error meanwhile): watch it anew.
+    Recovered { after: Duration, watch_failed: bool },
 }
 
 /// Watches `server` until the agent stops or, with `failover`, until the
-/// server stops answering.
+/// server stops answering; alone, until it answers again after an outage.
 async fn watch(
     server: &ApiServer,
     failover: bool,
@@ -244,28 +278,55 @@ async fn watch(
     let mut first_change: Option<Instant> = None;
     // The health probe (with more than one apiserver): one at a time, in
     // flight beside the watches; since when the apiserver has not answered.
-    let mut health = tokio::time::interval(HEALTH_EVERY);
+    let mut health = tokio::time::interval(if failover {
+        HEALTH_EVERY
+    } else {
+        HEALTH_EVERY_ALONE
+    });
     health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probe: Option<(Instant, futures::future::BoxFuture<'static, bool>)> = None;
     let mut failing_since: Option<Instant> = None;
     let mut answered_once = false;
+    // Alone: the outage was reported; a watch failed since the last answer.
+    let mut reported = false;
+    let mut watch_failed = false;
     loop {
         let deadline = first_change.map(|t| tokio::time::Instant::from_std(t + cfg.debounce));
         tokio::select! {
-            _ = health.tick(), if failover && probe.is_none() => {
+            _ = health.tick(), if probe.is_none() => {
                 probe = Some((Instant::now(), Box::pin(ready(client.clone()))));
                 continue;
             }
             answered = async { (&mut probe.as_mut().unwrap().1).await }, if probe.is_some() => {
                 let (asked, _) = probe.take().unwrap();
                 match (answered, failing_since) {
-                    (true, _) => {
+                    (true, since) => {
                         failing_since = None;
                         answered_once = true;
+                        if reported {
+                            let after = since.map_or(Duration::ZERO, |t| t.elapsed());
+                            return Ended::Recovered { after, watch_failed };
+                        }
+                        watch_failed = false;
                     }
                     (false, None) => failing_since = Some(asked),
                     (false, Some(t)) if t.elapsed() >= FAILOVER_AFTER => {
-                        return Ended::Unhealthy { since: t, answered: answered_once };
+                        if failover {
+                            return Ended::Unhealthy { since: t, answered: answered_once };
+                        }
+                        if !reported {
+                            reported = true;
+                            let message = format!(
+                                "the apiserver {} has not answered /readyz for {:.0?}; the maps keep their state, watching on",
+                                server.url,
+                                t.elapsed()
+                            );
+                            tracing::error!("{message}");
+                            let ev = SourceEvent::Error { source: "kubernetes", reason: "apiserver-unready", message };
+                            if tx.send(ev).await.is_err() {
+                                return Ended::Closed;
+                            }
+                        }
                     }
                     (false, Some(_)) => {}
                 }
@@ -276,21 +337,30 @@ async fn watch(
                     ObjectChanges::count(&cfg.changes.services, &ev);
                     store.on_service(unwrap(ev));
                 }
-                Err(e) => if tx.send(watch_error("services", &e)).await.is_err() { return Ended::Closed },
+                Err(e) => {
+                    watch_failed = true;
+                    if tx.send(watch_error("services", &e)).await.is_err() { return Ended::Closed }
+                }
             },
             Some(ev) = slices.next() => match ev {
                 Ok(ev) => {
                     ObjectChanges::count(&cfg.changes.endpoint_slices, &ev);
                     store.on_slice(unwrap(ev));
                 }
-                Err(e) => if tx.send(watch_error("endpointslices", &e)).await.is_err() { return Ended::Closed },
+                Err(e) => {
+                    watch_failed = true;
+                    if tx.send(watch_error("endpointslices", &e)).await.is_err() { return Ended::Closed }
+                }
             },
             Some(ev) = nodes.next() => match ev {
                 Ok(ev) => {
                     store.on_node(ev);
                     cfg.node_eligibility.set(store.node_eligible());
                 }
-                Err(e) => if tx.send(watch_error("nodes", &e)).await.is_err() { return Ended::Closed },
+                Err(e) => {
+                    watch_failed = true;
+                    if tx.send(watch_error("nodes", &e)).await.is_err() { return Ended::Closed }
+                }
             },
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
                 let observed = first_change.take().unwrap_or_else(Instant::now);
