@@ -1,5 +1,7 @@
-//! A TCP relay on the agent's path to the apiserver, for a fault the kernel
-//! here cannot inject with tc (no sch_netem: docs/testbed.md): a silent cut.
+//! A TCP relay on the agent's path to the apiserver, for faults the kernel
+//! here cannot inject with tc (no sch_netem: docs/testbed.md): latency
+//! (`set_delay`: each chunk waits that long before it is passed on, each
+//! way) and a silent cut.
 //! While cut it forwards nothing and closes nothing, as a lost route or a
 //! firewall that drops would; new connections are accepted and then hear
 //! nothing. When the cut ends only connections made after it carry bytes:
@@ -23,6 +25,8 @@ struct State {
     /// Moves on at the end of each cut: a connection forwards only in the
     /// generation it was accepted in.
     generation: AtomicU64,
+    /// Added latency per direction, in milliseconds.
+    delay_ms: AtomicU64,
 }
 
 impl State {
@@ -66,6 +70,13 @@ impl Relay {
         });
         let port = rx.recv().expect("the relay's port");
         Self { port, state }
+    }
+
+    /// Holds every chunk `delay` before passing it on, each way (so a
+    /// request and its answer take 2 × `delay` more).
+    pub fn set_delay(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.state.delay_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Forwards nothing from now on, closing nothing.
@@ -122,6 +133,10 @@ fn pump(st: &State, mut from: TcpStream, mut to: TcpStream, generation: u64) {
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                let delay = st.delay_ms.load(Ordering::Relaxed);
+                if delay > 0 {
+                    std::thread::sleep(Duration::from_millis(delay));
+                }
                 // Read just as a cut began: held until it ends (or for good).
                 while !st.forwards(generation) && !st.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(POLL);

@@ -1828,3 +1828,98 @@ fn a_silent_minute_long_cut_to_the_only_apiserver_is_reported_and_the_agent_conv
         "silent cut of 60 s: {samples} samples kept the frontend, apiserver-unready {unready}, converged {took:.1?} after the cut ended"
     );
 }
+
+/// A slow apiserver: 400 ms added each way on the agent's path (a relay;
+/// no netem here), so every request and its answer take 0.8 s more. The
+/// agent is not fooled into an outage (its /readyz probe allows 2 s; no
+/// `apiserver-unready`), and what changes meanwhile (a second backend, a
+/// new Service) still reaches the maps within seconds.
+#[test]
+fn a_slow_apiserver_is_followed_without_a_false_outage() {
+    let w = World::new("k8sreal_slow", 2);
+    let _servers = w.tcp_servers(8080, false);
+    let cp = ControlPlane::start(&unique("k8sslow"));
+    let ns = "slow";
+    let node = "node-slow";
+    setup(&cp, ns, node, "192.168.77.9");
+    let ip = service(&cp, ns, "web", "");
+    ready_pod(
+        &cp,
+        ns,
+        "web-1",
+        node,
+        "web",
+        &[&Topology::backend_ip(0).to_string()],
+    );
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let relay = lb_testkit::relay::Relay::start(
+        &cp.netns.name,
+        std::net::SocketAddr::from(([127, 0, 0, 1], cp.api_port)),
+    );
+    let agent = Agent::start_kubernetes_in(
+        &cp.netns.name,
+        &kc,
+        node,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--k8s-api-server", &format!("127.0.0.1:{}", relay.port)],
+    );
+    let target = format!("{ip}:80");
+    wait_for_one_backend(&agent, &target);
+
+    relay.set_delay(Duration::from_millis(400));
+    // Long enough for several probes through the slow path.
+    std::thread::sleep(Duration::from_secs(12));
+    let changed = std::time::Instant::now();
+    ready_pod(
+        &cp,
+        ns,
+        "web-2",
+        node,
+        "web",
+        &[&Topology::backend_ip(1).to_string()],
+    );
+    cp.apply(&service_with_slice(
+        ns,
+        "while-slow",
+        node,
+        Topology::backend_ip(1),
+    ));
+    let late = format!(
+        "{}:80",
+        cp.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "svc",
+            "while-slow",
+            "-o",
+            "jsonpath={.spec.clusterIP}"
+        ])
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            let f = frontends(&agent);
+            f.iter().any(|(t, _, n)| *t == target && *n == 2)
+                && f.iter().any(|(t, _, n)| *t == late && *n == 1)
+        }),
+        "changes through the slow apiserver did not reach the maps in 20 s: {:?}\n{}",
+        frontends(&agent),
+        agent.log_text()
+    );
+    let took = changed.elapsed();
+    std::thread::sleep(Duration::from_secs(6));
+    let unready = metric(
+        &agent,
+        "lb_source_errors_total",
+        "reason=\"apiserver-unready\"",
+    );
+    assert!(
+        unready == 0.0,
+        "a slow apiserver was reported as an outage ({unready})\n{}",
+        agent.log_text()
+    );
+    assert_eq!(served(&w, &target, 40).len(), 2);
+    eprintln!("slow apiserver (+0.8 s a round trip): changes in the maps {took:.1?} after they were made, no outage reported");
+}
