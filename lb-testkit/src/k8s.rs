@@ -39,6 +39,19 @@ pub fn helm_bin() -> PathBuf {
     p
 }
 
+/// `kubectl ARGS` with `kubeconfig`, run in the network namespace `netns`:
+/// what `ControlPlane::kubectl_cmd` runs, for a thread that cannot borrow
+/// the control plane (one that keeps writing while a test kills parts of it).
+pub fn kubectl_command(kubeconfig: &Path, netns: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(testbed_bin());
+    cmd.arg("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args);
+    crate::netns::exec_in(&mut cmd, netns).unwrap();
+    cmd
+}
+
 pub fn testbed_bin() -> PathBuf {
     let p = crate::sibling_bin_dir().join("../testbed/lbtestbed");
     assert!(
@@ -425,13 +438,7 @@ impl ControlPlane {
     /// The `kubectl ARGS` command as the cluster admin, not yet started (for
     /// one that runs beside the test, in a thread of its own).
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(testbed_bin());
-        cmd.arg("kubectl")
-            .arg("--kubeconfig")
-            .arg(self.admin_kubeconfig())
-            .args(args);
-        crate::netns::exec_in(&mut cmd, &self.netns.name).unwrap();
-        cmd
+        kubectl_command(&self.admin_kubeconfig(), &self.netns.name, args)
     }
 
     /// `helm ARGS` (built from helm.sh/helm/v3 by `cargo xtask testbed`) as

@@ -1446,22 +1446,16 @@ fn when_the_apiserver_it_watches_dies_the_agent_moves_to_the_next_prunes_nothing
 
 /// `kubectl apply -f -` of `yaml` as the cluster admin, giving up after a
 /// few seconds (the apiserver may be down): whether it was applied.
-fn apply_briefly(
-    kubectl: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    netns: &str,
-    yaml: &str,
-) -> bool {
+fn apply_briefly(kubeconfig: &std::path::Path, netns: &str, yaml: &str) -> bool {
     use std::io::Write as _;
-    let mut cmd = std::process::Command::new(kubectl);
-    cmd.arg("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--request-timeout=3s", "apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
+    let mut cmd = k8s::kubectl_command(
+        kubeconfig,
+        netns,
+        &["--request-timeout=3s", "apply", "-f", "-"],
+    );
+    cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    lb_testkit::netns::exec_in(&mut cmd, netns).unwrap();
     let Ok(mut child) = cmd.spawn() else {
         return false;
     };
@@ -1480,6 +1474,64 @@ fn service_with_slice(ns: &str, name: &str, node: &str, ip: std::net::Ipv4Addr) 
     )
 }
 
+/// A control plane of the test's own with one apiserver, a namespace `ns`
+/// and Node `node`, the Service "web" with one ready pod on the first
+/// backend, and the agent following it straight or, with `through_relay`,
+/// through a relay on its path (for faults). Returns them in the order
+/// they are dropped in reverse, with the web frontend "ip:80".
+fn one_apiserver_bed(
+    tag: &str,
+    ns: &str,
+    node: &str,
+    node_ip: &str,
+    through_relay: bool,
+) -> (
+    World,
+    Vec<lb_testkit::servers::Server>,
+    ControlPlane,
+    Option<lb_testkit::relay::Relay>,
+    Agent,
+    String,
+) {
+    let w = World::new(&format!("k8sreal_{tag}"), 2);
+    let servers = w.tcp_servers(8080, false);
+    let cp = ControlPlane::start(&unique(&format!("k8s{tag}")));
+    setup(&cp, ns, node, node_ip);
+    let ip = service(&cp, ns, "web", "");
+    ready_pod(
+        &cp,
+        ns,
+        "web-1",
+        node,
+        "web",
+        &[&Topology::backend_ip(0).to_string()],
+    );
+    k8s::install_manifests(&cp);
+    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
+    let relay = through_relay.then(|| {
+        lb_testkit::relay::Relay::start(
+            &cp.netns.name,
+            std::net::SocketAddr::from(([127, 0, 0, 1], cp.api_port)),
+        )
+    });
+    let server = relay.as_ref().map(|r| format!("127.0.0.1:{}", r.port));
+    let extra: Vec<&str> = server
+        .as_deref()
+        .map(|s| vec!["--k8s-api-server", s])
+        .unwrap_or_default();
+    let agent = Agent::start_kubernetes_in(
+        &cp.netns.name,
+        &kc,
+        node,
+        &w.cgroup.path,
+        &w.pins.path,
+        &extra,
+    );
+    let target = format!("{ip}:80");
+    wait_for_one_backend(&agent, &target);
+    (w, servers, cp, relay, agent, target)
+}
+
 /// The control plane fails under churn, with one apiserver (no failover
 /// to lean on): etcd is SIGKILLed, then the apiserver, then both, each for
 /// 20 s while a client creates and deletes Services in a loop (a kubectl
@@ -1495,67 +1547,45 @@ fn service_with_slice(ns: &str, name: &str, node: &str, ip: std::net::Ipv4Addr) 
 #[test]
 fn when_etcd_the_apiserver_or_both_die_under_churn_the_agent_keeps_its_state_says_so_and_converges()
 {
-    let w = World::new("k8sreal_chaos", 2);
-    let _servers = w.tcp_servers(8080, false);
-    let mut cp = ControlPlane::start(&unique("k8schaos"));
-    let ns = "chaos";
-    let node = "node-chaos";
-    setup(&cp, ns, node, "192.168.77.7");
-    let ip = service(&cp, ns, "web", "");
-    ready_pod(
-        &cp,
-        ns,
-        "web-1",
-        node,
-        "web",
-        &[&Topology::backend_ip(0).to_string()],
-    );
-    k8s::install_manifests(&cp);
-    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
-    let agent =
-        Agent::start_kubernetes_in(&cp.netns.name, &kc, node, &w.cgroup.path, &w.pins.path, &[]);
-    let target = format!("{ip}:80");
-    wait_for_one_backend(&agent, &target);
+    let (ns, node) = ("chaos", "node-chaos");
+    let (w, _servers, mut cp, _, agent, target) =
+        one_apiserver_bed("chaos", ns, node, "192.168.77.7", false);
 
     // The churn: services made and deleted in a loop, whatever is down.
     let stop = Arc::new(AtomicBool::new(false));
     let (made, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let churn = {
         let (stop, made, failed) = (stop.clone(), made.clone(), failed.clone());
-        let (bin, admin, netns) = (
-            k8s::testbed_bin(),
-            cp.admin_kubeconfig(),
-            cp.netns.name.clone(),
-        );
+        let (admin, netns) = (cp.admin_kubeconfig(), cp.netns.name.clone());
         let (ns, node) = (ns.to_string(), node.to_string());
         std::thread::spawn(move || {
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 let yaml =
                     service_with_slice(&ns, &format!("churn-{i}"), &node, Topology::backend_ip(1));
-                if apply_briefly(&bin, &admin, &netns, &yaml) {
+                if apply_briefly(&admin, &netns, &yaml) {
                     made.fetch_add(1, Ordering::Relaxed);
                 } else {
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
                 if i >= 2 {
-                    let mut del = std::process::Command::new(&bin);
-                    del.arg("kubectl")
-                        .arg("--kubeconfig")
-                        .arg(&admin)
-                        .args([
+                    let gone = format!("churn-{}", i - 2);
+                    let _ = k8s::kubectl_command(
+                        &admin,
+                        &netns,
+                        &[
                             "--request-timeout=3s",
                             "-n",
                             &ns,
                             "delete",
                             "svc",
                             "--ignore-not-found",
-                        ])
-                        .arg(format!("churn-{}", i - 2))
-                        .stdout(std::process::Stdio::null())
-                        .stderr(std::process::Stdio::null());
-                    lb_testkit::netns::exec_in(&mut del, &netns).unwrap();
-                    let _ = del.status();
+                            &gone,
+                        ],
+                    )
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status();
                 }
                 i += 1;
                 std::thread::sleep(Duration::from_millis(500));
@@ -1619,7 +1649,6 @@ fn when_etcd_the_apiserver_or_both_die_under_churn_the_agent_keeps_its_state_say
         let yaml = service_with_slice(ns, &late, node, Topology::backend_ip(1));
         assert!(
             wait_until(Duration::from_secs(15), || apply_briefly(
-                &k8s::testbed_bin(),
                 &cp.admin_kubeconfig(),
                 &cp.netns.name,
                 &yaml
@@ -1717,37 +1746,10 @@ fn when_etcd_the_apiserver_or_both_die_under_churn_the_agent_keeps_its_state_say
 /// byte, are started anew when /readyz answers again.
 #[test]
 fn a_silent_minute_long_cut_to_the_only_apiserver_is_reported_and_the_agent_converges_soon_after() {
-    let w = World::new("k8sreal_cut", 2);
-    let _servers = w.tcp_servers(8080, false);
-    let cp = ControlPlane::start(&unique("k8scut"));
-    let ns = "cut";
-    let node = "node-cut";
-    setup(&cp, ns, node, "192.168.77.8");
-    let ip = service(&cp, ns, "web", "");
-    ready_pod(
-        &cp,
-        ns,
-        "web-1",
-        node,
-        "web",
-        &[&Topology::backend_ip(0).to_string()],
-    );
-    k8s::install_manifests(&cp);
-    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
-    let relay = lb_testkit::relay::Relay::start(
-        &cp.netns.name,
-        std::net::SocketAddr::from(([127, 0, 0, 1], cp.api_port)),
-    );
-    let agent = Agent::start_kubernetes_in(
-        &cp.netns.name,
-        &kc,
-        node,
-        &w.cgroup.path,
-        &w.pins.path,
-        &["--k8s-api-server", &format!("127.0.0.1:{}", relay.port)],
-    );
-    let target = format!("{ip}:80");
-    wait_for_one_backend(&agent, &target);
+    let (ns, node) = ("cut", "node-cut");
+    let (w, _servers, cp, relay, agent, target) =
+        one_apiserver_bed("cut", ns, node, "192.168.77.8", true);
+    let relay = relay.unwrap();
 
     relay.cut();
     let cut = std::time::Instant::now();
@@ -1836,37 +1838,10 @@ fn a_silent_minute_long_cut_to_the_only_apiserver_is_reported_and_the_agent_conv
 /// new Service) still reaches the maps within seconds.
 #[test]
 fn a_slow_apiserver_is_followed_without_a_false_outage() {
-    let w = World::new("k8sreal_slow", 2);
-    let _servers = w.tcp_servers(8080, false);
-    let cp = ControlPlane::start(&unique("k8sslow"));
-    let ns = "slow";
-    let node = "node-slow";
-    setup(&cp, ns, node, "192.168.77.9");
-    let ip = service(&cp, ns, "web", "");
-    ready_pod(
-        &cp,
-        ns,
-        "web-1",
-        node,
-        "web",
-        &[&Topology::backend_ip(0).to_string()],
-    );
-    k8s::install_manifests(&cp);
-    let kc = cp.service_account_kubeconfig("kube-system", "lb-agent");
-    let relay = lb_testkit::relay::Relay::start(
-        &cp.netns.name,
-        std::net::SocketAddr::from(([127, 0, 0, 1], cp.api_port)),
-    );
-    let agent = Agent::start_kubernetes_in(
-        &cp.netns.name,
-        &kc,
-        node,
-        &w.cgroup.path,
-        &w.pins.path,
-        &["--k8s-api-server", &format!("127.0.0.1:{}", relay.port)],
-    );
-    let target = format!("{ip}:80");
-    wait_for_one_backend(&agent, &target);
+    let (ns, node) = ("slow", "node-slow");
+    let (w, _servers, cp, relay, agent, target) =
+        one_apiserver_bed("slow", ns, node, "192.168.77.9", true);
+    let relay = relay.unwrap();
 
     relay.set_delay(Duration::from_millis(400));
     // Long enough for several probes through the slow path.
