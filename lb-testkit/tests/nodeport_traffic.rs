@@ -109,6 +109,9 @@ services:
     algorithm: maglev
     clusterIPs: ["{dns}"]
     loadBalancerIPs: ["{lb}"]
+    # The client's host only (with another network): the range check on
+    # node A and, with DSR, on node B (the learned option) meet real flows.
+    loadBalancerSourceRanges: ["{client}/{host_bits}", "{other}"]
     ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]
     backends: [{pb0}, {pb1}, {pb2}]
 "#,
@@ -117,6 +120,13 @@ services:
         pb2 = b(f.pods_b[2]),
         pa = b(f.pod_a),
         lb = f.lb,
+        client = f.client,
+        host_bits = if f.client.is_ipv4() { 32 } else { 128 },
+        other = if f.client.is_ipv4() {
+            "10.123.0.0/16"
+        } else {
+            "fd00:123::/64"
+        },
     )
 }
 
@@ -267,6 +277,24 @@ fn real_traffic(tag: &str, mode: &str, xdp: bool, f: &IpFamily) {
         "{answers:?}\n{}",
         report("dns", &c)
     );
+    // The DNS LoadBalancer's source ranges admitted the client on node A
+    // and, with DSR, on node B, which learned each datagram's option.
+    for n in [&c.a, &c.b] {
+        let drops = n.agent.as_ref().unwrap().drops("source-range");
+        assert_eq!(
+            drops,
+            0,
+            "{label}: source-range drops\n{}",
+            report("dns", &c)
+        );
+    }
+    if mode == "dsr" {
+        let learned = Cluster::counter(&c.b, lb_common::config::CNT_DSR_LEARNED);
+        assert!(
+            learned >= 20,
+            "{label}: node B learned {learned} DSR options"
+        );
+    }
     // The flows went through the programs, not around them (with XDP:
     // what XDP cannot do, tc did, counted the same).
     let fwd = Cluster::counter(&c.a, lb_common::config::CNT_NP_FORWARD);
