@@ -15,10 +15,7 @@ use lb_common::{
     conntrack::{CtValue, CT_F_CLOSING, CT_F_DSR, CT_REVERSE},
     drop::DropReason,
     nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
-    service::{
-        SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT,
-        SVC_FLAG_SOURCE_RANGES,
-    },
+    service::{SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
 };
 
 use super::{
@@ -216,7 +213,7 @@ pub fn learn<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     // refuse could send its own option naming the guarded frontend and have
     // a backend answer it from that address (the first node checked the
     // ranges against the same source address, so a real flow passes).
-    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 && !I::source_allowed(svc.service_id, f.saddr) {
+    if !I::admits(&svc, f.saddr) {
         return drop_packet(ctx, f, DropReason::SourceRange, svc.service_id);
     }
     let rkey = f.reply_ct_key(CT_REVERSE);

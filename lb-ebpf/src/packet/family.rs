@@ -25,7 +25,9 @@ use lb_common::{
     backend::{Backend4, Backend6},
     conntrack::{CtKey, CtValue},
     nodeport::{flow_hash, flow_hash6},
-    service::{Service4Key, Service6Key, SourceRange4, SourceRange6},
+    service::{
+        Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6, SVC_FLAG_SOURCE_RANGES,
+    },
     sock::{bytes_to_words, words_to_bytes},
 };
 
@@ -82,6 +84,13 @@ pub trait Ip: ServiceFamily + Sized + 'static {
     fn flow_hash(f: &Flow<Self>) -> u32;
     /// loadBalancerSourceRanges: whether `saddr` may use the frontend.
     fn source_allowed(service_id: u32, saddr: Self::Addr) -> bool;
+    /// Whether `svc` admits `saddr`: open without ranges, else only a
+    /// source they hold. New flows and the DSR options a backend's node
+    /// learns both ask it.
+    #[inline(always)]
+    fn admits(svc: &ServiceValue, saddr: Self::Addr) -> bool {
+        svc.flags & SVC_FLAG_SOURCE_RANGES == 0 || Self::source_allowed(svc.service_id, saddr)
+    }
     fn event_addr(a: Self::Addr) -> [u8; 16];
     fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: Self::Addr, daddr: Self::Addr);
     /// The next hop a FIB lookup left in `p` (for bpf_redirect_neigh).

@@ -112,7 +112,7 @@ pub(super) fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     }
     // loadBalancerSourceRanges, before anything else about the service
     // (kube-proxy's KUBE-FW chain runs before its REJECT of an empty one).
-    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 && !I::source_allowed(svc.service_id, f.saddr) {
+    if !I::admits(&svc, f.saddr) {
         return drop_packet(ctx, f, DropReason::SourceRange, svc.service_id);
     }
     if svc.count == 0 && svc.terminating_count == 0 {
