@@ -11,6 +11,8 @@
 //!   the source, the servers and the loop, over any `LbMaps` (tested over
 //!   the fake maps);
 //! * `flags`: the flags of `lb-agent run` and what they parse into;
+//! * `plan`: what the flags ask for (the source, how devices are found,
+//!   which pod devices are served), decided before anything is touched;
 //! * `process`: from the flags to a running agent: installs the data path
 //!   (`datapath::install`, root, tested by the integration tests), wires
 //!   the parts together and turns signals into control messages.
@@ -19,6 +21,7 @@
 pub mod assembly;
 pub mod flags;
 pub mod mailbox;
+pub mod plan;
 pub mod process;
 pub mod router;
 pub mod settings;

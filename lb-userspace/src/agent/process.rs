@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{signal, SignalKind},
@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use super::{
     assembly::{Agent, Endpoints, Source},
     flags::{ConntrackArgs, DatapathArgs, MapArgs, RunArgs, ServiceArgs, SourceArgs},
+    plan::{self, DevicePlan, SourcePlan},
     router::Control,
     worker::Worker,
 };
@@ -68,66 +69,45 @@ enum Mode {
     Kubernetes(WatchConfig),
 }
 
-fn mode(args: &RunArgs, node_eligibility: &Arc<NodeEligibility>) -> anyhow::Result<Mode> {
-    match (&args.source.services, args.source.kubernetes) {
-        (Some(path), false) => Ok(Mode::File(path.clone())),
-        (None, true) => {
-            let node_name = args.source.node_name.clone().context(
-                "Kubernetes mode needs this node's name: --node-name or NODE_NAME (downward API spec.nodeName)",
-            )?;
-            NodePortAddresses::check_flags(&args.source.nodeport_addresses)
-                .map_err(anyhow::Error::msg)?;
-            Ok(Mode::Kubernetes(WatchConfig {
-                node_name,
-                nodeports: NodePortAddresses::from_flags(
-                    &args.source.nodeport_addresses,
-                    sys::netdev::all_addresses()?
-                        .into_iter()
-                        .map(|(_, a)| a)
-                        .collect(),
-                ),
-                debounce: args.source.min_sync_period,
-                node_eligibility: node_eligibility.clone(),
-                default_algorithm: args.service.lb_algorithm.into(),
-                changes: Default::default(),
-            }))
-        }
-        _ => bail!("choose a source: --services FILE (standalone) or --kubernetes"),
-    }
+/// The source the plan names, with what it needs from the node (its
+/// addresses, for the NodePorts).
+fn mode(
+    plan: SourcePlan,
+    args: &RunArgs,
+    node_eligibility: &Arc<NodeEligibility>,
+) -> anyhow::Result<Mode> {
+    Ok(match plan {
+        SourcePlan::File(path) => Mode::File(path),
+        SourcePlan::Kubernetes { node_name } => Mode::Kubernetes(WatchConfig {
+            node_name,
+            nodeports: NodePortAddresses::from_flags(
+                &args.source.nodeport_addresses,
+                sys::netdev::all_addresses()?
+                    .into_iter()
+                    .map(|(_, a)| a)
+                    .collect(),
+            ),
+            debounce: args.source.min_sync_period,
+            node_eligibility: node_eligibility.clone(),
+            default_algorithm: args.service.lb_algorithm.into(),
+            changes: Default::default(),
+        }),
+    })
 }
 
-/// --devices, or in Kubernetes mode when unset the detected ones. None at
-/// all is said loudly: traffic from outside the node to NodePorts,
-/// LoadBalancer and external IPs is then not served.
+/// The devices the plan names, detected where it says so. None at all is
+/// said loudly: traffic from outside the node to NodePorts, LoadBalancer
+/// and external IPs is then not served.
 fn external_devices(
-    args: &DatapathArgs,
+    plan: DevicePlan,
     mode: &Mode,
     client: Option<&kube::Client>,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<Vec<String>> {
-    let given: Vec<String> = args
-        .devices
-        .iter()
-        .filter(|d| !d.is_empty())
-        .cloned()
-        .collect();
-    let special = given.iter().find(|d| *d == "none" || *d == "auto");
-    if let Some(word) = special {
-        if given.len() > 1 {
-            bail!(
-                "--devices: '{word}' cannot be listed with devices ({})",
-                given.join(",")
-            );
-        }
-    }
-    let auto = match special.map(String::as_str) {
-        Some("none") => return Ok(Vec::new()),
-        Some(_) => true,
-        None if given.is_empty() => matches!(mode, Mode::Kubernetes(_)),
-        None => return Ok(given),
-    };
-    if !auto {
-        return Ok(Vec::new());
+    match plan {
+        DevicePlan::None => return Ok(Vec::new()),
+        DevicePlan::Given(devices) => return Ok(devices),
+        DevicePlan::Detect => {}
     }
     let internal = match (mode, client) {
         (Mode::Kubernetes(cfg), Some(client)) => {
@@ -239,8 +219,15 @@ async fn kube_clients(
 /// maps, start the background parts and the worker, serve until stopped,
 /// let go.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Decided from the flags alone (agent::plan): a bad flag changes nothing.
+    let source_plan = SourcePlan::from_flags(&args.source)?;
+    let device_plan = DevicePlan::from_flags(&args.datapath.devices, &source_plan)?;
+    let (pod_devices, pods_unserved) = plan::pod_devices(&args.datapath, &source_plan);
+    if pods_unserved {
+        warn!("--socket-lb-host-namespace-only without --pod-devices: pods' own sockets are not translated and nothing translates their packets either; pods will not reach services");
+    }
     let node_eligibility = Arc::new(NodeEligibility::default());
-    let mode = mode(&args, &node_eligibility)?;
+    let mode = mode(source_plan, &args, &node_eligibility)?;
     // Checked before anything is installed: a bad flag changes nothing.
     let settings = args.start_settings(sys::fs::own_netns_cookie()?)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -249,8 +236,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
     let api_traffic = ApiTraffic::default();
     let (servers, client) = rt.block_on(connect(&args, &mode, &api_traffic))?;
-    let devices = external_devices(&args.datapath, &mode, client.as_ref(), &rt)?;
-    let cfg = datapath_config(&args.datapath, &args.maps, &mode, devices.clone())?;
+    let devices = external_devices(device_plan, &mode, client.as_ref(), &rt)?;
+    let cfg = datapath_config(&args.datapath, &args.maps, pod_devices, devices.clone())?;
     let report = install(&args, &mode, &cfg, &settings, &devices)?;
 
     let cancel = Arc::new(AtomicBool::new(false));
@@ -332,31 +319,21 @@ async fn connect(
 fn datapath_config(
     args: &DatapathArgs,
     maps: &MapArgs,
-    mode: &Mode,
+    pod_devices: crate::datapath::pods::PodDevices,
     devices: Vec<String>,
 ) -> anyhow::Result<DatapathConfig> {
     let cgroup = match &args.cgroup {
         Some(c) => c.clone(),
         None => sys::fs::cgroup2_mount()?,
     };
-    let cfg = DatapathConfig {
+    Ok(DatapathConfig {
         pin_dir: args.pin_dir.clone(),
         cgroup,
         sizes: maps.map_sizes(),
         devices,
         acceleration: args.acceleration,
-        pod_devices: match (&args.pod_devices, mode) {
-            (Some(p), _) => p.clone(),
-            (None, Mode::Kubernetes(_)) if args.socket_lb_host_namespace_only => {
-                datapath::pods::PodDevices::Auto
-            }
-            (None, _) => datapath::pods::PodDevices::None,
-        },
-    };
-    if args.socket_lb_host_namespace_only && cfg.pod_devices.is_none() {
-        warn!("--socket-lb-host-namespace-only without --pod-devices: pods' own sockets are not translated and nothing translates their packets either; pods will not reach services");
-    }
-    Ok(cfg)
+        pod_devices,
+    })
 }
 
 /// Installs (or takes over) the data path and writes the start settings.
