@@ -99,6 +99,24 @@ pub fn pod_devices(args: &DatapathArgs, source: &SourcePlan) -> (PodDevices, boo
     (devices, pods_unserved)
 }
 
+/// The apiservers of `--k8s-api-server` as URLs, in order: `host:port`
+/// is HTTPS (an apiserver serves nothing else); empty items (a trailing
+/// comma, the chart's empty default) are none.
+pub fn apiserver_urls(flags: &[String]) -> Vec<String> {
+    flags
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            if s.contains("://") {
+                s.to_string()
+            } else {
+                format!("https://{s}")
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -138,7 +156,10 @@ mod tests {
             }
         );
         let none = source(&[]).unwrap_err().to_string();
-        assert!(none.contains("--services FILE") && none.contains("--kubernetes"), "{none}");
+        assert!(
+            none.contains("--services FILE") && none.contains("--kubernetes"),
+            "{none}"
+        );
         for nameless in [&["--kubernetes"][..], &["--kubernetes", "--node-name", ""]] {
             let e = source(nameless).unwrap_err().to_string();
             assert!(e.contains("--node-name") && e.contains("NODE_NAME"), "{e}");
@@ -197,7 +218,10 @@ mod tests {
             let e = devices(&["--services", "s", "--devices", &format!("eth0,{word}")])
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains(&format!("'{word}' cannot be listed")) && e.contains("eth0"), "{e}");
+            assert!(
+                e.contains(&format!("'{word}' cannot be listed")) && e.contains("eth0"),
+                "{e}"
+            );
         }
     }
 
@@ -222,6 +246,29 @@ mod tests {
         assert_eq!(
             plan(&["--services", "s", "--socket-lb-host-namespace-only"]),
             (PodDevices::None, true)
+        );
+    }
+
+    #[test]
+    fn apiservers_are_https_urls_in_the_order_given() {
+        let run = flags(&[
+            "--kubernetes",
+            "--node-name",
+            "n",
+            "--k8s-api-server",
+            "10.0.0.1:6443, http://127.0.0.1:8080,,[fd00::1]:6443",
+        ])
+        .unwrap();
+        assert_eq!(
+            apiserver_urls(&run.source.k8s_api_server),
+            [
+                "https://10.0.0.1:6443",
+                "http://127.0.0.1:8080",
+                "https://[fd00::1]:6443"
+            ]
+        );
+        assert!(
+            apiserver_urls(&flags(&["--services", "s"]).unwrap().source.k8s_api_server).is_empty()
         );
     }
 }

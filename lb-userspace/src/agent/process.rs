@@ -157,19 +157,7 @@ async fn kube_clients(
     args: &SourceArgs,
     traffic: &ApiTraffic,
 ) -> anyhow::Result<Vec<source::kubernetes::watch::ApiServer>> {
-    let servers: Vec<String> = args
-        .k8s_api_server
-        .iter()
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
-        .map(|s| {
-            if s.contains("://") {
-                s.to_string()
-            } else {
-                format!("https://{s}")
-            }
-        })
-        .collect();
+    let servers = plan::apiserver_urls(&args.k8s_api_server);
     let config = if let Some(path) = &args.kubeconfig {
         let kubeconfig = kube::config::Kubeconfig::read_from(path)
             .with_context(|| format!("reading {}", path.display()))?;
