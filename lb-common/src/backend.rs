@@ -27,7 +27,7 @@ pub struct Backend4 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Backend6 {
     /// Network byte order.
-    pub address: [u8; 16],
+    pub address: crate::Addr6,
     /// Network byte order.
     pub port: u16,
     pub proto: u8,

@@ -82,7 +82,7 @@ pub struct CtTimeouts {
 }
 
 /// Conntrack key: the tuple as seen on the wire in one direction. `A` is
-/// the address: `u32` for IPv4 (`LB4_CT`), `[u32; 4]` for IPv6 (`LB6_CT`),
+/// the address: `u32` for IPv4 (`LB4_CT`), `Addr6` for IPv6 (`LB6_CT`),
 /// both in network byte order as on the wire, so one generic body in the
 /// programs serves both families.
 #[repr(C)]
@@ -100,7 +100,7 @@ pub struct CtKey<A> {
 }
 
 pub type Ct4Key = CtKey<u32>;
-pub type Ct6Key = CtKey<[u32; 4]>;
+pub type Ct6Key = CtKey<crate::Addr6>;
 
 impl<A: Copy> CtKey<A> {
     /// Addresses and ports in network byte order, as on the wire.
@@ -156,6 +156,6 @@ pub const fn next_backends_gen(g: u32) -> u32 {
 }
 
 pub type Ct4Value = CtValue<u32>;
-pub type Ct6Value = CtValue<[u32; 4]>;
+pub type Ct6Value = CtValue<crate::Addr6>;
 
 crate::user_pod!(Ct4Key, Ct4Value, Ct6Key, Ct6Value);

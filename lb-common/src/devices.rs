@@ -20,7 +20,7 @@ pub struct Device {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Device6 {
     /// Network byte order, as on the wire.
-    pub address: [u32; 4],
+    pub address: crate::Addr6,
 }
 
 crate::user_pod!(Device, Device6);

@@ -40,7 +40,7 @@ pub const fn hook_name(hook: u8) -> &'static str {
     }
 }
 
-/// One event. Addresses are 16 bytes; IPv4 uses the first 4. Ports and
+/// One event. Addresses are `Addr6`; IPv4 fills the first word. Ports and
 /// addresses in network order, like the maps.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,11 +69,11 @@ pub struct Event {
     /// Translated destination port (traces).
     pub xport: u16,
     pub pad: u16,
-    pub saddr: [u8; 16],
+    pub saddr: crate::Addr6,
     /// Original destination (the service address).
-    pub daddr: [u8; 16],
+    pub daddr: crate::Addr6,
     /// Translated destination (the backend).
-    pub xaddr: [u8; 16],
+    pub xaddr: crate::Addr6,
     /// Name of the process (`comm`).
     pub comm: [u8; 16],
     /// The tail up to the 8-byte alignment, named (see `layout`).
@@ -97,9 +97,9 @@ impl Event {
             dport: 0,
             xport: 0,
             pad: 0,
-            saddr: [0; 16],
-            daddr: [0; 16],
-            xaddr: [0; 16],
+            saddr: [0; 4],
+            daddr: [0; 4],
+            xaddr: [0; 4],
             comm: [0; 16],
             pad2: 0,
         }

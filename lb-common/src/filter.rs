@@ -31,7 +31,7 @@ pub const fn filter_bit(address: u32, port: u16) -> u32 {
 /// frontends share the filter; a bit two of them share only sends a
 /// packet down the full path.
 #[inline(always)]
-pub const fn fold6(address: [u32; 4]) -> u32 {
+pub const fn fold6(address: crate::Addr6) -> u32 {
     address[0] ^ address[1] ^ address[2] ^ address[3]
 }
 

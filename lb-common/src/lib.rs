@@ -5,6 +5,15 @@
 //! in network byte order (see docs/datapath.md, "Byte order").
 #![no_std]
 
+/// An IPv6 address as every shared type keeps it: four 32-bit words in
+/// network byte order, as `bpf_sock_addr.user_ip6` and the kernel's
+/// `in6_addr.in6_u.u6_addr32` hold it (where a type holds either family,
+/// an IPv4 address fills the first word). In memory its bytes are the
+/// address's bytes in order, so a key made from the 16 bytes of a header
+/// and one made from the words are the same key; the programs never
+/// convert. User space: `maps::convert::ip6_to_map` and `ip6_from_map`.
+pub type Addr6 = [u32; 4];
+
 pub mod affinity;
 pub mod backend;
 pub mod config;

@@ -49,8 +49,8 @@ pub const fn flow_hash(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8
 /// `flow_hash` for IPv6: every word of both addresses goes through the mix.
 #[inline(always)]
 pub const fn flow_hash6(
-    saddr: [u32; 4],
-    daddr: [u32; 4],
+    saddr: crate::Addr6,
+    daddr: crate::Addr6,
     sport: u16,
     dport: u16,
     proto: u8,

@@ -41,7 +41,7 @@ pub struct SockRevNat4Value {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct RevNat6 {
-    pub address: [u8; 16],
+    pub address: crate::Addr6,
     pub port: u16,
     pub pad: u16,
 }
@@ -50,7 +50,7 @@ pub struct RevNat6 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct SockRevNat6Key {
     pub cookie: u64,
-    pub address: [u8; 16],
+    pub address: crate::Addr6,
     pub port: u16,
     pub pad: [u8; 6],
 }
@@ -58,7 +58,7 @@ pub struct SockRevNat6Key {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct SockRevNat6Value {
-    pub address: [u8; 16],
+    pub address: crate::Addr6,
     pub port: u16,
     pub pad: u16,
     pub service_id: u32,

@@ -53,7 +53,7 @@ impl SourceRange4 {
 pub struct SourceRange6 {
     pub service_id: u32,
     /// Network byte order, as on the wire.
-    pub address: [u8; 16],
+    pub address: crate::Addr6,
 }
 
 impl SourceRange6 {
@@ -142,7 +142,7 @@ impl ServiceValue {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Service6Key {
     /// Frontend address, network byte order.
-    pub address: [u8; 16],
+    pub address: crate::Addr6,
     /// Frontend port, network byte order.
     pub dport: u16,
     pub backend_slot: u16,
@@ -153,7 +153,7 @@ pub struct Service6Key {
 
 impl Service6Key {
     pub const fn new(
-        address: [u8; 16],
+        address: crate::Addr6,
         dport: u16,
         proto: u8,
         scope: u8,

@@ -10,7 +10,7 @@
 /// An address's four words as the bytes a map key holds (each word's
 /// bytes in memory order).
 #[inline(always)]
-pub fn words_to_bytes(w: &[u32; 4]) -> [u8; 16] {
+pub fn words_to_bytes(w: &crate::Addr6) -> [u8; 16] {
     let mut b = [0u8; 16];
     b[0..4].copy_from_slice(&w[0].to_ne_bytes());
     b[4..8].copy_from_slice(&w[1].to_ne_bytes());
@@ -21,7 +21,7 @@ pub fn words_to_bytes(w: &[u32; 4]) -> [u8; 16] {
 
 /// The four words of an address a map key holds, as the programs read them.
 #[inline(always)]
-pub fn bytes_to_words(b: &[u8; 16]) -> [u32; 4] {
+pub fn bytes_to_words(b: &[u8; 16]) -> crate::Addr6 {
     [
         u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
         u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
@@ -41,8 +41,8 @@ pub const UDP_CHOICES: usize = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockPeer {
-    pub backend: [u32; 4],
-    pub frontend: [u32; 4],
+    pub backend: crate::Addr6,
+    pub frontend: crate::Addr6,
     /// Network order.
     pub backend_port: u16,
     /// Network order.
@@ -69,7 +69,7 @@ pub struct SockPeers {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct UdpChoice {
     /// The frontend.
-    pub address: [u32; 4],
+    pub address: crate::Addr6,
     /// Network order.
     pub port: u16,
     /// The backend's slot when it was chosen.

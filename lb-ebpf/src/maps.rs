@@ -5,6 +5,7 @@ use aya_ebpf::{
     macros::{btf_map, map},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
+use lb_common::Addr6;
 use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6},
@@ -195,5 +196,5 @@ pub static LB_ROUTES4: PerCpuArray<crate::packet::route_cache::CachedRoute<u32>>
     PerCpuArray::with_max_entries(crate::packet::route_cache::ROUTE_CACHE_SLOTS, 0);
 
 #[map]
-pub static LB_ROUTES6: PerCpuArray<crate::packet::route_cache::CachedRoute<[u32; 4]>> =
+pub static LB_ROUTES6: PerCpuArray<crate::packet::route_cache::CachedRoute<Addr6>> =
     PerCpuArray::with_max_entries(crate::packet::route_cache::ROUTE_CACHE_SLOTS, 0);

@@ -14,7 +14,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use lb::maps::convert::ip6_to_words;
+use lb::maps::convert::ip6_to_map;
 use lb_common::{
     config::{CFG_FRONTEND_FILTER, CFG_LB_MODE, CNT_CT_CREATED, CNT_DSR_LEARNED, CNT_ICMP_SENT},
     conntrack::{CtKey, CtValue, CT_F_DSR, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
@@ -537,7 +537,7 @@ services:
     }
 
     fn words(a: Ipv6Addr) -> [u32; 4] {
-        ip6_to_words(a)
+        ip6_to_map(a)
     }
 
     fn ct(dp: &Dataplane, key: &CtKey<[u32; 4]>) -> Option<CtValue<[u32; 4]>> {
@@ -546,8 +546,8 @@ services:
 
     fn flow_hash(saddr: Ipv6Addr, daddr: Ipv6Addr, sport: u16, dport: u16) -> u32 {
         lb_common::nodeport::flow_hash6(
-            ip6_to_words(saddr),
-            ip6_to_words(daddr),
+            ip6_to_map(saddr),
+            ip6_to_map(daddr),
             sport.to_be(),
             dport.to_be(),
             6,
@@ -560,7 +560,7 @@ services:
         frame
     }
     fn filter_fold(a: Ipv6Addr) -> u32 {
-        lb_common::filter::fold6(ip6_to_words(a))
+        lb_common::filter::fold6(ip6_to_map(a))
     }
 }
 

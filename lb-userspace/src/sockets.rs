@@ -104,7 +104,7 @@ impl RevNat {
             (None, IpAddr::V6(a)) => {
                 let key = SockRevNat6Key {
                     cookie: s.cookie,
-                    address: a.octets(),
+                    address: crate::maps::convert::ip6_to_map(a),
                     port: s.dport.to_be(),
                     pad: [0; 6],
                 };

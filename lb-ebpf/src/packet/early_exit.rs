@@ -2,8 +2,9 @@
 //! and these checks let them go with a few reads of the packet and of the
 //! frontend filter (`lb_common::filter`), before the parse and any hash
 //! lookup.
-#[allow(clippy::wildcard_imports)]
 use super::*;
+#[allow(clippy::wildcard_imports)]
+use lb_common::Addr6;
 
 /// The early exit, read straight from the packet: an IPv4 TCP or UDP
 /// packet with a plain 20-byte header, not a fragment (or an IPv6 one whose
@@ -51,7 +52,7 @@ pub(super) fn cannot_concern_a_service<C: Hook>(ctx: &C) -> bool {
             return false;
         }
         match (
-            load::<[u32; 4], C>(ctx, ip + 24),
+            load::<Addr6, C>(ctx, ip + 24),
             load::<u16, C>(ctx, ip + IPV6_HLEN + L4_DPORT),
         ) {
             (Some(a), Some(p)) => (fold6(a), p),

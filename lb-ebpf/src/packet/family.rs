@@ -4,7 +4,7 @@
 //! flow logic and differ only in headers, maps and checksums.
 //!
 //! Addresses stay in network byte order as on the wire: `u32` for IPv4,
-//! `[u32; 4]` for IPv6 (four words, so checksum updates and copies use
+//! `Addr6` for IPv6 (four words, so checksum updates and copies use
 //! 32-bit loads and stores, not sixteen byte ones).
 //!
 //! Differences that remain, by design:
@@ -28,7 +28,7 @@ use lb_common::{
     service::{
         Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6, SVC_FLAG_SOURCE_RANGES,
     },
-    sock::{bytes_to_words, words_to_bytes},
+    Addr6,
 };
 
 use super::{access::Pkt, parse, parse::Flow, route_cache::CachedRoute, Parsed, Scratch};
@@ -91,7 +91,8 @@ pub trait Ip: ServiceFamily + Sized + 'static {
     fn admits(svc: &ServiceValue, saddr: Self::Addr) -> bool {
         svc.flags & SVC_FLAG_SOURCE_RANGES == 0 || Self::source_allowed(svc.service_id, saddr)
     }
-    fn event_addr(a: Self::Addr) -> [u8; 16];
+    /// The address as an event holds either family's (`Addr6`).
+    fn event_addr(a: Self::Addr) -> Addr6;
     fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: Self::Addr, daddr: Self::Addr);
     /// The next hop a FIB lookup left in `p` (for bpf_redirect_neigh).
     fn fib_next_hop(p: &bpf_fib_lookup) -> Self::Addr;
@@ -179,10 +180,8 @@ impl Ip for V4 {
         LB4_SRC_RANGES.get(&key).is_some()
     }
     #[inline(always)]
-    fn event_addr(a: u32) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..4].copy_from_slice(&a.to_ne_bytes());
-        out
+    fn event_addr(a: u32) -> Addr6 {
+        [a, 0, 0, 0]
     }
     #[inline(always)]
     fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: u32, daddr: u32) {
@@ -220,7 +219,7 @@ impl Ip for V4 {
 }
 
 impl Ip for V6 {
-    type Addr = [u32; 4];
+    type Addr = Addr6;
     const IS_V6: bool = true;
     const VERSION: u8 = 6;
     const AF: u8 = AF_INET6;
@@ -232,7 +231,7 @@ impl Ip for V6 {
     const DSR_LEN: u16 = lb_common::nodeport::DSR6_HDR_LEN as u16;
 
     #[inline(always)]
-    fn word(a: [u32; 4], i: usize) -> u32 {
+    fn word(a: Addr6, i: usize) -> u32 {
         a[i & 3]
     }
     #[inline(always)]
@@ -240,11 +239,11 @@ impl Ip for V6 {
         LB_SCRATCH6.get_ptr_mut(0)
     }
     #[inline(always)]
-    fn route_cache() -> &'static PerCpuArray<CachedRoute<[u32; 4]>> {
+    fn route_cache() -> &'static PerCpuArray<CachedRoute<Addr6>> {
         &LB_ROUTES6
     }
     #[inline(always)]
-    fn ct() -> &'static LruHashMap<CtKey<[u32; 4]>, CtValue<[u32; 4]>> {
+    fn ct() -> &'static LruHashMap<CtKey<Addr6>, CtValue<Addr6>> {
         &LB6_CT
     }
     #[inline(always)]
@@ -252,23 +251,23 @@ impl Ip for V6 {
         parse::parse6(p, f)
     }
     #[inline(always)]
-    fn service_key(addr: [u32; 4], port: u16, proto: u8, scope: u8) -> Service6Key {
-        Service6Key::new(words_to_bytes(&addr), port, proto, scope, 0)
+    fn service_key(addr: Addr6, port: u16, proto: u8, scope: u8) -> Service6Key {
+        Service6Key::new(addr, port, proto, scope, 0)
     }
     #[inline(always)]
-    fn backend_target(b: &Backend6) -> ([u32; 4], u16, u8) {
-        (bytes_to_words(&b.address), b.port, b.flags)
+    fn backend_target(b: &Backend6) -> (Addr6, u16, u8) {
+        (b.address, b.port, b.flags)
     }
     #[inline(always)]
-    fn backend_is(id: u32, addr: &[u32; 4], port: u16) -> bool {
+    fn backend_is(id: u32, addr: &Addr6, port: u16) -> bool {
         match LB6_BACKENDS.get_ptr(&id) {
             // SAFETY: a map value, valid for this run; read in place.
-            Some(b) => unsafe { (*b).port == port && bytes_to_words(&(*b).address) == *addr },
+            Some(b) => unsafe { (*b).port == port && (*b).address == *addr },
             None => false,
         }
     }
     #[inline(always)]
-    fn device_address(ifindex: u32) -> Option<[u32; 4]> {
+    fn device_address(ifindex: u32) -> Option<Addr6> {
         // SAFETY: a map value, copied at once.
         unsafe { LB6_DEVICES.get(&ifindex) }.map(|d| d.address)
     }
@@ -276,7 +275,7 @@ impl Ip for V6 {
     /// share their memory of a backend, which affinity tolerates (the
     /// backend stays one the service may choose).
     #[inline(always)]
-    fn client(saddr: [u32; 4]) -> u64 {
+    fn client(saddr: Addr6) -> u64 {
         let hi = u64::from(saddr[0] ^ saddr[2]);
         let lo = u64::from(saddr[1] ^ saddr[3]);
         CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
@@ -287,32 +286,32 @@ impl Ip for V6 {
     }
     /// One longest-prefix lookup on (service id, address) in LB6_SRC_RANGES.
     #[inline(always)]
-    fn source_allowed(service_id: u32, saddr: [u32; 4]) -> bool {
+    fn source_allowed(service_id: u32, saddr: Addr6) -> bool {
         let key = aya_ebpf::maps::lpm_trie::Key::new(
             SourceRange6::prefix_len(128),
             SourceRange6 {
                 service_id,
-                address: words_to_bytes(&saddr),
+                address: saddr,
             },
         );
         LB6_SRC_RANGES.get(&key).is_some()
     }
     #[inline(always)]
-    fn event_addr(a: [u32; 4]) -> [u8; 16] {
-        words_to_bytes(&a)
+    fn event_addr(a: Addr6) -> Addr6 {
+        a
     }
     #[inline(always)]
-    fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: [u32; 4], daddr: [u32; 4]) {
+    fn set_fib_addrs(p: &mut bpf_fib_lookup, saddr: Addr6, daddr: Addr6) {
         p.__bindgen_anon_3.ipv6_src = saddr;
         p.__bindgen_anon_4.ipv6_dst = daddr;
     }
     #[inline(always)]
-    fn fib_next_hop(p: &bpf_fib_lookup) -> [u32; 4] {
+    fn fib_next_hop(p: &bpf_fib_lookup) -> Addr6 {
         // SAFETY: an IPv6 lookup wrote the IPv6 member.
         unsafe { p.__bindgen_anon_4.ipv6_dst }
     }
     #[inline(always)]
-    fn sock_tuple(key: &CtKey<[u32; 4]>, t: &mut bpf_sock_tuple) -> u32 {
+    fn sock_tuple(key: &CtKey<Addr6>, t: &mut bpf_sock_tuple) -> u32 {
         use aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 as V6Tuple;
         t.__bindgen_anon_1.ipv6 = V6Tuple {
             saddr: key.saddr,

@@ -1,5 +1,6 @@
 //! Parsing a packet into the flow the packet programs act on: `parse4`
 //! for IPv4, `parse6` for IPv6, one `Flow` for both.
+use lb_common::Addr6;
 use lb_common::{
     conntrack::CtKey,
     nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
@@ -298,7 +299,7 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
         let (Some(hdr), Some(port), Some(addr)) = (
             load::<[u8; 4], P>(p, l),
             load::<u16, P>(p, l + 4),
-            load::<[u32; 4], P>(p, l + 8),
+            load::<Addr6, P>(p, l + 8),
         ) else {
             return Parsed::Other;
         };
@@ -319,10 +320,8 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
     let Some(payload) = load::<u16, P>(p, ip + IP6_PAYLOAD_LEN) else {
         return Parsed::Other;
     };
-    let (Some(saddr), Some(daddr)) = (
-        load::<[u32; 4], P>(p, ip + 8),
-        load::<[u32; 4], P>(p, ip + 24),
-    ) else {
+    let (Some(saddr), Some(daddr)) = (load::<Addr6, P>(p, ip + 8), load::<Addr6, P>(p, ip + 24))
+    else {
         return Parsed::Other;
     };
     let Some(hop) = load::<u8, P>(p, ip + IP6_HOP_LIMIT) else {
@@ -461,10 +460,7 @@ fn parse_icmp6_error<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
     if vtc >> 4 != 6 || (qproto != IPPROTO_TCP && qproto != IPPROTO_UDP) {
         return Parsed::Other;
     }
-    let (Some(qs), Some(qd)) = (
-        load::<[u32; 4], P>(p, q + 8),
-        load::<[u32; 4], P>(p, q + 24),
-    ) else {
+    let (Some(qs), Some(qd)) = (load::<Addr6, P>(p, q + 8), load::<Addr6, P>(p, q + 24)) else {
         return Parsed::Other;
     };
     let ql4 = q + IPV6_HLEN;

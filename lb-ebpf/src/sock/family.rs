@@ -3,6 +3,7 @@
 //! `bpf_sock_addr.user_ip6` (an IPv4 address in the first word, the rest
 //! zero), the form the per-socket storage keeps.
 use aya_ebpf::maps::LruHashMap;
+use lb_common::Addr6;
 use lb_common::{
     backend::{Backend4, Backend6},
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
@@ -10,7 +11,7 @@ use lb_common::{
     sock::SockPeer,
 };
 
-use super::{bytes_to_words, lru_filter, words_to_bytes};
+use super::lru_filter;
 use crate::{
     maps::{LB4_REVNAT, LB4_SOCK_REVNAT, LB6_REVNAT, LB6_SOCK_REVNAT},
     select::{ServiceFamily, V4, V6},
@@ -19,7 +20,7 @@ use crate::{
 /// A translation as the shared LRU (`LB4/6_SOCK_REVNAT`) keeps it.
 #[derive(Clone, Copy)]
 pub struct Translation {
-    pub frontend: [u32; 4],
+    pub frontend: Addr6,
     pub frontend_port: u16,
     pub service_id: u32,
 }
@@ -38,7 +39,7 @@ impl Translation {
     /// As a socket's storage and `LB_SOCK_TCP` keep it: with the backend
     /// `backend:port` of family `family` it was sent to.
     #[inline(always)]
-    pub fn peer(&self, family: u8, backend: [u32; 4], port: u16) -> SockPeer {
+    pub fn peer(&self, family: u8, backend: Addr6, port: u16) -> SockPeer {
         SockPeer {
             backend,
             frontend: self.frontend,
@@ -54,24 +55,24 @@ impl Translation {
 pub trait SockFamily: ServiceFamily {
     /// 4 or 6, as events and `SockPeer::family` carry it.
     const FAMILY: u8;
-    fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Self::Key;
+    fn frontend_key(address: Addr6, port: u16, proto: u8) -> Self::Key;
     /// The backend's address and port.
-    fn target(b: &Self::Backend) -> ([u32; 4], u16);
+    fn target(b: &Self::Backend) -> (Addr6, u16);
     /// The service's frontend as the agent wrote it (LB4/6_REVNAT).
-    fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)>;
-    fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation>;
-    fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool;
+    fn frontend_of(service_id: u32) -> Option<(Addr6, u16)>;
+    fn lru_get(cookie: u64, backend: Addr6, port: u16) -> Option<Translation>;
+    fn lru_put(cookie: u64, backend: Addr6, port: u16, t: &Translation) -> bool;
     /// Removes a socket's entry, if it has one. Nothing, not even the
     /// socket's cookie (`cookie` makes one if the socket has none), when no
     /// socket was ever indexed under a backend of this slot (`lru_filter`);
     /// nothing either when the socket's own cookie slot is clear; else a
     /// lock-free lookup first (`remove_if_present`). The cookie slot is
     /// left for the caller to clear (a UDP socket may have several entries).
-    fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16);
+    fn lru_remove(cookie: impl FnOnce() -> u64, backend: Addr6, port: u16);
 }
 
 #[inline(always)]
-fn key4(cookie: u64, backend: [u32; 4], port: u16) -> SockRevNat4Key {
+fn key4(cookie: u64, backend: Addr6, port: u16) -> SockRevNat4Key {
     SockRevNat4Key {
         cookie,
         address: backend[0],
@@ -81,10 +82,10 @@ fn key4(cookie: u64, backend: [u32; 4], port: u16) -> SockRevNat4Key {
 }
 
 #[inline(always)]
-fn key6(cookie: u64, backend: [u32; 4], port: u16) -> SockRevNat6Key {
+fn key6(cookie: u64, backend: Addr6, port: u16) -> SockRevNat6Key {
     SockRevNat6Key {
         cookie,
-        address: words_to_bytes(&backend),
+        address: backend,
         port,
         pad: [0; 6],
     }
@@ -104,21 +105,21 @@ fn remove_if_present<K, V>(map: &LruHashMap<K, V>, key: &K) {
 impl SockFamily for V4 {
     const FAMILY: u8 = 4;
     #[inline(always)]
-    fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Service4Key {
+    fn frontend_key(address: Addr6, port: u16, proto: u8) -> Service4Key {
         Service4Key::new(address[0], port, proto, SCOPE_ALL, 0)
     }
     #[inline(always)]
-    fn target(b: &Backend4) -> ([u32; 4], u16) {
+    fn target(b: &Backend4) -> (Addr6, u16) {
         ([b.address, 0, 0, 0], b.port)
     }
     #[inline(always)]
-    fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)> {
+    fn frontend_of(service_id: u32) -> Option<(Addr6, u16)> {
         // SAFETY: a lookup in our own map, the value copied out at once.
         let r = unsafe { LB4_REVNAT.get(&service_id) }?;
         Some(([r.address, 0, 0, 0], r.port))
     }
     #[inline(always)]
-    fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation> {
+    fn lru_get(cookie: u64, backend: Addr6, port: u16) -> Option<Translation> {
         // SAFETY: a lookup in our own map, the value copied out at once.
         let v = unsafe { LB4_SOCK_REVNAT.get(&key4(cookie, backend, port)) }?;
         Some(Translation {
@@ -128,7 +129,7 @@ impl SockFamily for V4 {
         })
     }
     #[inline(always)]
-    fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool {
+    fn lru_put(cookie: u64, backend: Addr6, port: u16, t: &Translation) -> bool {
         let v = SockRevNat4Value {
             address: t.frontend[0],
             port: t.frontend_port,
@@ -142,7 +143,7 @@ impl SockFamily for V4 {
             .is_ok()
     }
     #[inline(always)]
-    fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16) {
+    fn lru_remove(cookie: impl FnOnce() -> u64, backend: Addr6, port: u16) {
         if !lru_filter::may_hold(lru_filter::slot(4, &backend, port)) {
             return;
         }
@@ -156,33 +157,33 @@ impl SockFamily for V4 {
 impl SockFamily for V6 {
     const FAMILY: u8 = 6;
     #[inline(always)]
-    fn frontend_key(address: [u32; 4], port: u16, proto: u8) -> Service6Key {
-        Service6Key::new(words_to_bytes(&address), port, proto, SCOPE_ALL, 0)
+    fn frontend_key(address: Addr6, port: u16, proto: u8) -> Service6Key {
+        Service6Key::new(address, port, proto, SCOPE_ALL, 0)
     }
     #[inline(always)]
-    fn target(b: &Backend6) -> ([u32; 4], u16) {
-        (bytes_to_words(&b.address), b.port)
+    fn target(b: &Backend6) -> (Addr6, u16) {
+        (b.address, b.port)
     }
     #[inline(always)]
-    fn frontend_of(service_id: u32) -> Option<([u32; 4], u16)> {
+    fn frontend_of(service_id: u32) -> Option<(Addr6, u16)> {
         // SAFETY: a lookup in our own map, the value copied out at once.
         let r = unsafe { LB6_REVNAT.get(&service_id) }?;
-        Some((bytes_to_words(&r.address), r.port))
+        Some((r.address, r.port))
     }
     #[inline(always)]
-    fn lru_get(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation> {
+    fn lru_get(cookie: u64, backend: Addr6, port: u16) -> Option<Translation> {
         // SAFETY: a lookup in our own map, the value copied out at once.
         let v = unsafe { LB6_SOCK_REVNAT.get(&key6(cookie, backend, port)) }?;
         Some(Translation {
-            frontend: bytes_to_words(&v.address),
+            frontend: v.address,
             frontend_port: v.port,
             service_id: v.service_id,
         })
     }
     #[inline(always)]
-    fn lru_put(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool {
+    fn lru_put(cookie: u64, backend: Addr6, port: u16, t: &Translation) -> bool {
         let v = SockRevNat6Value {
-            address: words_to_bytes(&t.frontend),
+            address: t.frontend,
             port: t.frontend_port,
             pad: 0,
             service_id: t.service_id,
@@ -194,7 +195,7 @@ impl SockFamily for V6 {
             .is_ok()
     }
     #[inline(always)]
-    fn lru_remove(cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16) {
+    fn lru_remove(cookie: impl FnOnce() -> u64, backend: Addr6, port: u16) {
         if !lru_filter::may_hold(lru_filter::slot(6, &backend, port)) {
             return;
         }

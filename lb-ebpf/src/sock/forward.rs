@@ -8,6 +8,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use aya_log_ebpf::{debug, warn};
+use lb_common::Addr6;
 use lb_common::{
     config::CNT_SOCK_TRANSLATIONS,
     drop::{Direction, DropReason},
@@ -18,8 +19,7 @@ use lb_common::{
 
 use super::{
     family::{SockFamily, Translation},
-    peers, tcp_table, udp_choice, v4_mapped, words_to_bytes, Dest, SockAddr, ALLOW, DENY,
-    ECONNREFUSED,
+    peers, tcp_table, udp_choice, v4_mapped, Dest, SockAddr, ALLOW, DENY, ECONNREFUSED,
 };
 use crate::{
     drop, events,
@@ -76,14 +76,14 @@ fn event<F: SockFamily>(
     ctx: &SockAddrContext,
     hook: u8,
     proto: u8,
-    daddr: [u32; 4],
+    daddr: Addr6,
     dport: u16,
 ) -> Event {
     let mut e = Event::zeroed();
     e.hook = hook;
     e.proto = proto;
     e.family = F::FAMILY;
-    e.daddr = words_to_bytes(&daddr);
+    e.daddr = daddr;
     e.dport = dport;
     e.cookie = peers::cookie(ctx);
     e
@@ -99,7 +99,7 @@ fn netns_cookie(ctx: &SockAddrContext) -> u64 {
 /// `address` is what the socket dialed (IPv4 in the first word); `dest`
 /// says how to write the backend back.
 #[inline(always)]
-fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: [u32; 4], dest: Dest) -> i32 {
+fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: Addr6, dest: Dest) -> i32 {
     // The client's namespace: the host-only check and session affinity key.
     let netns = netns_cookie(ctx);
     if runtime::outside_host_namespace(netns) {
@@ -178,7 +178,7 @@ fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: [u32; 4], de
         e.kind = EVENT_TRACE;
         e.service_id = svc.service_id;
         e.backend_id = backend_id;
-        e.xaddr = words_to_bytes(&baddr);
+        e.xaddr = baddr;
         e.xport = bport;
         events::emit(&mut e);
     }

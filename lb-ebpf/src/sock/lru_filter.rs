@@ -6,13 +6,14 @@ use aya_ebpf::maps::Array;
 use lb_common::filter::{
     fold6, sock_cookie_slot, sock_cookie_tag, sock_filter_slot, SOCK_COOKIE_SHARED,
 };
+use lb_common::Addr6;
 
 use crate::maps::{LB_SOCK_COOKIES, LB_SOCK_FILTER};
 
 /// The slot of a backend: an IPv4 address in the first word, an IPv6 one
 /// folded, as the agent computes it from the LRU's keys.
 #[inline(always)]
-pub fn slot(family: u8, backend: &[u32; 4], port: u16) -> u32 {
+pub fn slot(family: u8, backend: &Addr6, port: u16) -> u32 {
     if family == 4 {
         sock_filter_slot(backend[0], port)
     } else {

@@ -25,6 +25,7 @@ pub mod tcp_table;
 pub mod udp_choice;
 
 use aya_ebpf::bindings::bpf_sock_addr;
+use lb_common::Addr6;
 
 /// cgroup sock_addr verdicts (include/uapi/linux/bpf.h).
 pub const ALLOW: i32 = 1;
@@ -61,7 +62,7 @@ impl SockAddr {
     }
 
     #[inline(always)]
-    pub fn user_ip6_words(&self) -> [u32; 4] {
+    pub fn user_ip6_words(&self) -> Addr6 {
         // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
         // volatile access, as sock_addr_is_valid_access asks.
         unsafe {
@@ -90,7 +91,7 @@ impl SockAddr {
     }
 
     #[inline(always)]
-    pub fn set_user_ip6_words(&self, w: [u32; 4]) {
+    pub fn set_user_ip6_words(&self, w: Addr6) {
         // SAFETY: `self.0` is this run's context (see `SockAddr`); a full-width
         // volatile access, as sock_addr_is_valid_access asks.
         unsafe {
@@ -124,7 +125,7 @@ impl Dest {
     /// Writes `address` (IPv4 in the first word) and `port` where the hook
     /// found them.
     #[inline(always)]
-    pub fn write(self, sa: &SockAddr, address: [u32; 4], port: u16) {
+    pub fn write(self, sa: &SockAddr, address: Addr6, port: u16) {
         match self {
             Dest::Ip4 => sa.set_user_ip4(address[0]),
             Dest::Mapped => sa.set_user_ip6_words(map_v4(address[0])),
@@ -136,14 +137,11 @@ impl Dest {
 
 /// `Some(ipv4)` when the IPv6 words hold a v4-mapped address.
 #[inline(always)]
-pub fn v4_mapped(w: &[u32; 4]) -> Option<u32> {
+pub fn v4_mapped(w: &Addr6) -> Option<u32> {
     (w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_WORD).then_some(w[3])
 }
 
 #[inline(always)]
-pub fn map_v4(address: u32) -> [u32; 4] {
+pub fn map_v4(address: u32) -> Addr6 {
     [0, 0, V4_MAPPED_WORD, address]
 }
-
-/// Shared with the agent, which reads the same words out of map keys.
-pub use lb_common::sock::{bytes_to_words, words_to_bytes};

@@ -32,6 +32,7 @@ use aya_ebpf::{
     programs::SockAddrContext, EbpfContext,
 };
 use lb_common::sock::{SockPeer, SockPeers, SOCK_PEERS};
+use lb_common::Addr6;
 
 use super::{
     family::{SockFamily, Translation},
@@ -66,7 +67,7 @@ pub fn spill(cookie: u64, e: &SockPeer) -> bool {
 #[inline(always)]
 pub fn remember<F: SockFamily>(
     ctx: &SockAddrContext,
-    backend: [u32; 4],
+    backend: Addr6,
     port: u16,
     t: &Translation,
 ) -> bool {
@@ -121,7 +122,7 @@ pub enum Found {
 #[inline(always)]
 pub fn recall<F: SockFamily>(
     ctx: &SockAddrContext,
-    backend: [u32; 4],
+    backend: Addr6,
     port: u16,
     tcp: bool,
 ) -> Option<(Translation, Found)> {
@@ -150,7 +151,7 @@ pub fn recall<F: SockFamily>(
 
 /// Drops a translation that no longer holds (its service changed).
 #[inline(always)]
-pub fn forget<F: SockFamily>(ctx: &SockAddrContext, found: Found, backend: [u32; 4], port: u16) {
+pub fn forget<F: SockFamily>(ctx: &SockAddrContext, found: Found, backend: Addr6, port: u16) {
     match found {
         Found::Storage(i) => {
             // SAFETY: the context's socket; no storage is created.

@@ -37,6 +37,7 @@ use aya_ebpf::{
     programs::SockContext,
     EbpfContext,
 };
+use lb_common::Addr6;
 use lb_common::{
     proto,
     sock::{SockPeers, SOCK_PEERS},
@@ -134,7 +135,7 @@ fn forget_destination(
 /// A TCP socket's translation is in its `tcp_table` slot, or in the LRU
 /// once another socket claimed that slot; a UDP socket's in the LRU.
 #[inline(always)]
-fn forget<F: SockFamily>(tcp: bool, cookie: impl FnOnce() -> u64, backend: [u32; 4], port: u16) {
+fn forget<F: SockFamily>(tcp: bool, cookie: impl FnOnce() -> u64, backend: Addr6, port: u16) {
     if !lru_filter::may_hold(lru_filter::slot(F::FAMILY, &backend, port)) {
         return;
     }

@@ -1,6 +1,7 @@
 //! cgroup/recvmsg4, recvmsg6, getpeername4, getpeername6: backend → service
 //! address, one body for both families (`reverse::<F>`).
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use lb_common::Addr6;
 use lb_common::{config::CNT_SOCK_REVERSE, proto};
 
 use super::{family::SockFamily, peers, v4_mapped, Dest, SockAddr, ALLOW};
@@ -46,7 +47,7 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
 
 /// These hooks may only return 1 (kernel/bpf/cgroup.c): they rewrite, never deny.
 #[inline(always)]
-fn reverse<F: SockFamily>(ctx: &SockAddrContext, peer: [u32; 4], dest: Dest) -> i32 {
+fn reverse<F: SockFamily>(ctx: &SockAddrContext, peer: Addr6, dest: Dest) -> i32 {
     let sa = SockAddr::new(ctx.sock_addr);
     let port = sa.user_port();
     let tcp = sa.protocol() == u32::from(proto::TCP);

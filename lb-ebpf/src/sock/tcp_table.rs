@@ -22,6 +22,7 @@
 //! (its getpeername() then shows the backend); an occupant closing while a
 //! claim moves it leaves its translation in the LRU until evicted; and one
 //! closing as a claim writes can free the new socket's translation.
+use lb_common::Addr6;
 use lb_common::{
     drop::{Direction, DropReason},
     sock::{sock_tcp_slot, SockTcpSlot},
@@ -53,7 +54,7 @@ fn slot_of(cookie: u64) -> *mut SockTcpSlot {
 /// False when the translation could not be kept (the connection still
 /// works; only getpeername()'s view is lost).
 #[inline(always)]
-pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Translation) -> bool {
+pub fn put<F: SockFamily>(cookie: u64, backend: Addr6, port: u16, t: &Translation) -> bool {
     let e = slot_of(cookie);
     if e.is_null() {
         return F::lru_put(cookie, backend, port, t);
@@ -105,7 +106,7 @@ pub fn put<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16, t: &Transla
 /// The frontend this socket asked for when it was sent to `backend:port`,
 /// if its slot still holds it.
 #[inline(always)]
-pub fn get<F: SockFamily>(cookie: u64, backend: [u32; 4], port: u16) -> Option<Translation> {
+pub fn get<F: SockFamily>(cookie: u64, backend: Addr6, port: u16) -> Option<Translation> {
     let e = slot_of(cookie);
     if e.is_null() {
         return None;

@@ -10,6 +10,7 @@
 //! the socket cookie into the slots, which moves when the backend count
 //! changes; a stored choice does not.
 use aya_ebpf::{btf_maps::SkStorage, macros::btf_map, programs::SockAddrContext};
+use lb_common::Addr6;
 use lb_common::{
     service::ServiceValue,
     sock::{UdpChoice, UdpChoices, UDP_CHOICES as CHOICES},
@@ -25,7 +26,7 @@ pub static LB_SOCK_UDP: SkStorage<UdpChoices> = SkStorage::new();
 #[inline(always)]
 pub fn choose<F: ServiceFamily>(
     ctx: &SockAddrContext,
-    address: [u32; 4],
+    address: Addr6,
     port: u16,
     key: &F::Key,
     svc: &ServiceValue,
@@ -63,7 +64,7 @@ pub fn choose<F: ServiceFamily>(
 fn store<F: ServiceFamily>(
     choices: &mut UdpChoices,
     i: usize,
-    address: [u32; 4],
+    address: Addr6,
     port: u16,
     key: &F::Key,
     svc: &ServiceValue,

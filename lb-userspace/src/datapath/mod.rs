@@ -532,7 +532,7 @@ pub fn write_devices(pin_dir: &Path, devices: &[String]) -> anyhow::Result<()> {
             map6.insert(
                 ifindex,
                 Device6 {
-                    address: crate::maps::convert::ip6_to_words(addr),
+                    address: crate::maps::convert::ip6_to_map(addr),
                 },
                 0,
             )?;

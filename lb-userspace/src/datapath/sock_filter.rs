@@ -15,7 +15,6 @@ use lb_common::{
     filter::{fold6, sock_cookie_slot, sock_cookie_tag, sock_filter_slot, SOCK_COOKIE_SHARED},
     maps as names,
     revnat::{SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value},
-    sock::bytes_to_words,
 };
 
 use crate::maps::bpf::open_pinned;
@@ -57,10 +56,7 @@ pub fn seed(pin_dir: &std::path::Path, capacity: u32) -> anyhow::Result<usize> {
         HashMap::try_from(open_pinned(pin_dir, names::LB6_SOCK_REVNAT)?)?;
     for key in v6.keys().map_while(Result::ok).take(walk_max) {
         entries += 1;
-        slots.insert(
-            sock_filter_slot(fold6(bytes_to_words(&key.address)), key.port),
-            1,
-        );
+        slots.insert(sock_filter_slot(fold6(key.address), key.port), 1);
         note(key.cookie);
     }
     flag(pin_dir, names::LB_SOCK_FILTER, slots)?;

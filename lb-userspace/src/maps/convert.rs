@@ -8,15 +8,19 @@ use lb_common::{
     backend::{Backend4, Backend6},
     revnat::{RevNat4, RevNat6},
     service::{Service4Key, Service6Key},
+    Addr6,
 };
 
 use super::{BackendEntry, RevNatEntry, SvcKey};
 
-/// An IPv6 address as the programs keep it in the conntrack and device
-/// maps: four words in network byte order (the service and backend maps
-/// keep the 16 bytes; the bytes are the same).
-pub fn ip6_to_words(a: Ipv6Addr) -> [u32; 4] {
+/// An IPv6 address as every map keeps it (`lb_common::Addr6`: four words
+/// whose bytes in memory are the address's, network order).
+pub fn ip6_to_map(a: Ipv6Addr) -> Addr6 {
     lb_common::sock::bytes_to_words(&a.octets())
+}
+
+pub fn ip6_from_map(a: Addr6) -> Ipv6Addr {
+    Ipv6Addr::from(lb_common::sock::words_to_bytes(&a))
 }
 
 pub fn ip4_to_map(address: Ipv4Addr) -> u32 {
@@ -61,7 +65,7 @@ pub fn svc_key4(k: &SvcKey) -> Service4Key {
 
 pub fn svc_key6(k: &SvcKey) -> Service6Key {
     Service6Key::new(
-        v6(k.address).octets(),
+        ip6_to_map(v6(k.address)),
         port_to_map(k.port),
         k.proto,
         k.scope,
@@ -81,7 +85,7 @@ pub fn svc_key_from4(k: &Service4Key) -> SvcKey {
 
 pub fn svc_key_from6(k: &Service6Key) -> SvcKey {
     SvcKey::new(
-        IpAddr::V6(Ipv6Addr::from(k.address)),
+        IpAddr::V6(ip6_from_map(k.address)),
         port_from_map(k.dport),
         k.proto,
         k.scope,
@@ -102,7 +106,7 @@ pub fn backend4(b: &BackendEntry) -> Backend4 {
 
 pub fn backend6(b: &BackendEntry) -> Backend6 {
     Backend6 {
-        address: v6(b.address).octets(),
+        address: ip6_to_map(v6(b.address)),
         port: port_to_map(b.port),
         proto: b.proto,
         state: b.state,
@@ -123,7 +127,7 @@ pub fn backend_from4(b: &Backend4) -> BackendEntry {
 
 pub fn backend_from6(b: &Backend6) -> BackendEntry {
     BackendEntry {
-        address: IpAddr::V6(Ipv6Addr::from(b.address)),
+        address: IpAddr::V6(ip6_from_map(b.address)),
         port: port_from_map(b.port),
         proto: b.proto,
         state: b.state,
@@ -141,7 +145,7 @@ pub fn revnat4(r: &RevNatEntry) -> RevNat4 {
 
 pub fn revnat6(r: &RevNatEntry) -> RevNat6 {
     RevNat6 {
-        address: v6(r.address).octets(),
+        address: ip6_to_map(v6(r.address)),
         port: port_to_map(r.port),
         pad: 0,
     }
@@ -156,7 +160,7 @@ pub fn revnat_from4(r: &RevNat4) -> RevNatEntry {
 
 pub fn revnat_from6(r: &RevNat6) -> RevNatEntry {
     RevNatEntry {
-        address: IpAddr::V6(Ipv6Addr::from(r.address)),
+        address: IpAddr::V6(ip6_from_map(r.address)),
         port: port_from_map(r.port),
     }
 }

@@ -164,7 +164,7 @@ impl Layout for V6 {
             SourceRange6::prefix_len(range.prefix),
             SourceRange6 {
                 service_id,
-                address: a.octets(),
+                address: c::ip6_to_map(a),
             },
         ))
     }
@@ -173,7 +173,7 @@ impl Layout for V6 {
         (
             data.service_id,
             Cidr {
-                address: std::net::Ipv6Addr::from(data.address).into(),
+                address: c::ip6_from_map(data.address).into(),
                 prefix: k.prefix_len().saturating_sub(32) as u8,
             },
         )

@@ -81,7 +81,7 @@ pub fn filter_bit(k: &SvcKey) -> Option<u32> {
             k.port.to_be(),
         )),
         IpAddr::V6(a) if k.slot == 0 => Some(lb_common::filter::filter_bit(
-            lb_common::filter::fold6(super::convert::ip6_to_words(a)),
+            lb_common::filter::fold6(super::convert::ip6_to_map(a)),
             k.port.to_be(),
         )),
         _ => None,

@@ -2,7 +2,7 @@
 //! of `cilium monitor`, and the ring-buffer reader behind `lbctl monitor`.
 pub mod reader;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use lb_common::{
     drop::DropReason,
@@ -35,11 +35,12 @@ pub struct MonitorEvent {
     pub cookie: u64,
 }
 
-fn addr(family: u8, bytes: &[u8; 16]) -> IpAddr {
+/// An event's address (`Addr6`; IPv4 in the first word).
+fn addr(family: u8, words: &lb_common::Addr6) -> IpAddr {
     if family == 6 {
-        IpAddr::V6(Ipv6Addr::from(*bytes))
+        IpAddr::V6(crate::maps::convert::ip6_from_map(*words))
     } else {
-        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+        IpAddr::V4(crate::maps::convert::ip4_from_map(words[0]))
     }
 }
 
@@ -53,7 +54,7 @@ fn endpoint(a: IpAddr, port_be: u16) -> String {
 
 pub fn decode(e: &Event) -> MonitorEvent {
     let source =
-        (e.sport != 0 || e.saddr != [0; 16]).then(|| endpoint(addr(e.family, &e.saddr), e.sport));
+        (e.sport != 0 || e.saddr != [0; 4]).then(|| endpoint(addr(e.family, &e.saddr), e.sport));
     let comm_len = e.comm.iter().position(|b| *b == 0).unwrap_or(e.comm.len());
     MonitorEvent {
         kind: match e.kind {
@@ -117,6 +118,8 @@ pub fn format_line(e: &MonitorEvent) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use lb_common::event::{HOOK_CONNECT4, HOOK_SENDMSG6};
 
     use super::*;
@@ -135,7 +138,7 @@ mod tests {
         e.proto = 6;
         e.family = 4;
         e.reason = DropReason::NoBackend as u32;
-        e.daddr[..4].copy_from_slice(&[10, 96, 0, 99]);
+        e.daddr[0] = crate::maps::convert::ip4_to_map(Ipv4Addr::new(10, 96, 0, 99));
         e.dport = 80u16.to_be();
         e.service_id = 2;
         e.pid = 4242;
@@ -154,9 +157,9 @@ mod tests {
         e.hook = HOOK_SENDMSG6;
         e.proto = 17;
         e.family = 6;
-        e.daddr = "fd00:96::10".parse::<Ipv6Addr>().unwrap().octets();
+        e.daddr = crate::maps::convert::ip6_to_map("fd00:96::10".parse::<Ipv6Addr>().unwrap());
         e.dport = 53u16.to_be();
-        e.xaddr = "fd00:250::12".parse::<Ipv6Addr>().unwrap().octets();
+        e.xaddr = crate::maps::convert::ip6_to_map("fd00:250::12".parse::<Ipv6Addr>().unwrap());
         e.xport = 5353u16.to_be();
         e.service_id = 4;
         e.backend_id = 9;
