@@ -32,6 +32,9 @@ impl Drop for PinDir {
 
 pub struct Agent {
     child: Option<Child>,
+    /// The lb-agent this runs: this build's (target/<profile>/lb-agent),
+    /// or another release's (`previous::agent()`, the upgrade test).
+    pub binary: PathBuf,
     pub log: PathBuf,
     /// `--services FILE` or `--kubernetes ...`.
     pub source_args: Vec<String>,
@@ -166,6 +169,27 @@ impl Agent {
         )
     }
 
+    /// Like `start_in_netns`, running `binary` (another release's agent).
+    pub fn start_in_netns_as(
+        binary: &Path,
+        netns: &str,
+        services: &Path,
+        cgroup: &Path,
+        pin_dir: &Path,
+        extra_args: &[&str],
+    ) -> Self {
+        let mut agent = Self::unspawned(
+            file_source(services),
+            cgroup,
+            pin_dir,
+            extra_args,
+            Some(netns.to_string()),
+        );
+        agent.binary = binary.to_path_buf();
+        agent.spawn();
+        agent
+    }
+
     /// Builds the agent, spawns it and waits up to `timeout` for its first reconcile.
     fn launch(
         source_args: Vec<String>,
@@ -200,6 +224,7 @@ impl Agent {
         ));
         Agent {
             child: None,
+            binary: crate::sibling_bin("lb-agent"),
             log,
             source_args,
             cgroup: cgroup.to_path_buf(),
@@ -260,7 +285,7 @@ impl Agent {
     fn spawn(&mut self) {
         let _ = std::fs::remove_file(&self.log);
         let log = std::fs::File::create(&self.log).unwrap();
-        let mut cmd = Command::new(crate::sibling_bin("lb-agent"));
+        let mut cmd = Command::new(&self.binary);
         if let Some(ns) = &self.netns {
             crate::netns::exec_in(&mut cmd, ns).expect("netns");
         }
@@ -392,6 +417,20 @@ impl Agent {
 
     pub fn restart(&mut self) {
         self.kill();
+        self.spawn();
+    }
+
+    /// What a DaemonSet's rolling update does to a node: SIGTERM (waiting
+    /// up to 5 s, as a pod's grace period would), then `binary` started on
+    /// the same pin directory, cgroup and flags; returns once it has
+    /// reconciled. The log is the new agent's only.
+    pub fn replace_with(&mut self, binary: &Path) {
+        assert!(
+            self.terminate(Duration::from_secs(5)).is_some(),
+            "the agent did not exit within 5 s of SIGTERM; log:\n{}",
+            self.log_text()
+        );
+        self.binary = binary.to_path_buf();
         self.spawn();
     }
 

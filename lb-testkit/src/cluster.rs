@@ -329,6 +329,11 @@ impl Cluster {
 
     /// Starts (or restarts) a node's agent on `services` (YAML), in its namespace.
     pub fn start(node: &mut Node, services: &str, extra: &[&str]) {
+        Self::start_as(node, &crate::sibling_bin("lb-agent"), services, extra);
+    }
+
+    /// Like `start`, running `binary` (another release's lb-agent).
+    pub fn start_as(node: &mut Node, binary: &std::path::Path, services: &str, extra: &[&str]) {
         std::fs::write(&node.services, services).unwrap();
         if let Some(mut a) = node.agent.take() {
             a.kill();
@@ -336,7 +341,8 @@ impl Cluster {
         let device = node.device.clone();
         let mut args = vec!["--devices", device.as_str()];
         args.extend_from_slice(extra);
-        node.agent = Some(Agent::start_in_netns(
+        node.agent = Some(Agent::start_in_netns_as(
+            binary,
             &node.ns.name,
             &node.services,
             &node.cgroup.path,

@@ -28,6 +28,7 @@ pub mod netns;
 pub mod node;
 pub mod packets;
 pub mod pods;
+pub mod previous;
 pub mod probe;
 pub mod relay;
 pub mod servers;

@@ -1,6 +1,7 @@
 //! cargo xtask: set up the machine, build, run the demo, the tests and the
 //! benchmarks. Deliberately free of project dependencies: it must compile on a
 //! fresh machine before anything it installs (bpf-linker, LLVM) exists.
+mod previous;
 mod setup;
 
 use std::{
@@ -20,6 +21,9 @@ tasks:
   test    setup, build (the Rust workspace, the Kubernetes test bed and its e2e suite), then run
           every test (unit, real-kernel integration, a real control plane and node, the upstream
           Services conformance tests; needs root)
+  previous
+          build the previous release's lb-agent (the commit in lb-testkit/previous-release)
+          into target/previous/, for the upgrade test; `test` does it first
   testbed build the Kubernetes test bed (testbed/: apiserver, controller manager, kubectl from
           the upstream Go modules, and the real kube-proxy) into target/testbed
   cluster up [--node|--nodes N]|down|status
@@ -49,7 +53,7 @@ tasks:
           setup, build, then the soak test for that long (s, m or h; default 1h): traffic
           through the socket and the packet path while services churn and the agent restarts;
           no request may fail and nothing may grow. Writes target/soak/report.md and soak.svg.
-          Not in the suite yet (docs/reliability.md)
+          Not in `test` (CI's hour); the last hour-long run is docs/soak/report.md
 ";
 
 fn main() {
@@ -59,12 +63,18 @@ fn main() {
         Some("build") => setup::run().and_then(|_| build()),
         Some("demo") => setup::run().and_then(|_| build()).and_then(|_| demo()),
         Some("test") => setup::run()
+            .and_then(|_| previous::build())
             .and_then(|_| build())
+            .and_then(|_| previous::check_head_relinked())
             .and_then(|_| testbed())
             .and_then(|_| e2e_suite())
             .and_then(|_| deb())
             .and_then(|_| test(&args[1..])),
         Some("deb") => setup::run().and_then(|_| deb()),
+        Some("previous") => setup::run()
+            .and_then(|_| previous::build())
+            .and_then(|_| build())
+            .and_then(|_| previous::check_head_relinked()),
         Some("lint") => setup::run().and_then(|_| lint()),
         Some("testbed") => testbed(),
         Some("cluster") => setup::run()
