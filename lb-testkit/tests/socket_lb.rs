@@ -1,13 +1,16 @@
 //! Socket load balancing on the real kernel: real programs attached to a
 //! child cgroup, real connect()/sendto() from a client namespace to backends
-//! in other namespaces. Needs root (CI runs as root).
+//! in other namespaces. Needs root (CI runs as root). What both families
+//! share (a connect reaching the backends, UDP replies from the service,
+//! refusals without backends) is in socket_lb_both_families.rs, one body
+//! run for each.
 use std::{collections::BTreeMap, time::Duration};
 
 use lb_testkit::{
     agent::Agent,
     probe::{Attempt, Held},
     servers::Server,
-    topology::{Topology, CLIENT_IP},
+    topology::Topology,
     world::World,
 };
 
@@ -32,30 +35,6 @@ fn count_backends(attempts: &[Attempt]) -> BTreeMap<String, usize> {
         *counts.entry(a.backend().unwrap().to_string()).or_default() += 1;
     }
     counts
-}
-
-#[test]
-fn tcp_connect_to_vip_reaches_backend_in_other_netns_and_backend_sees_client_address() {
-    let w = World::new("tcp_connect_reaches_backend", 1);
-    let _servers = w.tcp_servers(8080, false);
-    w.write_services(&service_yaml(&[0], ""));
-    let _agent = w.start_agent();
-
-    let attempts = w.probe("tcp", &format!("{VIP}:80"), 5);
-    for a in &attempts {
-        assert!(a.ok, "{a:?}");
-        assert_eq!(a.backend(), Some("b1"));
-        // No SNAT: the backend saw the client's own address and port.
-        assert_eq!(a.seen_client(), a.local.as_deref(), "{a:?}");
-        assert!(
-            a.seen_client()
-                .unwrap()
-                .starts_with(&format!("{CLIENT_IP}:")),
-            "{a:?}"
-        );
-        // getpeername() on the client still shows the service address.
-        assert_eq!(a.peer.as_deref(), Some("10.96.0.10:80"));
-    }
 }
 
 #[test]
@@ -119,90 +98,6 @@ fn removing_a_backend_stops_new_connections_to_it_and_adding_one_starts_them() {
         ["b2", "b3"],
         "added b3 not chosen: {counts:?}"
     );
-}
-
-#[test]
-fn service_without_backends_refuses_connect_with_econnrefused_and_counts_drop() {
-    let w = World::new("no_backend_econnrefused", 1);
-    w.write_services(&service_yaml(&[], ""));
-    let agent = w.start_agent();
-
-    assert_eq!(agent.drops("no-backend"), 0);
-    for a in w.probe("tcp", &format!("{VIP}:80"), 3) {
-        assert!(!a.ok);
-        assert_eq!(a.errno, Some(libc_econnrefused()), "{a:?}");
-    }
-    assert_eq!(agent.drops("no-backend"), 3);
-
-    // A port the service does not expose is refused too, with its own reason.
-    for a in w.probe("tcp", &format!("{VIP}:81"), 2) {
-        assert_eq!(a.errno, Some(libc_econnrefused()), "{a:?}");
-    }
-    assert_eq!(agent.drops("no-service-port"), 2);
-    // UDP to a service without backends: sendto() fails the same way.
-    let mut yaml = service_yaml(&[], "");
-    yaml = yaml.replace(
-        "[{port: 80, targetPort: 8080}]",
-        "[{port: 80, targetPort: 8080}, {port: 53, protocol: UDP}]",
-    );
-    w.write_services(&yaml);
-    let mut agent = agent;
-    assert!(agent.wait_for_log("reconciled", 2, Duration::from_secs(10)));
-    let a = &w.probe("udp", &format!("{VIP}:53"), 1)[0];
-    assert_eq!(a.errno, Some(libc_econnrefused()), "{a:?}");
-    assert_eq!(agent.drops("no-backend"), 4);
-}
-
-fn libc_econnrefused() -> i32 {
-    111
-}
-
-fn udp_world(test: &str) -> (World, Vec<Server>, Agent) {
-    let w = World::new(test, 2);
-    let servers = w.udp_servers(5353, false);
-    w.write_services(&format!(
-        "services:\n  - name: dns\n    clusterIPs: [{VIP}]\n    ports: [{{port: 53, protocol: UDP, targetPort: 5353}}]\n    backends: [{{address: {}}}, {{address: {}}}]\n",
-        Topology::backend_ip(0),
-        Topology::backend_ip(1)
-    ));
-    let agent = w.start_agent();
-    (w, servers, agent)
-}
-
-#[test]
-fn unconnected_udp_reply_source_is_the_vip() {
-    let (w, _servers, _agent) = udp_world("udp_unconnected_reply_vip");
-    let attempts = w.probe("udp", &format!("{VIP}:53"), 20);
-    for a in &attempts {
-        assert!(a.ok, "{a:?}");
-        // recvfrom() reports the service address, not the backend's.
-        assert_eq!(a.reply_from.as_deref(), Some("10.96.0.10:53"), "{a:?}");
-        // No SNAT: the backend saw the client's address (the unconnected
-        // socket itself is bound to 0.0.0.0, so compare address and port apart).
-        let port = a.local.as_deref().unwrap().rsplit(':').next().unwrap();
-        assert_eq!(
-            a.seen_client(),
-            Some(format!("{CLIENT_IP}:{port}").as_str()),
-            "{a:?}"
-        );
-    }
-    let names: std::collections::BTreeSet<_> =
-        attempts.iter().filter_map(|a| a.backend()).collect();
-    assert_eq!(
-        names.len(),
-        2,
-        "both UDP backends used over 20 sockets: {names:?}"
-    );
-}
-
-#[test]
-fn connected_udp_getpeername_returns_the_vip() {
-    let (w, _servers, _agent) = udp_world("udp_connected_getpeername");
-    for a in w.probe("udp-connected", &format!("{VIP}:53"), 5) {
-        assert!(a.ok, "{a:?}");
-        assert_eq!(a.peer.as_deref(), Some("10.96.0.10:53"), "{a:?}");
-        assert_eq!(a.reply_from.as_deref(), Some("10.96.0.10:53"), "{a:?}");
-    }
 }
 
 /// A TCP echo server on port 8081 of each of the two backends, answering
