@@ -58,8 +58,8 @@ fn services() -> String {
     // of the IPv6 types' Rust shape (not their bytes) must keep readable.
     let both = POD_B
         .iter()
-        .map(|p| p.to_string())
-        .chain(POD_B6.iter().map(|p| p.to_string()))
+        .map(ToString::to_string)
+        .chain(POD_B6.iter().map(ToString::to_string))
         .map(|p| format!("{{address: \"{p}\"}}"))
         .collect::<Vec<_>>()
         .join(", ");
