@@ -159,13 +159,13 @@ impl Agent {
         pin_dir: &Path,
         extra_args: &[&str],
     ) -> Self {
-        Self::launch(
-            file_source(services),
+        Self::start_in_netns_as(
+            &crate::sibling_bin("lb-agent"),
+            netns,
+            services,
             cgroup,
             pin_dir,
             extra_args,
-            Some(netns),
-            STARTUP,
         )
     }
 

@@ -396,7 +396,7 @@ impl MapArgs {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use clap::Parser;
 
     use super::*;
@@ -408,9 +408,13 @@ mod tests {
     }
 
     fn flags(args: &[&str]) -> RunArgs {
-        Cli::try_parse_from(std::iter::once("lb-agent").chain(args.iter().copied()))
-            .unwrap()
-            .run
+        parse(args).unwrap()
+    }
+
+    /// `lb-agent run ARGS` as clap parses it (the other modules' tests
+    /// too).
+    pub(crate) fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("lb-agent").chain(args.iter().copied())).map(|c| c.run)
     }
 
     #[test]

@@ -119,20 +119,8 @@ pub fn apiserver_urls(flags: &[String]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-    use crate::agent::flags::RunArgs;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        run: RunArgs,
-    }
-
-    fn flags(args: &[&str]) -> Result<RunArgs, clap::Error> {
-        Cli::try_parse_from(std::iter::once("lb-agent").chain(args.iter().copied())).map(|c| c.run)
-    }
+    use crate::agent::flags::tests::parse as flags;
 
     fn source(args: &[&str]) -> anyhow::Result<SourcePlan> {
         SourcePlan::from_flags(&flags(args).unwrap().source)

@@ -82,10 +82,7 @@ fn mode(
             node_name,
             nodeports: NodePortAddresses::from_flags(
                 &args.source.nodeport_addresses,
-                sys::netdev::all_addresses()?
-                    .into_iter()
-                    .map(|(_, a)| a)
-                    .collect(),
+                node_addresses()?.into_iter().collect(),
             ),
             debounce: args.source.min_sync_period,
             node_eligibility: node_eligibility.clone(),
