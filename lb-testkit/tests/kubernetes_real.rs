@@ -106,6 +106,11 @@ fn service(cp: &ControlPlane, ns: &str, name: &str, extra_spec: &str) -> String 
     cp.apply(&format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n{extra_spec}"
     ));
+    cluster_ip(cp, ns, name)
+}
+
+/// A Service's ClusterIP, as the apiserver assigned it.
+fn cluster_ip(cp: &ControlPlane, ns: &str, name: &str) -> String {
     cp.kubectl(&[
         "-n",
         ns,
@@ -1140,15 +1145,7 @@ fn a_watch_expired_by_etcd_compaction_relists_writes_only_what_changed_and_misse
          addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: [\"{}\"], conditions: {{ready: true}}}}]\n",
         b(1)
     ));
-    let new_ip = cp.kubectl(&[
-        "-n",
-        ns,
-        "get",
-        "svc",
-        "new",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let new_ip = cluster_ip(&cp, ns, "new");
     for i in 0..20 {
         cp.apply(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: churn-{i}, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80}}]\n"
@@ -1264,15 +1261,7 @@ fn a_maglev_table_size_annotation_from_the_apiserver_sizes_the_services_table() 
             "web",
             &[&Topology::backend_ip(0).to_string()],
         );
-        cp.kubectl(&[
-            "-n",
-            &ns,
-            "get",
-            "svc",
-            "web",
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])
+        cluster_ip(&cp, &ns, "web")
     };
     let agent = {
         let cp = shared_cp();
@@ -1359,15 +1348,7 @@ fn when_the_apiserver_it_watches_dies_the_agent_moves_to_the_next_prunes_nothing
         "apiVersion: v1\nkind: Service\nmetadata: {{name: late, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n"
     ));
     cp.apply(&slice("late-1", "late", Topology::backend_ip(0)));
-    let late = cp.kubectl(&[
-        "-n",
-        ns,
-        "get",
-        "svc",
-        "late",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let late = cluster_ip(&cp, ns, "late");
     let late = format!("{late}:80");
     // Every sample until it converged lists the frontend with a backend.
     let mut samples = 0;
@@ -1472,6 +1453,22 @@ fn service_with_slice(ns: &str, name: &str, node: &str, ip: std::net::Ipv4Addr) 
          apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {name}, endpointslice.kubernetes.io/managed-by: test}}\n\
          addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: ['{ip}'], conditions: {{ready: true}}, nodeName: {node}}}]\n"
     )
+}
+
+/// The changes the one-apiserver fault tests make while the agent cannot
+/// see them (or sees them slowly): web gains a second ready pod (backend
+/// 1), and a new Service `name` with it is made; its "ClusterIP:80".
+fn second_backend_and_new_service(cp: &ControlPlane, ns: &str, node: &str, name: &str) -> String {
+    ready_pod(
+        cp,
+        ns,
+        "web-2",
+        node,
+        "web",
+        &[&Topology::backend_ip(1).to_string()],
+    );
+    cp.apply(&service_with_slice(ns, name, node, Topology::backend_ip(1)));
+    format!("{}:80", cluster_ip(cp, ns, name))
 }
 
 /// A control plane of the test's own with one apiserver, a namespace `ns`
@@ -1656,15 +1653,7 @@ fn when_etcd_the_apiserver_or_both_die_under_churn_the_agent_keeps_its_state_say
             "the control plane is back but {late} cannot be applied\n{}",
             cp.logs()
         );
-        let late_ip = cp.kubectl(&[
-            "-n",
-            ns,
-            "get",
-            "svc",
-            &late,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ]);
+        let late_ip = cluster_ip(&cp, ns, &late);
         let late_target = format!("{late_ip}:80");
         assert!(
             wait_until(Duration::from_secs(15), || frontends(&agent)
@@ -1754,32 +1743,7 @@ fn a_silent_minute_long_cut_to_the_only_apiserver_is_reported_and_the_agent_conv
     relay.cut();
     let cut = std::time::Instant::now();
     // Changes the agent cannot see yet, made straight to the apiserver.
-    ready_pod(
-        &cp,
-        ns,
-        "web-2",
-        node,
-        "web",
-        &[&Topology::backend_ip(1).to_string()],
-    );
-    cp.apply(&service_with_slice(
-        ns,
-        "during-cut",
-        node,
-        Topology::backend_ip(1),
-    ));
-    let late = format!(
-        "{}:80",
-        cp.kubectl(&[
-            "-n",
-            ns,
-            "get",
-            "svc",
-            "during-cut",
-            "-o",
-            "jsonpath={.spec.clusterIP}"
-        ])
-    );
+    let late = second_backend_and_new_service(&cp, ns, node, "during-cut");
     let mut samples = 0;
     while cut.elapsed() < Duration::from_secs(60) {
         let f = frontends(&agent);
@@ -1847,32 +1811,7 @@ fn a_slow_apiserver_is_followed_without_a_false_outage() {
     // Long enough for several probes through the slow path.
     std::thread::sleep(Duration::from_secs(12));
     let changed = std::time::Instant::now();
-    ready_pod(
-        &cp,
-        ns,
-        "web-2",
-        node,
-        "web",
-        &[&Topology::backend_ip(1).to_string()],
-    );
-    cp.apply(&service_with_slice(
-        ns,
-        "while-slow",
-        node,
-        Topology::backend_ip(1),
-    ));
-    let late = format!(
-        "{}:80",
-        cp.kubectl(&[
-            "-n",
-            ns,
-            "get",
-            "svc",
-            "while-slow",
-            "-o",
-            "jsonpath={.spec.clusterIP}"
-        ])
-    );
+    let late = second_backend_and_new_service(&cp, ns, node, "while-slow");
     assert!(
         wait_until(Duration::from_secs(20), || {
             let f = frontends(&agent);

@@ -240,7 +240,7 @@ fn bpftool(args: &[&str]) -> serde_json::Value {
 }
 
 /// The program each pinned link of the node holds: link name → (program
-/// id, program tag, the hash of its instructions).
+/// id, program tag: the hash of its instructions).
 fn linked_programs(pins: &Path) -> BTreeMap<String, (u64, String)> {
     std::fs::read_dir(pins.join("links"))
         .expect("the node's pinned links")
@@ -414,21 +414,26 @@ fn a_pinned_map_of_an_incompatible_build_is_refused_by_name_and_left_as_it_was()
     std::fs::create_dir_all(&pins.path).unwrap();
     let map = pins.path.join(lb_common::maps::LB4_SERVICES);
     let map_arg = map.to_str().unwrap();
-    let status = Command::new("bpftool")
-        .args([
-            "map", "create", map_arg, "type", "hash", "key", "4", "value", "4",
-        ])
-        .args(["entries", "16", "name", "LB4_SERVICES", "flags", "1"])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let entry = ["key", "1", "0", "0", "0", "value", "7", "0", "0", "0"];
-    let status = Command::new("bpftool")
-        .args(["map", "update", "pinned", map_arg])
-        .args(entry)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    bpftool(&[
+        "map",
+        "create",
+        map_arg,
+        "type",
+        "hash",
+        "key",
+        "4",
+        "value",
+        "4",
+        "entries",
+        "16",
+        "name",
+        "LB4_SERVICES",
+        "flags",
+        "1",
+    ]);
+    bpftool(&[
+        "map", "update", "pinned", map_arg, "key", "1", "0", "0", "0", "value", "7", "0", "0", "0",
+    ]);
     let services = std::env::temp_dir().join(format!("lb-services-{tag}.yaml"));
     std::fs::write(
         &services,
