@@ -102,10 +102,14 @@ pub const CNT_IPV6_FRAGMENTS_PASSED: u32 = 15;
 /// about one a second, and every packet the per-CPU route cache could not
 /// answer) and for the ICMP errors they forward.
 pub const CNT_FIB_LOOKUPS: u32 = 16;
+/// Connections of host processes whose tuple (node address and port, peer)
+/// a SNAT flow already held: given another source port on their way out
+/// (`CT_F_HOST`), as Linux NAT and Cilium do with a clashing host tuple.
+pub const CNT_HOST_PORT_CLASHES: u32 = 17;
 
 pub const COUNTER_SLOTS: u32 = 32;
 
-pub const COUNTER_NAMES: [(u32, &str); 17] = [
+pub const COUNTER_NAMES: [(u32, &str); 18] = [
     (CNT_EVENTS_SENT, "events_sent"),
     (CNT_EVENTS_RATE_LIMITED, "events_rate_limited"),
     (CNT_EVENTS_LOST, "events_lost"),
@@ -123,6 +127,7 @@ pub const COUNTER_NAMES: [(u32, &str); 17] = [
     (CNT_SNAT_REUSED, "snat_ports_reused"),
     (CNT_IPV6_FRAGMENTS_PASSED, "ipv6_fragments_passed"),
     (CNT_FIB_LOOKUPS, "fib_lookups"),
+    (CNT_HOST_PORT_CLASHES, "host_port_clashes"),
 ];
 
 /// Per-CPU token bucket of the event rate limiter (`LB_EVENT_RATE`).
@@ -149,7 +154,7 @@ mod tests {
         }
         assert_eq!(
             COUNTER_NAMES.len() as u32,
-            CNT_FIB_LOOKUPS + 1,
+            CNT_HOST_PORT_CLASHES + 1,
             "the last counter"
         );
         assert!(COUNTER_NAMES.len() as u32 <= COUNTER_SLOTS);

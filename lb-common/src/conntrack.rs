@@ -18,6 +18,11 @@ pub const CT_F_CLOSING: u16 = 1 << 3;
 /// A TCP packet other than a SYN was seen: the flow got past its handshake
 /// and lives `CT_LIFETIME_TCP`, not `CT_LIFETIME_TCP_SYN`.
 pub const CT_F_ESTABLISHED: u16 = 1 << 4;
+/// With `CT_F_SNAT`: a connection of this node's own (a host process)
+/// whose tuple a SNAT flow already held, moved to another source port
+/// (`packet::host_flow`). The forward entry is keyed by the host's tuple
+/// (node:port → peer), the reverse one by the port it was given.
+pub const CT_F_HOST: u16 = 1 << 5;
 
 /// Default lifetimes of conntrack entries without traffic, in seconds (the
 /// agent can change them: `LB_CONFIG[CFG_CT_*]`). The values are Cilium's

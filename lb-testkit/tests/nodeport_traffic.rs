@@ -408,6 +408,174 @@ fn twenty_thousand_connections_reuse_a_five_thousand_port_snat_range_without_fai
     );
 }
 
+/// Host processes on node A connect straight to the backend that 20 000
+/// NodePort connections reach through SNAT, from ports of the SNAT range
+/// (every other one bound by hand to a port the SNAT flows are using, the
+/// others the node's ephemeral ports, which overlap the range), while those
+/// connections run and for 3 s after. A host tuple that a SNAT flow holds is moved to
+/// another port on its way out (`host_port_clashes`), so no connection on
+/// either side fails. Both families.
+#[test]
+fn host_connections_from_snat_range_ports_beside_20000_snat_connections_never_share_a_tuple() {
+    for f in [&V4, &V6] {
+        host_connections_beside_snat(f);
+    }
+}
+
+fn host_connections_beside_snat(f: &IpFamily) {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+    let tag = format!("hostclash{}", f.label.replace("IPv", ""));
+    let mut c = Cluster::with(
+        &unique(&tag),
+        &Options {
+            gro: true,
+            ..Default::default()
+        },
+    );
+    let _b = backends_of(&c, f);
+    // The client's ports are the SNAT range: each SNAT flow keeps its
+    // client's port, so the SNAT flows walk the whole range.
+    lb_testkit::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &c.client.name,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_local_port_range=40000 44999",
+        ],
+    );
+    let args = ["--snat-port-range", "40000-44999"];
+    Cluster::start(&mut c.a, &services_of('a', f), &args);
+    Cluster::start(&mut c.b, &services_of('b', f), &args);
+    let done = Arc::new(AtomicBool::new(false));
+    let host = {
+        let done = done.clone();
+        let backend = SocketAddr::from((f.pods_b[0], 8080));
+        let ns = c.a.ns.name.clone();
+        std::thread::spawn(move || {
+            lb_testkit::netns::enter(&ns).expect("entering node A's namespace");
+            host_connects(backend, &done)
+        })
+    };
+    let churn = traffic::churn(&c.client.name, SocketAddr::from((f.node_a, 30081)), 20_000);
+    // And for 3 s more, while the SNAT flows' entries still live (closing,
+    // 10 s): without the clash handling, these are the host connections
+    // that hang (during the churn, the client's next flows mostly heal
+    // the tuples by chance).
+    std::thread::sleep(Duration::from_secs(3));
+    done.store(true, Ordering::Relaxed);
+    let host = host.join().expect("host connections");
+    let clashes = Cluster::counter(&c.a, lb_common::config::CNT_HOST_PORT_CLASHES);
+    eprintln!(
+        "{}: {} SNAT connections in {:.1?}; host: {} connected ({} from a bound port), {} failed, {} ports busy; {clashes} clashes moved",
+        f.label, churn.ok, churn.elapsed, host.ok, host.bound, host.failed, host.busy
+    );
+    let label = f.label;
+    assert_eq!(
+        churn.failed,
+        0,
+        "{label}: SNAT side {:?}\n{}",
+        churn.errors,
+        report("host clash", &c)
+    );
+    assert_eq!(
+        host.failed,
+        0,
+        "{label}: host side {:?}\n{}",
+        host.errors,
+        report("host clash", &c)
+    );
+    assert!(
+        host.bound >= 200,
+        "{label}: too few host connections: {host:?}"
+    );
+    // The clash really happened (else this test proves nothing).
+    assert!(clashes >= 1, "{label}: no host connection clashed");
+}
+
+#[derive(Debug, Default)]
+struct HostConnects {
+    ok: usize,
+    bound: usize,
+    failed: usize,
+    busy: usize,
+    errors: Vec<String>,
+}
+
+/// Connections from the current namespace to `backend` until `done`:
+/// every other one from a port of 40000-44999 bound by hand (walking the
+/// range), the others from an ephemeral port. Each must connect within 3 s
+/// and read the backend's answer to its end.
+fn host_connects(backend: SocketAddr, done: &std::sync::atomic::AtomicBool) -> HostConnects {
+    use std::io::Read as _;
+    let mut h = HostConnects::default();
+    let mut port = 40_000u16;
+    let mut i = 0usize;
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        // About 200 connections a second: a busy node-local process, not
+        // a flood (every one of them may take a port from the range).
+        std::thread::sleep(Duration::from_millis(5));
+        i += 1;
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(backend),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .expect("socket");
+        let by_hand = i.is_multiple_of(2);
+        if by_hand {
+            // Even ports: Linux's connect() takes ports of the low end's
+            // parity first (inet_hash_connect), so the client's, and with
+            // them the SNAT flows', are even.
+            port = if port >= 44_980 {
+                40_000 + (port + 2) % 14
+            } else {
+                port + 14
+            };
+            let _ = s.set_reuse_address(true);
+            let local = SocketAddr::new(
+                match backend {
+                    SocketAddr::V4(_) => IpAddr::from([0u8; 4]),
+                    SocketAddr::V6(_) => IpAddr::from([0u16; 8]),
+                },
+                port,
+            );
+            if s.bind(&local.into()).is_err() {
+                h.busy += 1;
+                continue;
+            }
+        }
+        let answer = s
+            .connect_timeout(&backend.into(), Duration::from_secs(3))
+            .and_then(|()| {
+                let mut s: std::net::TcpStream = s.into();
+                s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                let mut a = String::new();
+                s.read_to_string(&mut a)?;
+                Ok(a)
+            });
+        match answer {
+            Ok(a) if a.starts_with("b0") => {
+                h.ok += 1;
+                h.bound += usize::from(by_hand);
+            }
+            other => {
+                h.failed += 1;
+                if h.errors.len() < 5 {
+                    h.errors
+                        .push(format!("#{i} (port {port}, by hand {by_hand}): {other:?}"));
+                }
+            }
+        }
+    }
+    h
+}
+
 /// A path MTU below the client's: node A's own route to node B's pods is
 /// narrower (1400). Node A answers "fragmentation needed" (GSO-aware: the
 /// client's segments arrive merged by GRO), the client shrinks its packets

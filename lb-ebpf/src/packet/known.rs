@@ -72,6 +72,9 @@ pub(super) fn snat_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         return Action::NEXT;
     }
     frag::remember(f);
+    if ct.flags & CT_F_HOST != 0 {
+        return super::host_flow::reply(ctx, f, ct);
+    }
     reverse_snat(ctx, f, ct)
 }
 

@@ -12,6 +12,7 @@
 //!   option, the packet an ICMP error quotes);
 //! * `ct`: conntrack, lifetimes and the closing/reopen rules;
 //! * `snat`: source ports for SNAT;
+//! * `host_flow`: host connections that meet a SNAT flow's tuple;
 //! * `fib`: routes, path MTU, TTL;
 //! * `route_cache`: a per-CPU cache of `fib`'s answers for a flow;
 //! * `nat`: address and port rewrites with their checksums;
@@ -50,6 +51,7 @@ mod early_exit;
 pub mod family;
 pub mod fib;
 pub mod frag;
+mod host_flow;
 pub mod icmp;
 pub mod icmp6;
 mod known;
@@ -249,6 +251,9 @@ pub trait Hook: Pkt {
     /// from its source to its destination would find it; a listener does
     /// not count: it takes new connections, not this tuple's packets).
     fn socket_holds<I: Ip>(&self, key: &CtKey<I::Addr>) -> bool;
+    /// The packet was sent by a socket of this node (a host process, or
+    /// the kernel's own replies), not forwarded or redirected here.
+    fn sent_by_local_socket(&self) -> bool;
     /// XDP cannot grow headers, resolve neighbours or build ICMP errors
     /// here: it punts those packets to tc, before changing anything.
     const IS_XDP: bool;
@@ -463,6 +468,14 @@ fn egress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
         }
         Parsed::IcmpError => return icmp::egress_error(ctx, f),
         Parsed::Other | Parsed::Invalid(_) => return Action::PASS,
+    }
+    // A host connection from a port of the SNAT range: its tuple may be
+    // one a SNAT flow holds (the ranges overlap: snat.rs).
+    if in_snat_ports(f.sport) && ctx.sent_by_local_socket() {
+        let a = host_flow::egress(ctx, f);
+        if a != Action::NEXT {
+            return a;
+        }
     }
     reverse_local(ctx, f)
 }

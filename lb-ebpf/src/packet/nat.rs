@@ -176,3 +176,19 @@ pub fn reverse_snat<C: Hook, I: Ip>(
     put_port(ctx, f, L4_DPORT, f.dport, cport, &mut sums)?;
     apply(ctx, f, &sums)
 }
+
+/// A host flow's packet leaves from another port (`host_flow`).
+#[inline(always)]
+pub fn source_port<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, port: u16) -> Option<()> {
+    let mut sums = NONE;
+    put_port(ctx, f, L4_SPORT, f.sport, port, &mut sums)?;
+    apply(ctx, f, &sums)
+}
+
+/// A reply to a host flow's port gets the host socket's port back.
+#[inline(always)]
+pub fn destination_port<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, port: u16) -> Option<()> {
+    let mut sums = NONE;
+    put_port(ctx, f, L4_DPORT, f.dport, port, &mut sums)?;
+    apply(ctx, f, &sums)
+}

@@ -115,6 +115,16 @@ impl Hook for Tc<'_> {
         super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }
     #[inline(always)]
+    fn sent_by_local_socket(&self) -> bool {
+        // skb->sk: set on what a socket of this node sends (a host
+        // process's packets, the kernel's RSTs and ACKs from its control
+        // sockets); NULL on a packet that arrived and is forwarded or
+        // redirected (tc ingress runs before any socket is assigned).
+        // SAFETY: reading a field of the context the program was given.
+        let sk = unsafe { core::ptr::read_volatile(&(*self.ctx.skb.skb).__bindgen_anon_2.sk) };
+        !sk.is_null()
+    }
+    #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
         // SAFETY: the context of this run and a parameter block we own, of
         // the size given.

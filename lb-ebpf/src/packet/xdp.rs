@@ -83,6 +83,11 @@ impl Hook for Xdp<'_> {
     fn socket_holds<I: Ip>(&self, key: &lb_common::conntrack::CtKey<I::Addr>) -> bool {
         super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }
+    /// XDP sees only what arrives.
+    #[inline(always)]
+    fn sent_by_local_socket(&self) -> bool {
+        false
+    }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {
         // SAFETY: the context of this run and a parameter block we own, of

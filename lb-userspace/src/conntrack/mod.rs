@@ -152,7 +152,9 @@ pub fn confirm_expired<A: Copy + Eq + std::hash::Hash>(
 
 #[cfg(test)]
 mod tests {
-    use lb_common::conntrack::{Ct4Key, Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED};
+    use lb_common::conntrack::{
+        Ct4Key, Ct4Value, CT_F_CLOSING, CT_F_DSR, CT_F_ESTABLISHED, CT_F_HOST,
+    };
 
     use super::*;
 
@@ -198,6 +200,28 @@ mod tests {
         // Established TCP lives 6 h; at 6 h + 11 s both entries go.
         let gone = expired_keys(&flow, (21_600 + 11) * S, &t);
         assert_eq!(gone.len(), 2, "{gone:?}");
+    }
+
+    /// A host connection node 2:100 → peer 3:8080 whose tuple clashed,
+    /// moved to port 6001 (lb-ebpf `packet::host_flow`): the programs key
+    /// its entries like a SNAT flow's, the node's tuple in the client's
+    /// place, so the sweep ages them as one.
+    #[test]
+    fn a_moved_host_connection_ages_like_a_snat_flow() {
+        let t = CtTimeouts::default();
+        let flags = CT_F_SNAT | CT_F_HOST | CT_F_ESTABLISHED;
+        let fwd = (
+            key(2, 3, 100, 8080, CT_SERVICE),
+            val(3, 8080, 2, 6001, flags, 10 * S),
+        );
+        let rev = (
+            key(3, 2, 8080, 6001, CT_REVERSE),
+            val(3, 8080, 2, 100, flags, 10 * S),
+        );
+        assert_eq!(forward_of(&rev.0, &rev.1), Some(fwd.0));
+        assert!(expired_keys(&[fwd, rev], 20 * S, &t).is_empty());
+        // Its forward entry gone (reopened on its own port): the reverse goes.
+        assert_eq!(expired_keys(&[rev], 20 * S, &t), [rev.0]);
     }
 
     #[test]

@@ -103,6 +103,11 @@ impl Collector for BpfCollector {
                     "FIB lookups for packets to and from remote backends (the others were answered by the per-CPU route cache)",
                     CNT_FIB_LOOKUPS,
                 ),
+                (
+                    "host_port_clashes",
+                    "Host connections whose tuple a SNAT flow held, given another source port on their way out",
+                    CNT_HOST_PORT_CLASHES,
+                ),
             ] {
                 let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
                 ConstCounter::new(get(i)).encode(e)?;
