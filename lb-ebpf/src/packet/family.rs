@@ -17,7 +17,7 @@
 //!   handled (`parse6`): they are left to the stack. The one exception is
 //!   our own DSR header (`dsr.rs`).
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup, bpf_sock_tuple},
+    bindings::{bpf_fib_lookup, bpf_sock, bpf_sock_tuple},
     maps::{LruHashMap, PerCpuArray},
 };
 use lb_common::{
@@ -98,6 +98,12 @@ pub trait Ip: ServiceFamily + Sized + 'static {
     fn fib_next_hop(p: &bpf_fib_lookup) -> Self::Addr;
     /// Fills a socket lookup tuple; returns its size.
     fn sock_tuple(key: &CtKey<Self::Addr>, t: &mut bpf_sock_tuple) -> u32;
+    /// Whether the socket's source address (`src_ip4` / `src_ip6`) is
+    /// `addr`.
+    ///
+    /// # Safety
+    /// `sk` is a non-null socket the kernel gave the program (skb->sk).
+    unsafe fn sock_source_is(sk: *const bpf_sock, addr: &Self::Addr) -> bool;
     /// The flow as IPv4, for what only IPv4 has (its header checksum,
     /// options, fragments, ICMP errors, DSR): None for IPv6.
     fn as_v4(f: &Flow<Self>) -> Option<&Flow<V4>>;
@@ -192,6 +198,11 @@ impl Ip for V4 {
     fn fib_next_hop(p: &bpf_fib_lookup) -> u32 {
         // SAFETY: an IPv4 lookup wrote the IPv4 member.
         unsafe { p.__bindgen_anon_4.ipv4_dst }
+    }
+    #[inline(always)]
+    unsafe fn sock_source_is(sk: *const bpf_sock, addr: &u32) -> bool {
+        // SAFETY: the caller's.
+        unsafe { core::ptr::read_volatile(&(*sk).src_ip4) == *addr }
     }
     #[inline(always)]
     fn sock_tuple(key: &CtKey<u32>, t: &mut bpf_sock_tuple) -> u32 {
@@ -309,6 +320,19 @@ impl Ip for V6 {
     fn fib_next_hop(p: &bpf_fib_lookup) -> Addr6 {
         // SAFETY: an IPv6 lookup wrote the IPv6 member.
         unsafe { p.__bindgen_anon_4.ipv6_dst }
+    }
+    #[inline(always)]
+    unsafe fn sock_source_is(sk: *const bpf_sock, addr: &Addr6) -> bool {
+        // Word by word: the verifier allows 4-byte reads of src_ip6.
+        let mut i = 0;
+        while i < 4 {
+            // SAFETY: the caller's.
+            if unsafe { core::ptr::read_volatile(&(*sk).src_ip6[i]) } != addr[i] {
+                return false;
+            }
+            i += 1;
+        }
+        true
     }
     #[inline(always)]
     fn sock_tuple(key: &CtKey<Addr6>, t: &mut bpf_sock_tuple) -> u32 {

@@ -63,7 +63,13 @@ pub(super) fn egress<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         // renumber its next packets. (Its reverse entry goes with it: the
         // sweep drops a reverse entry whose forward one is gone.)
         *key = f.ct_key(CT_SERVICE);
-        let _ = I::ct().remove(key);
+        if I::ct()
+            .get_ptr(&*key)
+            // SAFETY: a map value stays valid for the program's run.
+            .is_some_and(|e| unsafe { (*e).flags } & CT_F_HOST != 0)
+        {
+            let _ = I::ct().remove(&*key);
+        }
     }
     Action::NEXT
 }

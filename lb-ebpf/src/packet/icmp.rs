@@ -15,7 +15,7 @@
 //! tc only: XDP hands these packets to tc untouched.
 use lb_common::{
     config::{CNT_ICMP_SENT, CNT_ICMP_TRANSLATED},
-    conntrack::{CT_F_DSR, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
+    conntrack::{CT_F_DSR, CT_F_HOST, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE},
     drop::DropReason,
 };
 
@@ -420,6 +420,11 @@ fn to_client<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         return Action::DROP;
     }
     bump(CNT_ICMP_TRANSLATED);
+    if ct.flags & CT_F_HOST != 0 {
+        // About a host connection moved to another port (`host_flow`):
+        // now quoting the socket's own tuple, for this node's stack.
+        return Action::PASS;
+    }
     forward_error(ctx, f, outer_src, client)
 }
 

@@ -73,6 +73,11 @@ pub(super) fn snat_reply<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     }
     frag::remember(f);
     if ct.flags & CT_F_HOST != 0 {
+        if C::IS_XDP {
+            // tc must see it untouched: given its port back here, the reply
+            // would meet the clashing SNAT flow's entry there.
+            return Action::PUNT;
+        }
         return super::host_flow::reply(ctx, f, ct);
     }
     reverse_snat(ctx, f, ct)

@@ -251,9 +251,10 @@ pub trait Hook: Pkt {
     /// from its source to its destination would find it; a listener does
     /// not count: it takes new connections, not this tuple's packets).
     fn socket_holds<I: Ip>(&self, key: &CtKey<I::Addr>) -> bool;
-    /// The packet was sent by a socket of this node (a host process, or
-    /// the kernel's own replies), not forwarded or redirected here.
-    fn sent_by_local_socket(&self) -> bool;
+    /// The packet was sent by a socket of this node whose own source is
+    /// the packet's (a host process's connection), not forwarded or
+    /// redirected here.
+    fn sent_by_local_socket<I: Ip>(&self, f: &Flow<I>) -> bool;
     /// XDP cannot grow headers, resolve neighbours or build ICMP errors
     /// here: it punts those packets to tc, before changing anything.
     const IS_XDP: bool;
@@ -471,7 +472,7 @@ fn egress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
     }
     // A host connection from a port of the SNAT range: its tuple may be
     // one a SNAT flow holds (the ranges overlap: snat.rs).
-    if in_snat_ports(f.sport) && ctx.sent_by_local_socket() {
+    if in_snat_ports(f.sport) && ctx.sent_by_local_socket(f) {
         let a = host_flow::egress(ctx, f);
         if a != Action::NEXT {
             return a;

@@ -115,14 +115,25 @@ impl Hook for Tc<'_> {
         super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }
     #[inline(always)]
-    fn sent_by_local_socket(&self) -> bool {
-        // skb->sk: set on what a socket of this node sends (a host
-        // process's packets, the kernel's RSTs and ACKs from its control
-        // sockets); NULL on a packet that arrived and is forwarded or
-        // redirected (tc ingress runs before any socket is assigned).
-        // SAFETY: reading a field of the context the program was given.
-        let sk = unsafe { core::ptr::read_volatile(&(*self.ctx.skb.skb).__bindgen_anon_2.sk) };
-        !sk.is_null()
+    fn sent_by_local_socket<I: Ip>(&self, f: &Flow<I>) -> bool {
+        // skb->sk is set on what a socket of this node sends, but not only
+        // there: veth keeps the sender's socket on a packet that crosses
+        // into another namespace (Linux 5.1, "skbuff: preserve sock
+        // reference when scrubbing the skb"), so a client's packet can
+        // arrive with its socket and be redirected out still holding it.
+        // The socket's own source must be the packet's: a SNATed packet
+        // left its client's address behind.
+        // SAFETY: reading a field of the context the program was given;
+        // the socket's fields only after the null check (the verifier's
+        // PTR_TO_SOCK_COMMON_OR_NULL).
+        unsafe {
+            let sk = core::ptr::read_volatile(&(*self.ctx.skb.skb).__bindgen_anon_2.sk);
+            if sk.is_null() {
+                return false;
+            }
+            core::ptr::read_volatile(&(*sk).src_port) == u32::from(u16::from_be(f.sport))
+                && I::sock_source_is(sk, &f.saddr)
+        }
     }
     #[inline(always)]
     fn fib_lookup(&self, p: &mut bpf_fib_lookup) -> i64 {

@@ -85,7 +85,7 @@ impl Hook for Xdp<'_> {
     }
     /// XDP sees only what arrives.
     #[inline(always)]
-    fn sent_by_local_socket(&self) -> bool {
+    fn sent_by_local_socket<I: Ip>(&self, _f: &Flow<I>) -> bool {
         false
     }
     #[inline(always)]
