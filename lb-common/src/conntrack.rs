@@ -23,6 +23,10 @@ pub const CT_F_ESTABLISHED: u16 = 1 << 4;
 /// (`packet::host_flow`). The forward entry is keyed by the host's tuple
 /// (node:port → peer), the reverse one by the port it was given.
 pub const CT_F_HOST: u16 = 1 << 5;
+/// With `CT_F_DSR`: the packets that carry the DSR option go inside an
+/// outer header to the backend (`DSR_DISPATCH_IPIP`); `nat_addr` holds the
+/// outer source (this node's address on the route's device).
+pub const CT_F_DSR_ENCAP: u16 = 1 << 6;
 
 /// Default lifetimes of conntrack entries without traffic, in seconds (the
 /// agent can change them: `LB_CONFIG[CFG_CT_*]`). The values are Cilium's

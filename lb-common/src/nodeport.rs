@@ -12,6 +12,44 @@ pub const MODE_DSR: u32 = 1;
 /// DSR for TCP, SNAT for UDP (UDP DSR would add the option to every datagram).
 pub const MODE_HYBRID: u32 = 2;
 
+/// How a DSR flow's frontend reaches the backend's node (`--dsr-dispatch`),
+/// kept in `LB_CONFIG[CFG_LB_MODE]` above the mode (bits 8-15: the
+/// config array has no free slot, and growing it would change the pinned
+/// layout). `option`: the IPv4 option / IPv6 destination option on the
+/// packet itself. `ipip`: the same packet, option and all, inside an outer
+/// IPv4 (IPIP) or IPv6 (IP6IP6) header from this node to the backend, for
+/// fabrics that drop IPv4 options or IPv6 extension headers: they see the
+/// outer header only. Only the packets that carry the option (a TCP SYN,
+/// every UDP datagram) are encapsulated; the others of the flow are plain.
+pub const DSR_DISPATCH_OPTION: u32 = 0;
+pub const DSR_DISPATCH_IPIP: u32 = 1;
+const DSR_DISPATCH_SHIFT: u32 = 8;
+
+/// `LB_CONFIG[CFG_LB_MODE]`: the mode and the DSR dispatch.
+#[inline(always)]
+pub const fn lb_mode_word(mode: u32, dispatch: u32) -> u32 {
+    (mode & 0xff) | (dispatch & 0xff) << DSR_DISPATCH_SHIFT
+}
+
+/// The mode (`MODE_*`) of a `CFG_LB_MODE` word.
+#[inline(always)]
+pub const fn mode_of(word: u32) -> u32 {
+    word & 0xff
+}
+
+/// The DSR dispatch (`DSR_DISPATCH_*`) of a `CFG_LB_MODE` word.
+#[inline(always)]
+pub const fn dsr_dispatch_of(word: u32) -> u32 {
+    (word >> DSR_DISPATCH_SHIFT) & 0xff
+}
+
+/// The outer header of `DSR_DISPATCH_IPIP`: IPv4 (protocol 4, RFC 2003)
+/// and IPv6 (next header 41, RFC 2473), no options.
+pub const IPIP_HLEN: u8 = 20;
+pub const IP6IP6_HLEN: u8 = 40;
+pub const IPPROTO_IPIP: u8 = 4;
+pub const IPPROTO_IPV6: u8 = 41;
+
 /// IPv4 option carrying the service address to the backend's node in DSR
 /// mode: copied flag set (RFC 791, so fragments keep it), class 0, number 26
 /// (unassigned), like Cilium's DSR option. Length 8: type, length, port, address.

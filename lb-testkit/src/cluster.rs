@@ -78,6 +78,10 @@ pub struct Options {
     /// The bridge ports run an XDP_PASS program so that veth delivers frames
     /// a node sends out with XDP_TX or an XDP redirect (see `xdp_pass`).
     pub xdp_ready: bool,
+    /// The segment drops what many clouds' fabrics drop: IPv4 packets with
+    /// options and IPv6 packets with a Destination Options header (an
+    /// nftables rule on the hub's bridge, counted there: `fabric_drops`).
+    pub drop_ip_options: bool,
 }
 
 pub struct Node {
@@ -136,6 +140,16 @@ impl Cluster {
         let hub = Netns::create(&format!("lbt-{tag}-hub"));
         hub.ip(&["link", "add", "br0", "type", "bridge"]);
         hub.ip(&["link", "set", "br0", "up"]);
+        if opts.drop_ip_options {
+            for rule in [
+                "add table bridge fabric",
+                "add chain bridge fabric forward { type filter hook forward priority 0; }",
+                "add rule bridge fabric forward ip hdrlength != 5 counter drop",
+                "add rule bridge fabric forward ip6 nexthdr 60 counter drop",
+            ] {
+                crate::run("ip", &["netns", "exec", &hub.name, "nft", rule]);
+            }
+        }
         // `nodad`: IPv6 addresses usable at once (no duplicate address
         // detection to wait for on links we made).
         let plug = |ns: &Netns, port: &str, addr: Ipv4Addr, addr6: Ipv6Addr| {
@@ -363,6 +377,21 @@ impl Cluster {
         )
         .unwrap();
         map.get(&index, 0).unwrap().iter().sum()
+    }
+
+    /// Packets the segment dropped for their IP options or extension
+    /// headers (`Options::drop_ip_options`).
+    pub fn fabric_drops(&self) -> u64 {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.hub.name])
+            .args(["nft", "list", "table", "bridge", "fabric"])
+            .output()
+            .expect("nft list");
+        String::from_utf8_lossy(&out.stdout)
+            .split("packets ")
+            .skip(1)
+            .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
     }
 }
 

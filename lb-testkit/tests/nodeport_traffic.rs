@@ -204,15 +204,30 @@ fn start_nodes(c: &mut Cluster, args: &[&str]) {
 /// Maglev LoadBalancer, with GRO on; the flows went through the programs,
 /// and lbctl shows them.
 fn real_traffic(tag: &str, mode: &str, xdp: bool, f: &IpFamily) {
+    real_traffic_on(tag, mode, xdp, f, &[], false);
+}
+
+/// `real_traffic` with more agent flags, on a segment that drops IP
+/// options and extension headers when `strict_fabric`.
+fn real_traffic_on(
+    tag: &str,
+    mode: &str,
+    xdp: bool,
+    f: &IpFamily,
+    more_args: &[&str],
+    strict_fabric: bool,
+) {
     let opts = Options {
         gro: true,
         full_checksums: xdp,
         xdp_ready: xdp,
+        drop_ip_options: strict_fabric,
         ..Default::default()
     };
     let mut c = Cluster::with(&unique(tag), &opts);
     let _b = backends_of(&c, f);
     let mut args = vec!["--lb-mode", mode];
+    args.extend(more_args);
     if xdp {
         args.extend(["--acceleration", "native"]);
     }
@@ -312,6 +327,143 @@ fn real_traffic(tag: &str, mode: &str, xdp: bool, f: &IpFamily) {
             && list.contains(&format!("{dns}/UDP")),
         "lbctl service list shows the NodePort and LoadBalancer frontends:\n{list}"
     );
+    if strict_fabric {
+        assert_eq!(c.fabric_drops(), 0, "{label}: the fabric dropped packets");
+    }
+}
+
+/// DSR through a fabric that drops IPv4 options and IPv6 extension headers
+/// (an nftables rule on the segment), with the IPIP / IP6IP6 dispatch: the
+/// whole real-traffic run passes (bulk, a 32 MiB download, 20 000
+/// connections, DNS over UDP, every DSR request learned on node B) and the
+/// fabric drops nothing. The option dispatch on the same fabric fails
+/// (`dsr_with_the_option_fails_where_the_fabric_drops_ip_options`).
+#[test]
+fn dsr_ipip_carries_bulk_a_download_20000_connections_and_dns_where_the_fabric_drops_ip_options() {
+    real_traffic_on(
+        "dsripip4",
+        "dsr",
+        false,
+        &V4,
+        &["--dsr-dispatch", "ipip"],
+        true,
+    );
+}
+
+#[test]
+fn ipv6_dsr_ip6ip6_carries_bulk_a_download_20000_connections_and_dns_where_the_fabric_drops_extension_headers(
+) {
+    real_traffic_on(
+        "dsripip6",
+        "dsr",
+        false,
+        &V6,
+        &["--dsr-dispatch", "ipip"],
+        true,
+    );
+}
+
+/// DSR's IPIP dispatch counts its outer header in the path MTU: on a
+/// narrower path (node A's route to node B's pods, 1400) a UDP datagram of
+/// 1 380 bytes would fit with the option (1 388) but not with the outer
+/// header too (1 408). Node A answers "fragmentation needed" naming
+/// 1400 − 8 − 20 = 1 372, the client's kernel takes it (IP_MTU), and a
+/// datagram of that size is answered through the LoadBalancer. (On a
+/// segment that drops IP options: node A's errors carry a 4-byte NOP
+/// option, `icmp::reply`'s answer to checksum offload, and such a segment
+/// drops them too.)
+#[test]
+fn dsr_ipip_counts_its_outer_header_in_the_path_mtu() {
+    use std::os::fd::AsRawFd as _;
+    let opts = Options {
+        route_mtu: Some(1400),
+        ..Default::default()
+    };
+    let mut c = Cluster::with(&unique("ipipmtu"), &opts);
+    let _b = backends_of(&c, &V4);
+    let args = ["--lb-mode", "dsr", "--dsr-dispatch", "ipip"];
+    Cluster::start(&mut c.a, &services_of('a', &V4), &args);
+    Cluster::start(&mut c.b, &services_of('b', &V4), &args);
+    let dns = SocketAddr::from(([203, 0, 113, 40], 53));
+    let (mtu, answer) = traffic::in_netns(&c.client.name, move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+        let fd = s.as_raw_fd();
+        let opt = |name: i32, value: i32| {
+            // SAFETY: a socket option of an int, on a socket we own.
+            unsafe {
+                libc::setsockopt(fd, libc::IPPROTO_IP, name, (&value as *const i32).cast(), 4)
+            }
+        };
+        assert_eq!(opt(libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO), 0);
+        s.connect(dns).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let _ = s.send(&[b'q'; 1380 - 28]);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut mtu = 0i32;
+        let mut len = 4u32;
+        // SAFETY: reads an int into `mtu`, on a socket we own.
+        unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU,
+                (&mut mtu as *mut i32).cast(),
+                &mut len,
+            )
+        };
+        // The error is also reported once on the connected socket (a
+        // pending EMSGSIZE); the send after it goes.
+        let _ = s.take_error();
+        let mut buf = [0u8; 512];
+        let answer = s
+            .send(&[b'q'; 1372 - 28])
+            .and_then(|_| s.recv(&mut buf))
+            .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned());
+        (mtu, answer)
+    });
+    let sent = Cluster::counter(&c.a, lb_common::config::CNT_ICMP_SENT);
+    assert_eq!(
+        mtu, 1372,
+        "the path MTU the client learned (node A sent {sent} errors)"
+    );
+    assert!(
+        answer.as_ref().is_ok_and(|a| a.starts_with('b')),
+        "a datagram within it: {answer:?}\n{}",
+        report("ipip pmtu", &c)
+    );
+}
+
+/// The control for the two above: on the same fabric, DSR with the option
+/// gets no connection through (the SYN carries the option and is dropped
+/// on the segment, counted there), in both families.
+#[test]
+fn dsr_with_the_option_fails_where_the_fabric_drops_ip_options() {
+    for f in [&V4, &V6] {
+        let opts = Options {
+            drop_ip_options: true,
+            ..Default::default()
+        };
+        let tag = format!("dsropt{}", f.label.replace("IPv", ""));
+        let mut c = Cluster::with(&unique(&tag), &opts);
+        let _b = backends_of(&c, f);
+        let args = ["--lb-mode", "dsr"];
+        Cluster::start(&mut c.a, &services_of('a', f), &args);
+        Cluster::start(&mut c.b, &services_of('b', f), &args);
+        let target = SocketAddr::new(f.node_a, 30081);
+        let r = traffic::in_netns(&c.client.name, move || {
+            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).map(|_| ())
+        });
+        assert!(
+            r.is_err(),
+            "{}: connected through the strict fabric",
+            f.label
+        );
+        assert!(
+            c.fabric_drops() >= 1,
+            "{}: the fabric dropped nothing",
+            f.label
+        );
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@
 //! pseudo-header holds neither IP options nor extension headers.
 use lb_common::{
     config::CNT_DSR_LEARNED,
-    conntrack::{CtValue, CT_F_CLOSING, CT_F_DSR, CT_REVERSE},
+    conntrack::{CtValue, CT_F_CLOSING, CT_F_DSR, CT_F_DSR_ENCAP, CT_REVERSE},
     drop::DropReason,
     nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
     service::{SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
@@ -41,6 +41,19 @@ const BPF_NOEXIST: u64 = 1;
 #[inline(always)]
 pub fn needs_option<I: Ip>(f: &Flow<I>) -> bool {
     f.proto != IPPROTO_TCP || f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
+/// The DSR request of flow `ct`: the option, and with the IPIP dispatch
+/// the outer header around the packet (`encap`). A subprogram: inlined,
+/// the two grew `rewrite_remote`'s frame past what the remote path's call
+/// chain can hold within the 512-byte stack.
+#[inline(never)]
+pub fn add<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I::Addr>) -> bool {
+    if !insert(ctx, f) {
+        return false;
+    }
+    ct.flags & CT_F_DSR_ENCAP == 0
+        || super::encap::push::<C, I>(ctx, f.tot_len + I::DSR_LEN, &ct.nat_addr, &ct.addr)
 }
 
 /// Inserts the option naming the frontend the packet was sent to (`f`

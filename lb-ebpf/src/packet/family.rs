@@ -64,6 +64,8 @@ pub trait Ip: ServiceFamily + Sized + 'static {
     const IP_LEN_MASK: usize;
     /// Bytes the DSR option adds to a packet.
     const DSR_LEN: u16;
+    /// The outer header of DSR's IPIP / IP6IP6 dispatch.
+    const ENCAP_LEN: u16;
 
     fn word(a: Self::Addr, i: usize) -> u32;
     fn scratch() -> Option<*mut Scratch<Self>>;
@@ -123,6 +125,7 @@ impl Ip for V4 {
     const WORDS: usize = 1;
     const IP_LEN_MASK: usize = 0x3c;
     const DSR_LEN: u16 = lb_common::nodeport::DSR_OPT_LEN as u16;
+    const ENCAP_LEN: u16 = lb_common::nodeport::IPIP_HLEN as u16;
 
     #[inline(always)]
     fn word(a: u32, _i: usize) -> u32 {
@@ -240,6 +243,7 @@ impl Ip for V6 {
     const WORDS: usize = 4;
     const IP_LEN_MASK: usize = 0x7c;
     const DSR_LEN: u16 = lb_common::nodeport::DSR6_HDR_LEN as u16;
+    const ENCAP_LEN: u16 = lb_common::nodeport::IP6IP6_HLEN as u16;
 
     #[inline(always)]
     fn word(a: Addr6, i: usize) -> u32 {

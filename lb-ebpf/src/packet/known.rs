@@ -112,7 +112,7 @@ pub(super) fn forward_known<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I
     if needs_option && C::IS_XDP {
         return Action::PUNT;
     }
-    let extra = if needs_option { I::DSR_LEN } else { 0 };
+    let extra = dsr_extra::<I>(needs_option, ct.flags & CT_F_DSR_ENCAP != 0);
     // `known_flow` left the flow's key in the scratch map.
     let route = route_cache::lookup(ctx, &f.saddr, baddr, f, extra);
     match route {
@@ -131,6 +131,17 @@ pub(super) fn forward_known<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>, ct: &CtValue<I
         return a;
     }
     finish_redirect::<C, I>(ctx, route)
+}
+
+/// The bytes a DSR packet grows by on its way to the backend: the option,
+/// and with the IPIP dispatch the outer header around it.
+#[inline(always)]
+pub(super) fn dsr_extra<I: Ip>(needs_option: bool, encap: bool) -> u16 {
+    match (needs_option, encap) {
+        (false, _) => 0,
+        (true, false) => I::DSR_LEN,
+        (true, true) => I::DSR_LEN + I::ENCAP_LEN,
+    }
 }
 
 // The "no route: drop / too big: ICMP / XDP without a resolved neighbour:
@@ -164,8 +175,10 @@ pub(super) fn rewrite_remote<C: Hook, I: Ip>(
         return Action::DROP;
     }
     let needs_option = ct.flags & CT_F_DSR != 0 && f.has_l4() && dsr::needs_option(f);
-    if needs_option && !dsr::insert(ctx, f) {
-        return drop_packet(ctx, f, DropReason::InvalidPacket, ct.service_id);
+    if needs_option && !dsr::add(ctx, f, ct) {
+        // (Without the service id: `ct` kept live across the call costs
+        // this frame a slot the remote path's call chain has no room for.)
+        return drop_packet(ctx, f, DropReason::InvalidPacket, 0);
     }
     bump(CNT_NP_FORWARD);
     Action::NEXT

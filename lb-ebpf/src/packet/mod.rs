@@ -17,6 +17,8 @@
 //! * `route_cache`: a per-CPU cache of `fib`'s answers for a flow;
 //! * `nat`: address and port rewrites with their checksums;
 //! * `dsr`: the DSR option (add, learn, strip);
+//! * `encap`: DSR's IPIP / IP6IP6 dispatch (the option's packet inside an
+//!   outer header);
 //! * `icmp`: errors this node sends, and errors about our flows translated;
 //! * `icmp6`: the ICMPv6 errors this node sends;
 //! * `frag`: IPv4 fragments following their first fragment;
@@ -48,6 +50,7 @@ pub mod ct;
 pub mod drops;
 pub mod dsr;
 mod early_exit;
+pub mod encap;
 pub mod family;
 pub mod fib;
 pub mod frag;
@@ -222,6 +225,12 @@ pub trait Hook: Pkt {
     fn grow_ip_options(&self, len: u32) -> bool;
     /// Removes `len` bytes after the 20-byte IPv4 base header.
     fn shrink_ip_options(&self, len: u32) -> bool;
+    /// Inserts `len` bytes for an outer IPv4 (or, `v6`, IPv6) header
+    /// between the Ethernet header and the packet, marking the skb as
+    /// encapsulated (its GSO then segments the inner packet).
+    fn push_outer_header(&self, len: u32, v6: bool) -> bool;
+    /// Removes the `len`-byte outer header after the Ethernet header.
+    fn pop_outer_header(&self, len: u32, v6: bool) -> bool;
     /// Trims (or grows) the packet to `len` bytes.
     fn change_tail(&self, len: u32) -> bool;
     fn fib_lookup(&self, params: &mut bpf_fib_lookup) -> i64;
@@ -280,9 +289,19 @@ pub fn ingress<C: Hook>(ctx: &C) -> Action {
     // else on (a failed read says "maybe a service").
     ctx.pull(IPV4_HEADERS);
     match load::<u16, C>(ctx, 12) {
-        Some(p) if p == ETH_P_IP.to_be() => ingress_of::<C, V4>(ctx),
+        Some(p) if p == ETH_P_IP.to_be() => {
+            // A DSR request in an outer header (`encap`): the inner packet
+            // takes the path; anything else encapsulated is the stack's.
+            if !encap::take_off::<C, V4>(ctx) {
+                return Action::PASS;
+            }
+            ingress_of::<C, V4>(ctx)
+        }
         Some(p) if p == ETH_P_IPV6.to_be() => {
             ctx.pull(IPV6_HEADERS);
+            if !encap::take_off::<C, V6>(ctx) {
+                return Action::PASS;
+            }
             ingress_of::<C, V6>(ctx)
         }
         _ => Action::PASS,

@@ -2,7 +2,7 @@
 //! externalTrafficPolicy: Local), its backend (Maglev or at random, or the
 //! one sessionAffinity remembers), then DNAT to a backend on this node or
 //! the rewrite and redirect to a remote one (SNAT or DSR).
-use super::known::{backends_gen, rewrite_remote};
+use super::known::{backends_gen, dsr_extra, rewrite_remote};
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
@@ -233,8 +233,10 @@ pub(super) fn new_local<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
 /// Backend on another node: SNAT or DSR by mode, routed by a FIB lookup.
 #[inline(never)]
 pub(super) fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
-    let mode = runtime::config(CFG_LB_MODE);
+    let word = runtime::config(CFG_LB_MODE);
+    let mode = mode_of(word);
     let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
+    let encap = dsr && dsr_dispatch_of(word) == DSR_DISPATCH_IPIP;
     let needs_option = dsr && dsr::needs_option(f);
     if needs_option && C::IS_XDP {
         return Action::PUNT; // before anything changed: tc will redo it
@@ -245,7 +247,7 @@ pub(super) fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     // SAFETY: per-CPU scratch; distinct fields.
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
     let (service_id, baddr, bport) = (ct.service_id, ct.addr, ct.port);
-    let extra = if needs_option { I::DSR_LEN } else { 0 };
+    let extra = dsr_extra::<I>(needs_option, encap);
     // SAFETY: per-CPU scratch; distinct fields (snat::alloc is done with rkey).
     let (fkey, rkey) = unsafe { (&mut (*sp).fkey, &mut (*sp).rkey) };
     *fkey = f.ct_key(CT_SERVICE);
@@ -263,13 +265,23 @@ pub(super) fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     if f.ttl <= 1 {
         return pending_icmp::<C, I>(icmp::Error::TTL_EXCEEDED, service_id);
     }
+    // This node's address on the route's device (an IPv6 one may be
+    // missing): the SNAT source, or the IPIP dispatch's outer source.
+    let node = if !dsr || encap {
+        match I::device_address(egress) {
+            Some(node) => node,
+            None => return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id),
+        }
+    } else {
+        I::Addr::default()
+    };
     if dsr {
         ct.flags |= CT_F_DSR;
+        if encap {
+            ct.flags |= CT_F_DSR_ENCAP;
+            ct.nat_addr = node;
+        }
     } else {
-        // The device's address of the family (an IPv6 one may be missing).
-        let Some(node) = I::device_address(egress) else {
-            return drop_packet(ctx, f, DropReason::FibLookupFailed, service_id);
-        };
         ct.flags |= CT_F_SNAT;
         ct.nat_addr = node;
         // The reverse entry: backend → node:port, back to client ← frontend.

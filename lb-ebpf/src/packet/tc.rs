@@ -2,8 +2,10 @@
 use crate::select::{V4, V6};
 use aya_ebpf::{
     bindings::{
-        bpf_adj_room_mode::BPF_ADJ_ROOM_NET, bpf_fib_lookup, bpf_redir_neigh, TC_ACT_OK,
-        TC_ACT_SHOT,
+        bpf_adj_room_mode::{BPF_ADJ_ROOM_MAC, BPF_ADJ_ROOM_NET},
+        bpf_fib_lookup, bpf_redir_neigh, BPF_F_ADJ_ROOM_DECAP_L3_IPV4,
+        BPF_F_ADJ_ROOM_DECAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6,
+        TC_ACT_OK, TC_ACT_SHOT,
     },
     helpers::{
         bpf_csum_update, bpf_fib_lookup as fib, bpf_l4_csum_replace, bpf_redirect,
@@ -108,6 +110,30 @@ impl Hook for Tc<'_> {
     fn shrink_ip_options(&self, len: u32) -> bool {
         self.ctx
             .adjust_room(-(len as i32), BPF_ADJ_ROOM_NET, 0)
+            .is_ok()
+    }
+    #[inline(always)]
+    fn push_outer_header(&self, len: u32, v6: bool) -> bool {
+        let flags = if v6 {
+            BPF_F_ADJ_ROOM_ENCAP_L3_IPV6
+        } else {
+            BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+        };
+        self.ctx
+            .adjust_room(len as i32, BPF_ADJ_ROOM_MAC, u64::from(flags))
+            .is_ok()
+    }
+    #[inline(always)]
+    fn pop_outer_header(&self, len: u32, v6: bool) -> bool {
+        // The decap flags (Linux 6.3) clear the skb's encapsulation marks
+        // that GRO may have set for the outer header.
+        let flags = if v6 {
+            BPF_F_ADJ_ROOM_DECAP_L3_IPV6
+        } else {
+            BPF_F_ADJ_ROOM_DECAP_L3_IPV4
+        };
+        self.ctx
+            .adjust_room(-(len as i32), BPF_ADJ_ROOM_MAC, u64::from(flags))
             .is_ok()
     }
     #[inline(always)]

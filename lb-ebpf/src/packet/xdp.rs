@@ -80,6 +80,14 @@ impl Hook for Xdp<'_> {
         false
     }
     #[inline(always)]
+    fn push_outer_header(&self, _len: u32, _v6: bool) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn pop_outer_header(&self, _len: u32, _v6: bool) -> bool {
+        false
+    }
+    #[inline(always)]
     fn socket_holds<I: Ip>(&self, key: &lb_common::conntrack::CtKey<I::Addr>) -> bool {
         super::access::socket_holds::<I>(self.ctx.as_ptr(), key)
     }

@@ -159,6 +159,13 @@ pub struct DatapathArgs {
     /// How traffic to a backend on another node is forwarded.
     #[arg(long, value_enum, default_value_t = LbMode::Snat, env = "LB_MODE")]
     pub lb_mode: LbMode,
+    /// How a DSR request carries its frontend to the backend's node: an IPv4
+    /// option / IPv6 destination option on the packet (`option`), or that
+    /// packet inside an IPIP / IP6IP6 header to the backend (`ipip`), for
+    /// fabrics that drop IP options or extension headers. Every node must
+    /// run the programs either way. Needs --lb-mode dsr or hybrid.
+    #[arg(long, value_enum, default_value_t = DsrDispatch::Option, env = "LB_DSR_DISPATCH")]
+    pub dsr_dispatch: DsrDispatch,
     /// XDP acceleration on the devices.
     #[arg(long, value_enum, default_value_t = datapath::Acceleration::Disabled, env = "LB_ACCELERATION")]
     pub acceleration: datapath::Acceleration,
@@ -291,6 +298,14 @@ pub enum LbMode {
     Hybrid,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DsrDispatch {
+    /// An IPv4 option / IPv6 destination option on the request itself.
+    Option,
+    /// The request inside an outer IPv4 (IPIP) / IPv6 (IP6IP6) header.
+    Ipip,
+}
+
 /// A listen address, or none ('off').
 #[derive(Clone, Copy, Debug)]
 pub struct OptionalAddr(pub Option<SocketAddr>);
@@ -355,11 +370,7 @@ impl RunArgs {
             event_rate: self.datapath.event_rate,
             host_netns_cookie,
             host_namespace_only: self.datapath.socket_lb_host_namespace_only,
-            lb_mode: match self.datapath.lb_mode {
-                LbMode::Snat => lb_common::nodeport::MODE_SNAT,
-                LbMode::Dsr => lb_common::nodeport::MODE_DSR,
-                LbMode::Hybrid => lb_common::nodeport::MODE_HYBRID,
-            },
+            lb_mode: self.datapath.lb_mode_word()?,
             maglev_m: self.service.maglev_table_size,
             snat_ports: (
                 self.datapath.snat_port_range.0,
@@ -374,6 +385,28 @@ impl RunArgs {
         };
         settings.check()?;
         Ok(settings)
+    }
+}
+
+impl DatapathArgs {
+    /// `LB_CONFIG[CFG_LB_MODE]`: the mode and the DSR dispatch.
+    pub fn lb_mode_word(&self) -> anyhow::Result<u32> {
+        use lb_common::nodeport::*;
+        let mode = match self.lb_mode {
+            LbMode::Snat => MODE_SNAT,
+            LbMode::Dsr => MODE_DSR,
+            LbMode::Hybrid => MODE_HYBRID,
+        };
+        let dispatch = match self.dsr_dispatch {
+            DsrDispatch::Option => DSR_DISPATCH_OPTION,
+            DsrDispatch::Ipip => DSR_DISPATCH_IPIP,
+        };
+        if self.lb_mode == LbMode::Snat && self.dsr_dispatch != DsrDispatch::Option {
+            anyhow::bail!(
+                "--dsr-dispatch ipip: DSR is off (--lb-mode snat); set --lb-mode dsr or hybrid, or drop --dsr-dispatch"
+            );
+        }
+        Ok(lb_mode_word(mode, dispatch))
     }
 }
 
@@ -458,6 +491,27 @@ pub(crate) mod tests {
         .unwrap();
         assert_eq!(s.snat_ports, (40000, 40999));
         assert_eq!(s.lb_mode, lb_common::nodeport::MODE_DSR);
+    }
+
+    #[test]
+    fn the_dsr_dispatch_rides_in_the_mode_word_and_needs_dsr() {
+        use lb_common::nodeport::*;
+        let s = flags(&[
+            "--services",
+            "x.yaml",
+            "--lb-mode",
+            "hybrid",
+            "--dsr-dispatch",
+            "ipip",
+        ])
+        .start_settings(1)
+        .unwrap();
+        assert_eq!(mode_of(s.lb_mode), MODE_HYBRID);
+        assert_eq!(dsr_dispatch_of(s.lb_mode), DSR_DISPATCH_IPIP);
+        let e = flags(&["--services", "x.yaml", "--dsr-dispatch", "ipip"])
+            .start_settings(1)
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("--lb-mode dsr"), "{e:#}");
     }
 
     #[test]
