@@ -62,6 +62,13 @@ pub fn push<C: Hook, I: Ip>(ctx: &C, inner_len: u16, src: &I::Addr, dst: &I::Add
 /// remote path's call chain under it needs the 512 bytes.)
 #[inline(never)]
 pub fn take_off<C: Hook, I: Ip>(ctx: &C) -> bool {
+    // Only where this node was told to expect them (every node of a
+    // cluster has the same --dsr-dispatch), and only from the wire: an
+    // outer header hides the inner source from the fabric's anti-spoofing,
+    // so nothing is taken off on a node that does not use the dispatch.
+    if ctx.is_from_pod() || dsr_dispatch_of(runtime::config(CFG_LB_MODE)) != DSR_DISPATCH_IPIP {
+        return true;
+    }
     let encapsulated = if I::IS_V6 {
         load::<u8, C>(ctx, ETH_HLEN + IP6_NEXT_HEADER) == Some(IPPROTO_IP6IP6)
     } else {
@@ -88,11 +95,26 @@ fn pop<C: Hook, I: Ip>(ctx: &C) -> bool {
     } else {
         load::<u8, C>(ctx, ip) == Some(0x45)
             && load::<u16, C>(ctx, ip + IP_FRAG_OFF).is_some_and(|f| f & IP_MF_OR_OFFSET == 0)
+            // tc runs before ip_rcv, which would check these two.
+            && ipv4_csum(ctx, ip, 20) == load::<u16, C>(ctx, ip + IP_CHECK)
+            && outer_length_is_inner_plus_20(ctx)
             && load::<u8, C>(ctx, inner).is_some_and(|v| v >> 4 == 4 && v & 0xf > 5)
             && load::<u8, C>(ctx, inner + 20) == Some(DSR_OPT_TYPE)
             && same::<C, u32>(ctx, ip + IP_DADDR, inner + IP_DADDR)
     };
     ours && ctx.pop_outer_header(u32::from(I::ENCAP_LEN), I::IS_V6)
+}
+
+/// The outer IPv4 header's total length is the inner packet's and its own.
+#[inline(always)]
+fn outer_length_is_inner_plus_20<C: Hook>(ctx: &C) -> bool {
+    let Some(outer) = load::<u16, C>(ctx, ETH_HLEN + IP_TOT_LEN) else {
+        return false;
+    };
+    let Some(inner) = load::<u16, C>(ctx, ETH_HLEN + 20 + IP_TOT_LEN) else {
+        return false;
+    };
+    u16::from_be(outer) == u16::from_be(inner).wrapping_add(20)
 }
 
 /// Whether the fields at `a` and `b` are equal. One load after the other:

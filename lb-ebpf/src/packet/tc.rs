@@ -125,8 +125,8 @@ impl Hook for Tc<'_> {
     }
     #[inline(always)]
     fn pop_outer_header(&self, len: u32, v6: bool) -> bool {
-        // The decap flags (Linux 6.3) clear the skb's encapsulation marks
-        // that GRO may have set for the outer header.
+        // The decap flags (Linux 6.3) set skb->protocol for the inner
+        // packet's family.
         let flags = if v6 {
             BPF_F_ADJ_ROOM_DECAP_L3_IPV6
         } else {

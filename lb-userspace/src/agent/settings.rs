@@ -51,7 +51,8 @@ pub struct StartSettings {
     /// The agent's own network namespace: the host's.
     pub host_netns_cookie: u64,
     pub host_namespace_only: bool,
-    /// `lb_common::nodeport::MODE_*`.
+    /// `lb_common::nodeport::lb_mode_word`: the mode (`MODE_*`) and the
+    /// DSR dispatch (`DSR_DISPATCH_*`).
     pub lb_mode: u32,
     pub maglev_m: u32,
     /// The SNAT source-port range, inclusive.

@@ -72,6 +72,7 @@ pub fn rows<A: CtAddr>(
                 (CT_F_DSR, "dsr"),
                 (CT_F_LOCAL, "local"),
                 (CT_F_HOST, "host"),
+                (CT_F_DSR_ENCAP, "ipip"),
                 (CT_F_ESTABLISHED, "established"),
                 (CT_F_CLOSING, "closing"),
             ] {
