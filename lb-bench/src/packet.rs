@@ -333,6 +333,7 @@ pub fn one_backend(from: IpAddr, from_port: u16, to: IpAddr, to_port: u16, local
             affinity_timeout_s: None,
             maglev_table_size: None,
             external_traffic_local: false,
+            forwarding: None,
             source_ranges: Vec::new(),
             backends: vec![Backend {
                 address: to,

@@ -124,6 +124,7 @@ pub fn service(s: &Svc, kind: FrontendKind) -> Service {
             affinity_timeout_s: None,
             maglev_table_size: None,
             external_traffic_local: false,
+            forwarding: None,
             source_ranges: Vec::new(),
             backends: s
                 .endpoints

@@ -27,6 +27,12 @@ pub const SVC_FLAG_FOREIGN_EXTERNAL_IP: u16 = 1 << 7;
 /// outside is served only when its source is in `LB4_SRC_RANGES` for the
 /// service (kube-proxy's KUBE-FW chain), else dropped as `source-range`.
 pub const SVC_FLAG_SOURCE_RANGES: u16 = 1 << 8;
+/// The frontend's own forwarding to remote backends, over the agent's
+/// `--lb-mode` (the `lb.dev/forwarding-mode` annotation, Cilium's
+/// `service.cilium.io/forwarding-mode` idea): SNAT, or DSR (with the
+/// agent's `--dsr-dispatch`). Neither: the agent's mode.
+pub const SVC_FLAG_FORWARD_SNAT: u16 = 1 << 9;
+pub const SVC_FLAG_FORWARD_DSR: u16 = 1 << 10;
 
 /// The data of an `LB4_SRC_RANGES` key (an LPM trie: the kernel's
 /// `bpf_lpm_trie_key` is a 32-bit prefix length followed by this). The

@@ -433,6 +433,70 @@ fn dsr_ipip_counts_its_outer_header_in_the_path_mtu() {
     );
 }
 
+/// A service's own forwarding mode (`forwardingMode`, the services-file
+/// form of the `lb.dev/forwarding-mode` annotation) over the agent's
+/// `--lb-mode`: with DSR on the agents, a service that asks for SNAT has
+/// its backend see node A, beside a service that keeps DSR (the client);
+/// with SNAT on the agents, a service that asks for DSR has its backend
+/// see the client. 2 000 connections through the one that differs.
+#[test]
+fn a_services_forwarding_mode_overrides_the_agents_lb_mode() {
+    let node_a = IpAddr::V4(NODE_A);
+    let client = IpAddr::V4(CLIENT);
+    for (agent_mode, asked, seen_asked, seen_plain) in [
+        ("dsr", "snat", node_a, client),
+        ("snat", "dsr", client, node_a),
+    ] {
+        let mut c = Cluster::with(&unique(&format!("fwd{agent_mode}")), &Options::default());
+        let _b = backends_of(&c, &V4);
+        let services = |node: char| {
+            let local = node == 'b';
+            format!(
+                r#"
+services:
+  - name: asked
+    type: NodePort
+    clusterIPs: ["10.96.0.2"]
+    forwardingMode: {asked}
+    ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]
+    backends: [{{address: "{b}", local: {local}}}]
+  - name: plain
+    type: NodePort
+    clusterIPs: ["10.96.0.3"]
+    ports: [{{port: 80, targetPort: 8080, nodePort: 30082}}]
+    backends: [{{address: "{b}", local: {local}}}]
+"#,
+                b = POD_B[0]
+            )
+        };
+        let args = ["--lb-mode", agent_mode];
+        Cluster::start(&mut c.a, &services('a'), &args);
+        Cluster::start(&mut c.b, &services('b'), &args);
+        for (port, want) in [(30081, seen_asked), (30082, seen_plain)] {
+            let target = SocketAddr::new(node_a, port);
+            let answer = traffic::in_netns(&c.client.name, move || traffic::ask(target))
+                .unwrap_or_else(|e| panic!("{agent_mode}: :{port}: {e}\n{}", report("fwd", &c)));
+            let peer: Option<SocketAddr> = answer
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse().ok());
+            assert_eq!(
+                peer.map(|p| p.ip()),
+                Some(want),
+                "--lb-mode {agent_mode}, :{port} ({answer:?})"
+            );
+        }
+        let churn = traffic::churn(&c.client.name, SocketAddr::new(node_a, 30081), 2_000);
+        assert_eq!(
+            churn.failed,
+            0,
+            "{agent_mode}: {:?}\n{}",
+            churn.errors,
+            report("fwd", &c)
+        );
+    }
+}
+
 /// The control for the two above: on the same fabric, DSR with the option
 /// gets no connection through (the SYN carries the option and is dropped
 /// on the segment, counted there), in both families.
@@ -463,6 +527,32 @@ fn dsr_with_the_option_fails_where_the_fabric_drops_ip_options() {
             "{}: the fabric dropped nothing",
             f.label
         );
+    }
+}
+
+/// A node takes an outer header off only when it runs the IPIP dispatch
+/// itself (the outer header hides the inner source from the fabric): with
+/// node A sending IPIP and node B on the option dispatch, no connection
+/// gets through, in both families.
+#[test]
+fn a_node_without_the_ipip_dispatch_takes_no_outer_header_off() {
+    for f in [&V4, &V6] {
+        let tag = format!("noipip{}", f.label.replace("IPv", ""));
+        let mut c = Cluster::with(&unique(&tag), &Options::default());
+        let _b = backends_of(&c, f);
+        Cluster::start(
+            &mut c.a,
+            &services_of('a', f),
+            &["--lb-mode", "dsr", "--dsr-dispatch", "ipip"],
+        );
+        Cluster::start(&mut c.b, &services_of('b', f), &["--lb-mode", "dsr"]);
+        let target = SocketAddr::new(f.node_a, 30081);
+        let r = traffic::in_netns(&c.client.name, move || {
+            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).map(|_| ())
+        });
+        assert!(r.is_err(), "{}: node B took the outer header off", f.label);
+        let learned = Cluster::counter(&c.b, lb_common::config::CNT_DSR_LEARNED);
+        assert_eq!(learned, 0, "{}: node B learned a DSR request", f.label);
     }
 }
 

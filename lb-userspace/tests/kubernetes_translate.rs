@@ -263,6 +263,52 @@ fn lb_algorithm_applies_to_services_without_the_annotation_and_the_annotation_wi
     assert!(t.warnings.iter().any(|w| w.reason == "invalid-annotation"));
 }
 
+/// `lb.dev/forwarding-mode` reaches the frontends that take traffic from
+/// outside (a ClusterIP's never crosses nodes translated); a value that is
+/// not snat or dsr is warned about and the agent's --lb-mode used.
+#[test]
+fn the_forwarding_mode_annotation_reaches_external_frontends_and_a_bad_one_is_warned() {
+    use lb::model::ForwardingMode;
+    let (services, slices) = load("loadbalancer-status.yaml");
+    let mut svc = services
+        .into_iter()
+        .find(|s| s.metadata.name.as_deref() == Some("ingress"))
+        .unwrap();
+    let name = lb::source::kubernetes::translate::service_name(&svc);
+    let own = || {
+        slices
+            .iter()
+            .filter(|s| slice_service(s).as_ref() == Some(&name))
+    };
+    for (value, want) in [
+        ("dsr", Some(ForwardingMode::Dsr)),
+        ("snat", Some(ForwardingMode::Snat)),
+        ("direct", None),
+    ] {
+        svc.metadata.annotations = Some(
+            [("lb.dev/forwarding-mode".to_string(), value.to_string())]
+                .into_iter()
+                .collect(),
+        );
+        let t = translate(&svc, own(), &node());
+        let fes = t.service.unwrap().frontends;
+        assert!(
+            fes.iter().any(|f| f.kind != FrontendKind::ClusterIP),
+            "{fes:?}"
+        );
+        for fe in &fes {
+            let expect = if fe.kind == FrontendKind::ClusterIP {
+                None
+            } else {
+                want
+            };
+            assert_eq!(fe.forwarding, expect, "{value}: {:?}", fe.kind);
+        }
+        let warned = t.warnings.iter().any(|w| w.reason == "invalid-annotation");
+        assert_eq!(warned, want.is_none(), "{value}: {:?}", t.warnings);
+    }
+}
+
 #[test]
 fn a_maglev_service_takes_its_table_size_from_the_annotation_and_a_bad_one_is_warned_and_ignored() {
     let (mut svc, slices) = local_only();

@@ -36,6 +36,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
             affinity_timeout_s: None,
             maglev_table_size: None,
             external_traffic_local: false,
+            forwarding: None,
             source_ranges: Vec::new(),
             backends: backends
                 .iter()
@@ -1148,6 +1149,7 @@ fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
         affinity_timeout_s: Some(600),
         maglev_table_size: None,
         external_traffic_local: false,
+        forwarding: None,
         source_ranges: Vec::new(),
         backends: (1..=3)
             .map(|i| Backend {

@@ -81,7 +81,8 @@ use lb_common::{
     nodeport::*,
     service::{
         ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY,
-        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_TWO_SCOPES,
+        SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_FORWARD_DSR, SVC_FLAG_FORWARD_SNAT,
+        SVC_FLAG_TWO_SCOPES,
     },
 };
 

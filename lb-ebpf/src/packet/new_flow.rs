@@ -157,6 +157,12 @@ pub(super) fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let (baddr, bport, bflags) = I::backend_target(&b);
     if bflags & BACKEND_FLAG_LOCAL != 0 {
         flags |= CT_F_LOCAL;
+    } else if svc.flags & SVC_FLAG_FORWARD_DSR != 0 {
+        // The service's own forwarding mode, for `new_remote` (which
+        // sets the flag it keeps itself).
+        flags |= CT_F_DSR;
+    } else if svc.flags & SVC_FLAG_FORWARD_SNAT != 0 {
+        flags |= CT_F_SNAT;
     }
     *ct = CtValue {
         backend_id,
@@ -235,17 +241,26 @@ pub(super) fn new_local<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
 pub(super) fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let word = runtime::config(CFG_LB_MODE);
     let mode = mode_of(word);
-    let dsr = mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP);
+    let Some(sp) = scratch::<I>() else {
+        return Action::DROP;
+    };
+    // The service's forwarding mode (`pick` left it in the flags), else
+    // the agent's.
+    // SAFETY: per-CPU scratch; the ct field is not the flow.
+    let asked = unsafe { (*sp).ct.flags } & (CT_F_SNAT | CT_F_DSR);
+    let dsr = if asked != 0 {
+        asked == CT_F_DSR
+    } else {
+        mode == MODE_DSR || (mode == MODE_HYBRID && f.proto == IPPROTO_TCP)
+    };
     let encap = dsr && dsr_dispatch_of(word) == DSR_DISPATCH_IPIP;
     let needs_option = dsr && dsr::needs_option(f);
     if needs_option && C::IS_XDP {
         return Action::PUNT; // before anything changed: tc will redo it
     }
-    let Some(sp) = scratch::<I>() else {
-        return Action::DROP;
-    };
     // SAFETY: per-CPU scratch; distinct fields.
     let (ct, rct) = unsafe { (&mut (*sp).ct, &mut (*sp).rct) };
+    ct.flags &= !(CT_F_SNAT | CT_F_DSR);
     let (service_id, baddr, bport) = (ct.service_id, ct.addr, ct.port);
     let extra = dsr_extra::<I>(needs_option, encap);
     // SAFETY: per-CPU scratch; distinct fields (snat::alloc is done with rkey).

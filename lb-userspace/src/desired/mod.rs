@@ -331,6 +331,11 @@ fn build_frontend(
     if !source_ranges.is_empty() {
         flags |= SVC_FLAG_SOURCE_RANGES;
     }
+    flags |= match fe.forwarding {
+        None => 0,
+        Some(crate::model::ForwardingMode::Snat) => lb_common::service::SVC_FLAG_FORWARD_SNAT,
+        Some(crate::model::ForwardingMode::Dsr) => lb_common::service::SVC_FLAG_FORWARD_DSR,
+    };
     let value = ServiceValue {
         backend_id: maintenance.len() as u32,
         service_id,

@@ -244,6 +244,7 @@ mod tests {
                 affinity_timeout_s: None,
                 maglev_table_size: None,
                 external_traffic_local: false,
+                forwarding: None,
                 source_ranges: Vec::new(),
                 backends,
             }],

@@ -11,7 +11,8 @@
 use std::net::IpAddr;
 
 use super::{
-    serves_family, source_ranges_for, Algorithm, Backend, Frontend, FrontendKind, Protocol,
+    serves_family, source_ranges_for, Algorithm, Backend, ForwardingMode, Frontend, FrontendKind,
+    Protocol,
 };
 use crate::net::Cidr;
 
@@ -37,6 +38,9 @@ pub struct Shape<'a> {
     /// loadBalancerSourceRanges, as given. Each LoadBalancer address keeps
     /// the ones of its family.
     pub source_ranges: &'a [Cidr],
+    /// The service's forwarding mode, for its frontends that take traffic
+    /// from outside (a ClusterIP's traffic never crosses nodes translated).
+    pub forwarding: Option<ForwardingMode>,
 }
 
 /// One service port.
@@ -112,6 +116,7 @@ pub fn port_frontends(
             affinity_timeout_s: shape.affinity_timeout_s,
             external_traffic_local: external_local,
             source_ranges: source_ranges_for(kind, address, shape.source_ranges),
+            forwarding: shape.forwarding.filter(|_| kind != FrontendKind::ClusterIP),
             backends,
         });
     }
@@ -147,6 +152,7 @@ mod tests {
             internal_local,
             external_local,
             source_ranges: &[],
+            forwarding: None,
         }
     }
 

@@ -214,6 +214,9 @@ pub struct Frontend {
     /// loadBalancerSourceRanges of a LoadBalancer frontend, of its family:
     /// new flows from outside only from these networks (empty: from anywhere).
     pub source_ranges: Vec<crate::net::Cidr>,
+    /// The service's own forwarding to remote backends (NodePort,
+    /// LoadBalancer and external-IP frontends); None: the agent's --lb-mode.
+    pub forwarding: Option<ForwardingMode>,
     /// The backends clients on this node use (already filtered to local ones
     /// for internalTrafficPolicy: Local).
     pub backends: Vec<Backend>,
@@ -322,6 +325,15 @@ pub enum Algorithm {
     #[default]
     Random,
     Maglev,
+}
+
+/// How a frontend's flows to remote backends are forwarded when the
+/// service says so (over the agent's `--lb-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForwardingMode {
+    Snat,
+    Dsr,
 }
 
 /// Whether a service with these addresses has NodePorts on the node

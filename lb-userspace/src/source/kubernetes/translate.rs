@@ -32,7 +32,7 @@ use super::slim::{EndpointSlice, Service as K8sService};
 
 use crate::model::{
     expand::{port_frontends, Port, Shape},
-    Algorithm, Backend, BackendState, FrontendKind, Protocol, Service, ServiceName,
+    Algorithm, Backend, BackendState, ForwardingMode, FrontendKind, Protocol, Service, ServiceName,
 };
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -47,6 +47,13 @@ pub const ANNOTATION_ALGORITHM: &str = "lb.dev/algorithm";
 /// agent's --maglev-table-size). Larger tables move fewer flows when a
 /// backend goes (docs/benchmarks.md, section 4), at 4·M bytes each.
 pub const ANNOTATION_MAGLEV_TABLE_SIZE: &str = "lb.dev/maglev-table-size";
+
+/// `snat` or `dsr`: how the service's NodePort, LoadBalancer and external-IP
+/// traffic reaches remote backends, over the agent's --lb-mode (Cilium's
+/// `service.cilium.io/forwarding-mode`): a service whose clients must see
+/// replies from the node they reached opts out of DSR, one that needs the
+/// client's address opts in.
+pub const ANNOTATION_FORWARDING_MODE: &str = "lb.dev/forwarding-mode";
 
 /// Kubernetes' default sessionAffinity timeout: 3 hours.
 const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
@@ -132,6 +139,8 @@ pub struct ServiceRecord {
     /// The algorithm annotation when it names one we know; None: the
     /// node's default (absent, or not one we know: see `Rare`).
     algorithm: Option<Algorithm>,
+    /// The forwarding-mode annotation when it names one we know.
+    forwarding: Option<ForwardingMode>,
     health_check_node_port: Option<u16>,
     /// What few services have, behind one pointer: the record of a plain
     /// service stays small (56 B instead of 120 B, kept per service).
@@ -146,6 +155,8 @@ struct Rare {
     /// An algorithm annotation that is not one we know, as written (warned
     /// about at every translation, with the node's default used).
     unknown_algorithm: Option<Box<str>>,
+    /// The same for the forwarding-mode annotation (the agent's mode used).
+    unknown_forwarding: Option<Box<str>>,
     warnings: Box<[Warning]>,
 }
 
@@ -397,6 +408,12 @@ impl ServiceRecord {
             Some(other) => (None, Some(other.into())),
         };
         let maglev_table_size = annotation(ANNOTATION_MAGLEV_TABLE_SIZE).map(|v| v.trim().into());
+        let (forwarding, unknown_forwarding) = match annotation(ANNOTATION_FORWARDING_MODE) {
+            None => (None, None),
+            Some("snat") => (Some(ForwardingMode::Snat), None),
+            Some("dsr") => (Some(ForwardingMode::Dsr), None),
+            Some(other) => (None, Some(other.into())),
+        };
 
         let mut ports = Vec::new();
         let mut seen_ports = BTreeSet::new();
@@ -457,6 +474,7 @@ impl ServiceRecord {
             source_ranges: source_ranges.into_boxed_slice(),
             maglev_table_size,
             unknown_algorithm,
+            unknown_forwarding,
             warnings: warnings.into_boxed_slice(),
         };
         Some(Self {
@@ -467,6 +485,7 @@ impl ServiceRecord {
             internal_local,
             external_local,
             algorithm,
+            forwarding,
             health_check_node_port: (load_balancer && external_local)
                 .then_some(spec.health_check_node_port)
                 .flatten()
@@ -506,6 +525,9 @@ pub fn translate_records<'a>(
     if let Some(other) = rare.and_then(|r| r.unknown_algorithm.as_deref()) {
         warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_ALGORITHM}: {other:?} is not random or maglev; using the default ({:?})", node.default_algorithm));
     }
+    if let Some(other) = rare.and_then(|r| r.unknown_forwarding.as_deref()) {
+        warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_FORWARDING_MODE}: {other:?} is not snat or dsr; using the agent's --lb-mode"));
+    }
     let algorithm = svc.algorithm.unwrap_or(node.default_algorithm);
     let maglev_table_size = match rare.and_then(|r| r.maglev_table_size.as_deref()) {
         None => None,
@@ -532,6 +554,7 @@ pub fn translate_records<'a>(
         internal_local: svc.internal_local,
         external_local: svc.external_local,
         source_ranges: rare.map_or(&[][..], |r| &r.source_ranges),
+        forwarding: svc.forwarding,
     };
     let mut frontends = Vec::new();
     for port in &svc.ports {

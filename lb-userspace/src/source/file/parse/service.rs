@@ -196,6 +196,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
         internal_local,
         external_local,
         source_ranges: &source_ranges,
+        forwarding: spec.forwarding_mode,
     };
     let mut seen_ports = BTreeSet::new();
     let mut seen_names = BTreeSet::new();

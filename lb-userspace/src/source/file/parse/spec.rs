@@ -47,6 +47,11 @@ pub struct ServiceSpec {
     /// `MAGLEV_PRIMES`); unset: the agent's --maglev-table-size.
     #[serde(default)]
     pub maglev_table_size: Option<i64>,
+    /// `snat` or `dsr`: how this service's NodePort, LoadBalancer and
+    /// external-IP traffic reaches remote backends; unset: the agent's
+    /// --lb-mode.
+    #[serde(default)]
+    pub forwarding_mode: Option<crate::model::ForwardingMode>,
     /// `None` or `ClientIP`, as in a Kubernetes Service.
     #[serde(default)]
     pub session_affinity: Option<String>,
