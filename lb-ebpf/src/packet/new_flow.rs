@@ -157,9 +157,12 @@ pub(super) fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let (baddr, bport, bflags) = I::backend_target(&b);
     if bflags & BACKEND_FLAG_LOCAL != 0 {
         flags |= CT_F_LOCAL;
+    } else if ctx.is_from_pod() {
+        // A pod's packet goes to `new_local` whatever its backend: no
+        // forwarding mode to ask for (its flags would be misread there).
     } else if svc.flags & SVC_FLAG_FORWARD_DSR != 0 {
         // The service's own forwarding mode, for `new_remote` (which
-        // sets the flag it keeps itself).
+        // clears it and sets the flag the flow keeps).
         flags |= CT_F_DSR;
     } else if svc.flags & SVC_FLAG_FORWARD_SNAT != 0 {
         flags |= CT_F_SNAT;

@@ -163,7 +163,8 @@ pub struct DatapathArgs {
     /// option / IPv6 destination option on the packet (`option`), or that
     /// packet inside an IPIP / IP6IP6 header to the backend (`ipip`), for
     /// fabrics that drop IP options or extension headers. Every node must
-    /// run the programs either way. Needs --lb-mode dsr or hybrid.
+    /// run the programs, with the same setting. Applies to DSR from --lb-mode
+    /// dsr or hybrid and from Services annotated lb.dev/forwarding-mode: dsr.
     #[arg(long, value_enum, default_value_t = DsrDispatch::Option, env = "LB_DSR_DISPATCH")]
     pub dsr_dispatch: DsrDispatch,
     /// XDP acceleration on the devices.
@@ -401,11 +402,8 @@ impl DatapathArgs {
             DsrDispatch::Option => DSR_DISPATCH_OPTION,
             DsrDispatch::Ipip => DSR_DISPATCH_IPIP,
         };
-        if self.lb_mode == LbMode::Snat && self.dsr_dispatch != DsrDispatch::Option {
-            anyhow::bail!(
-                "--dsr-dispatch ipip: DSR is off (--lb-mode snat); set --lb-mode dsr or hybrid, or drop --dsr-dispatch"
-            );
-        }
+        // Allowed with --lb-mode snat too: a Service annotated
+        // lb.dev/forwarding-mode: dsr uses the dispatch.
         Ok(lb_mode_word(mode, dispatch))
     }
 }
@@ -494,7 +492,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_dsr_dispatch_rides_in_the_mode_word_and_needs_dsr() {
+    fn the_dsr_dispatch_rides_in_the_mode_word_even_with_snat() {
         use lb_common::nodeport::*;
         let s = flags(&[
             "--services",
@@ -508,10 +506,12 @@ pub(crate) mod tests {
         .unwrap();
         assert_eq!(mode_of(s.lb_mode), MODE_HYBRID);
         assert_eq!(dsr_dispatch_of(s.lb_mode), DSR_DISPATCH_IPIP);
-        let e = flags(&["--services", "x.yaml", "--dsr-dispatch", "ipip"])
+        // SNAT by default, DSR's dispatch for annotated Services.
+        let s = flags(&["--services", "x.yaml", "--dsr-dispatch", "ipip"])
             .start_settings(1)
-            .unwrap_err();
-        assert!(format!("{e:#}").contains("--lb-mode dsr"), "{e:#}");
+            .unwrap();
+        assert_eq!(mode_of(s.lb_mode), MODE_SNAT);
+        assert_eq!(dsr_dispatch_of(s.lb_mode), DSR_DISPATCH_IPIP);
     }
 
     #[test]

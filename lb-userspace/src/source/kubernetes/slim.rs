@@ -386,7 +386,7 @@ mod tests {
             "creationTimestamp":"2026-12-01T10:00:00Z",
             "labels":{"app":"web","service.kubernetes.io/headless":""},
             "annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{\"huge\":1}",
-                           "lb.dev/algorithm":"maglev"},
+                           "lb.dev/algorithm":"maglev","lb.dev/forwarding-mode":"dsr"},
             "managedFields":[{"manager":"kubectl","operation":"Update","fieldsType":"FieldsV1",
                               "fieldsV1":{"f:spec":{"f:ports":{}}}}]},
           "spec":{"type":"LoadBalancer","clusterIP":"10.96.0.10","clusterIPs":["10.96.0.10"],
@@ -412,9 +412,12 @@ mod tests {
         assert_eq!(
             s.metadata.annotations,
             Some(
-                [(ANNOTATION_ALGORITHM.to_string(), "maglev".to_string())]
-                    .into_iter()
-                    .collect()
+                [
+                    (ANNOTATION_ALGORITHM.to_string(), "maglev".to_string()),
+                    (ANNOTATION_FORWARDING_MODE.to_string(), "dsr".to_string())
+                ]
+                .into_iter()
+                .collect()
             )
         );
         let spec = s.spec.unwrap();

@@ -139,8 +139,6 @@ pub struct ServiceRecord {
     /// The algorithm annotation when it names one we know; None: the
     /// node's default (absent, or not one we know: see `Rare`).
     algorithm: Option<Algorithm>,
-    /// The forwarding-mode annotation when it names one we know.
-    forwarding: Option<ForwardingMode>,
     health_check_node_port: Option<u16>,
     /// What few services have, behind one pointer: the record of a plain
     /// service stays small (56 B instead of 120 B, kept per service).
@@ -155,7 +153,10 @@ struct Rare {
     /// An algorithm annotation that is not one we know, as written (warned
     /// about at every translation, with the node's default used).
     unknown_algorithm: Option<Box<str>>,
-    /// The same for the forwarding-mode annotation (the agent's mode used).
+    /// The forwarding-mode annotation when it names one we know (here: few
+    /// services have it, and the record stays 56 B).
+    forwarding: Option<ForwardingMode>,
+    /// The same annotation when it names none (the agent's mode used).
     unknown_forwarding: Option<Box<str>>,
     warnings: Box<[Warning]>,
 }
@@ -408,12 +409,13 @@ impl ServiceRecord {
             Some(other) => (None, Some(other.into())),
         };
         let maglev_table_size = annotation(ANNOTATION_MAGLEV_TABLE_SIZE).map(|v| v.trim().into());
-        let (forwarding, unknown_forwarding) = match annotation(ANNOTATION_FORWARDING_MODE) {
-            None => (None, None),
-            Some("snat") => (Some(ForwardingMode::Snat), None),
-            Some("dsr") => (Some(ForwardingMode::Dsr), None),
-            Some(other) => (None, Some(other.into())),
-        };
+        let (forwarding, unknown_forwarding) =
+            match annotation(ANNOTATION_FORWARDING_MODE).map(str::trim) {
+                None => (None, None),
+                Some("snat") => (Some(ForwardingMode::Snat), None),
+                Some("dsr") => (Some(ForwardingMode::Dsr), None),
+                Some(other) => (None, Some(other.into())),
+            };
 
         let mut ports = Vec::new();
         let mut seen_ports = BTreeSet::new();
@@ -474,6 +476,7 @@ impl ServiceRecord {
             source_ranges: source_ranges.into_boxed_slice(),
             maglev_table_size,
             unknown_algorithm,
+            forwarding,
             unknown_forwarding,
             warnings: warnings.into_boxed_slice(),
         };
@@ -485,7 +488,6 @@ impl ServiceRecord {
             internal_local,
             external_local,
             algorithm,
-            forwarding,
             health_check_node_port: (load_balancer && external_local)
                 .then_some(spec.health_check_node_port)
                 .flatten()
@@ -554,7 +556,7 @@ pub fn translate_records<'a>(
         internal_local: svc.internal_local,
         external_local: svc.external_local,
         source_ranges: rare.map_or(&[][..], |r| &r.source_ranges),
-        forwarding: svc.forwarding,
+        forwarding: rare.and_then(|r| r.forwarding),
     };
     let mut frontends = Vec::new();
     for port in &svc.ports {
