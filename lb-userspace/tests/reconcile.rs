@@ -914,6 +914,50 @@ fn refusing_most_services_costs_work_linear_in_the_input() {
     assert!(text.contains("LB4_SERVICES is full"), "{text}");
 }
 
+/// `forwardingMode` reaches the master entries of the LoadBalancer
+/// frontend as its flag (not the ClusterIP's), and a change of mode is
+/// written as a change of that one entry.
+#[test]
+fn a_forwarding_mode_sets_its_flag_on_external_frontends_and_a_change_rewrites_it() {
+    use lb_common::service::{SVC_FLAG_FORWARD_DSR, SVC_FLAG_FORWARD_SNAT};
+    let model = |mode: &str| {
+        lb::source::file::parse::parse(&format!(
+            "services: [{{name: lb, type: LoadBalancer, clusterIPs: [10.96.0.1], loadBalancerIPs: [203.0.113.1], {mode} ports: [{{port: 80}}], backends: [{{address: 10.0.0.1}}]}}]"
+        ))
+        .unwrap()
+    };
+    let flags_of = |r: &Reconciler<FakeMaps>, addr: &str| {
+        let a: IpAddr = addr.parse().unwrap();
+        r.state()
+            .frontends()
+            .find(|(k, _)| k.address == a)
+            .map(|(_, v)| v.flags)
+            .unwrap()
+    };
+    let mut r = Reconciler::restore(FakeMaps::default()).unwrap();
+    r.reconcile(&model("forwardingMode: dsr,")).unwrap();
+    assert_ne!(flags_of(&r, "203.0.113.1") & SVC_FLAG_FORWARD_DSR, 0);
+    assert_eq!(flags_of(&r, "203.0.113.1") & SVC_FLAG_FORWARD_SNAT, 0);
+    assert_eq!(
+        flags_of(&r, "10.96.0.1") & (SVC_FLAG_FORWARD_DSR | SVC_FLAG_FORWARD_SNAT),
+        0,
+        "a ClusterIP has no forwarding mode"
+    );
+    r.maps_mut().take_log();
+    r.reconcile(&model("forwardingMode: snat,")).unwrap();
+    assert_ne!(flags_of(&r, "203.0.113.1") & SVC_FLAG_FORWARD_SNAT, 0);
+    let log = r.maps_mut().take_log();
+    assert!(
+        log.iter().all(|op| matches!(op, MapOp::UpsertService(..))) && !log.is_empty(),
+        "{log:#?}"
+    );
+    r.reconcile(&model("")).unwrap();
+    assert_eq!(
+        flags_of(&r, "203.0.113.1") & (SVC_FLAG_FORWARD_DSR | SVC_FLAG_FORWARD_SNAT),
+        0
+    );
+}
+
 /// loadBalancerSourceRanges: a range is written before the master entry that
 /// turns the check on and withdrawn after the one that turns it off, a
 /// change adds the new ranges before removing the old, only the
