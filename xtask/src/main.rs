@@ -3,6 +3,7 @@
 //! fresh machine before anything it installs (bpf-linker, LLVM) exists.
 mod previous;
 mod setup;
+mod stack;
 
 use std::{
     path::{Path, PathBuf},
@@ -46,6 +47,9 @@ tasks:
   manifests
           render deploy/kubernetes from the Helm chart deploy/helm/lb-agent (the chart is
           the source; a test fails when the two differ)
+  stack   build, then each eBPF program's deepest BPF-to-BPF call chain and its frames'
+          bytes (the verifier allows 512 along any chain, rounding each frame up), read
+          from the built object with llvm-objdump
   bench   setup, release build, then benchmarks side by side with the real kube-proxy (and
           its re-created rule layouts where it cannot run);
           writes docs/benchmarks.md. --quick: under 3 minutes; --smoke: seconds (CI)
@@ -87,6 +91,7 @@ fn main() {
             .and_then(|_| e2e_suite())
             .and_then(|_| conformance(&args[1..])),
         Some("manifests") => testbed().and_then(|_| manifests()),
+        Some("stack") => build().and_then(|_| stack::run(&root())),
         Some("bench") => setup::run().and_then(|_| bench(&args[1..])),
         Some("soak") => setup::run()
             .and_then(|_| build())
