@@ -193,6 +193,29 @@ fn bulk_both_ways_to(c: &Cluster, node: IpAddr, port: u16, label: &str) {
     }
 }
 
+/// The client's ephemeral ports become 40000-44999, the SNAT range the
+/// tests that use it give the agents: each SNAT flow keeps its client's port.
+fn client_ports_in_snat_range(c: &Cluster) {
+    lb_testkit::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &c.client.name,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_local_port_range=40000 44999",
+        ],
+    );
+}
+
+/// A TCP connect from the client to `target`, given 2 s.
+fn connect_within_2s(c: &Cluster, target: SocketAddr) -> std::io::Result<()> {
+    traffic::in_netns(&c.client.name, move || {
+        std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).map(|_| ())
+    })
+}
+
 fn start_nodes(c: &mut Cluster, args: &[&str]) {
     Cluster::start(&mut c.a, &services('a'), args);
     Cluster::start(&mut c.b, &services('b'), args);
@@ -514,9 +537,7 @@ fn dsr_with_the_option_fails_where_the_fabric_drops_ip_options() {
         Cluster::start(&mut c.a, &services_of('a', f), &args);
         Cluster::start(&mut c.b, &services_of('b', f), &args);
         let target = SocketAddr::new(f.node_a, 30081);
-        let r = traffic::in_netns(&c.client.name, move || {
-            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).map(|_| ())
-        });
+        let r = connect_within_2s(&c, target);
         assert!(
             r.is_err(),
             "{}: connected through the strict fabric",
@@ -547,9 +568,7 @@ fn a_node_without_the_ipip_dispatch_takes_no_outer_header_off() {
         );
         Cluster::start(&mut c.b, &services_of('b', f), &["--lb-mode", "dsr"]);
         let target = SocketAddr::new(f.node_a, 30081);
-        let r = traffic::in_netns(&c.client.name, move || {
-            std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)).map(|_| ())
-        });
+        let r = connect_within_2s(&c, target);
         assert!(r.is_err(), "{}: node B took the outer header off", f.label);
         let learned = Cluster::counter(&c.b, lb_common::config::CNT_DSR_LEARNED);
         assert_eq!(learned, 0, "{}: node B learned a DSR request", f.label);
@@ -627,17 +646,7 @@ fn twenty_thousand_connections_reuse_a_five_thousand_port_snat_range_without_fai
         },
     );
     let _b = backends(&c);
-    lb_testkit::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &c.client.name,
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_local_port_range=40000 44999",
-        ],
-    );
+    client_ports_in_snat_range(&c);
     start_nodes(&mut c, &["--snat-port-range", "40000-44999"]);
     let churn = traffic::churn(&c.client.name, SocketAddr::from((NODE_A, 30081)), 20_000);
     eprintln!("{} connections in {:.1?}", churn.ok, churn.elapsed);
@@ -688,17 +697,7 @@ fn host_connections_beside_snat(f: &IpFamily, xdp: bool) {
     let _b = backends_of(&c, f);
     // The client's ports are the SNAT range: each SNAT flow keeps its
     // client's port, so the SNAT flows walk the whole range.
-    lb_testkit::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &c.client.name,
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_local_port_range=40000 44999",
-        ],
-    );
+    client_ports_in_snat_range(&c);
     let mut args = vec!["--snat-port-range", "40000-44999"];
     if xdp {
         args.extend(["--acceleration", "native"]);
