@@ -315,6 +315,70 @@ fn ip(n: &Node) -> IpAddr {
     n.ip.parse().unwrap()
 }
 
+/// The `lb.dev/forwarding-mode` annotation set on Service "web" in the
+/// apiserver (`kubectl annotate`) overrides the agents' --lb-mode for it:
+/// within 20 s every connection through the LoadBalancer address shows the
+/// backend `annotated_peer`, and once the annotation is removed the mode's
+/// own `mode_peer` again. Connections that time out are asked again
+/// (`ask_counting_timeouts`); at most one per phase may.
+fn forwarding_mode_annotation_overrides_the_agents_mode(
+    c: &Cluster,
+    lb: SocketAddr,
+    annotation: &str,
+    annotated_peer: IpAddr,
+    mode_peer: IpAddr,
+) {
+    let client = c.client().name.clone();
+    for (args, want) in [
+        (
+            vec![
+                "-n",
+                NS,
+                "annotate",
+                "--overwrite",
+                "service",
+                "web",
+                annotation,
+            ],
+            annotated_peer,
+        ),
+        (
+            vec![
+                "-n",
+                NS,
+                "annotate",
+                "service",
+                "web",
+                "lb.dev/forwarding-mode-",
+            ],
+            mode_peer,
+        ),
+    ] {
+        c.cp.kubectl(&args);
+        let what = args[args.len() - 1];
+        let mut last = None;
+        let took = lb_testkit::wait_until(Duration::from_secs(20), || {
+            last = ask(&client, lb, None).ok();
+            last.as_ref().is_some_and(|(_, peer)| peer.ip() == want)
+        });
+        assert!(
+            took,
+            "{what}: the backend never saw {want} (last answer {last:?})\n{}",
+            report(c)
+        );
+        let mut timed_out = 0;
+        for _ in 0..20 {
+            let (pod, peer) = ask_counting_timeouts(c, lb, None, &mut timed_out)
+                .unwrap_or_else(|e| panic!("{what}: {e}\n{}", report(c)));
+            assert_eq!(peer.ip(), want, "{what}: {pod} saw {peer}");
+        }
+        assert!(
+            timed_out <= 1,
+            "{what}: {timed_out} of 20 connects timed out"
+        );
+    }
+}
+
 /// Waits until `target` answers from the client (the agents applied the
 /// Service); panics with the agents' view when it does not.
 fn wait_answers(c: &Cluster, target: SocketAddr, what: &str) {
@@ -427,8 +491,11 @@ fn bulk_download_and_connections(
 /// used twice at once, for the LoadBalancer address and then a NodePort
 /// (TIME_WAIT on the backend, learned DSR and conntrack entries of the
 /// first flow): both answered.
+/// The `lb.dev/forwarding-mode` annotation, set and removed in the
+/// apiserver, turns one Service to DSR under SNAT mode and to SNAT under
+/// DSR mode.
 #[test]
-fn cluster_policy_reaches_pods_on_other_nodes_with_snat_dsr_and_hybrid_bulk_a_32_mib_download_and_20000_connections(
+fn cluster_policy_reaches_pods_on_other_nodes_with_snat_dsr_hybrid_and_the_forwarding_mode_annotation_bulk_a_32_mib_download_and_20000_connections(
 ) {
     let _serial = SERIAL
         .lock()
@@ -573,6 +640,25 @@ fn cluster_policy_reaches_pods_on_other_nodes_with_snat_dsr_and_hybrid_bulk_a_32
             "{mode}: {timed_out} of 138 connects timed out\n{}",
             report(&c)
         );
+        // One Service opting out of the agents' mode, through the real
+        // apiserver: DSR under --lb-mode snat, SNAT under dsr.
+        match mode {
+            "snat" => forwarding_mode_annotation_overrides_the_agents_mode(
+                &c,
+                lb,
+                "lb.dev/forwarding-mode=dsr",
+                IpAddr::V4(fabric::CLIENT),
+                tcp_peer,
+            ),
+            "dsr" => forwarding_mode_annotation_overrides_the_agents_mode(
+                &c,
+                lb,
+                "lb.dev/forwarding-mode=snat",
+                ip(&c.nodes[0]),
+                tcp_peer,
+            ),
+            _ => {}
+        }
         if mode != "hybrid" {
             bulk_download_and_connections(&c, lb_bulk, lb, 20_000, mode);
         }
