@@ -2,6 +2,7 @@
 //! its backend, a backend's reply to a SNAT port goes back to its client,
 //! and on egress a local backend's (or a DSR) reply leaves from the
 //! frontend.
+use super::access::store_mac;
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
@@ -192,8 +193,8 @@ pub fn finish_redirect<C: Hook, I: Ip>(ctx: &C, route: Route) -> Action {
                 return Action::DROP;
             };
             // SAFETY: per-CPU scratch; the FIB parameters hold the MACs.
-            let (dmac, smac) = unsafe { ((*s).fib.dmac, (*s).fib.smac) };
-            if !store(ctx, 0, dmac) || !store(ctx, 6, smac) {
+            let fib = unsafe { &(*s).fib };
+            if !store_mac(ctx, 0, &fib.dmac) || !store_mac(ctx, 6, &fib.smac) {
                 return Action::DROP;
             }
             Action::redirect(ifindex)

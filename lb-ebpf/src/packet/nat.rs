@@ -49,14 +49,17 @@ fn put_addr<C: Hook, I: Ip>(
     if old == new {
         return Some(());
     }
-    let (old, new) = (*old, *new);
-    if !store(ctx, ETH_HLEN + field, new) {
-        return None;
-    }
+    // Word by word, only the words that change (`old` is what the packet
+    // holds: the parsed flow's field). One store of a whole IPv6 address
+    // became a call to a byte-by-byte memmove (`access::mac_words` says
+    // why).
     let mut i = 0;
     while i < I::WORDS {
-        let (o, n) = (I::word(old, i), I::word(new, i));
+        let (o, n) = (I::word(*old, i), I::word(*new, i));
         if o != n {
+            if !store(ctx, ETH_HLEN + field + 4 * i, n) {
+                return None;
+            }
             sums.addr += diff32(o, n);
         }
         i += 1;

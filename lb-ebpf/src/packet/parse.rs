@@ -290,17 +290,20 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
     // Our DSR header (on a backend's node): the one extension header read.
     let mut ip_len = IPV6_HLEN;
     let mut dsr_port = 0;
-    let mut dsr_addr = [0u32; 4];
+    // Written into the flow here, not through a zeroed local: LLVM merges
+    // the zeroing of a 16-byte array into a memset, and the BPF backend
+    // emits that as a call to a byte-by-byte subprogram (on every IPv6
+    // packet). Volatile stores are never merged.
+    for w in &mut f.dsr_addr {
+        // SAFETY: a word of the flow we hold by reference.
+        unsafe { core::ptr::write_volatile(w, 0) };
+    }
     if next == IPPROTO_DSTOPTS {
         // The header and the TCP header after it must be directly readable
         // (tc pulled only what a packet without it needs).
         p.pull(ip + IPV6_HLEN + DSR6_HDR_LEN as usize + 20);
         let l = ip + IPV6_HLEN;
-        let (Some(hdr), Some(port), Some(addr)) = (
-            load::<[u8; 4], P>(p, l),
-            load::<u16, P>(p, l + 4),
-            load::<Addr6, P>(p, l + 8),
-        ) else {
+        let (Some(hdr), Some(port)) = (load::<[u8; 4], P>(p, l), load::<u16, P>(p, l + 4)) else {
             return Parsed::Other;
         };
         if hdr[1] != 2 || hdr[2] != DSR6_OPT_TYPE || hdr[3] != DSR6_OPT_LEN || port == 0 {
@@ -309,7 +312,14 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
         next = hdr[0];
         ip_len += DSR6_HDR_LEN as usize;
         dsr_port = port;
-        dsr_addr = addr;
+        // Word by word, as above (a whole-array copy became a memmove call).
+        for (i, w) in f.dsr_addr.iter_mut().enumerate() {
+            let Some(a) = load::<u32, P>(p, l + 8 + 4 * i) else {
+                return Parsed::Other;
+            };
+            // SAFETY: a word of the flow we hold by reference.
+            unsafe { core::ptr::write_volatile(w, a) };
+        }
     }
     if next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_ICMPV6 {
         if next == IPPROTO_FRAGMENT {
@@ -351,7 +361,6 @@ pub fn parse6<P: Pkt>(p: &P, f: &mut Flow<crate::select::V6>) -> Parsed {
         tot_len as u16
     };
     f.ip_id = 0;
-    f.dsr_addr = dsr_addr;
     f.dsr_port = dsr_port;
     if next == IPPROTO_ICMPV6 {
         if dsr_port != 0 {

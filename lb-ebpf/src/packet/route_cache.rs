@@ -34,7 +34,7 @@
 //! several CPUs has an entry on each.
 use lb_common::conntrack::CtKey;
 
-use super::{family::Ip, fib, fib::Route, parse::Flow, scratch, Hook};
+use super::{access::copy_mac, family::Ip, fib, fib::Route, parse::Flow, scratch, Hook};
 
 /// Slots per CPU and family: a power of two. 1 024 × 52 bytes (IPv4) and
 /// × 100 bytes (IPv6): 152 KiB per CPU. A CPU forwarding more flows than
@@ -116,8 +116,8 @@ pub fn lookup<C: Hook, I: Ip>(
     {
         // SAFETY: as above.
         unsafe {
-            (*s).fib.dmac = c.dmac;
-            (*s).fib.smac = c.smac;
+            copy_mac(&mut (*s).fib.dmac, &c.dmac);
+            copy_mac(&mut (*s).fib.smac, &c.smac);
         }
         return Route::Resolved(c.ifindex);
     }
@@ -131,8 +131,8 @@ pub fn lookup<C: Hook, I: Ip>(
         c.epoch = now;
         c.ingress_ifindex = iif;
         c.ifindex = ifindex;
-        c.dmac = p.dmac;
-        c.smac = p.smac;
+        copy_mac(&mut c.dmac, &p.dmac);
+        copy_mac(&mut c.smac, &p.smac);
         // SAFETY: plain data. On success the kernel reports the route's
         // MTU in mtu_result (the union with tot_len; Linux 5.12,
         // bpf_fib_set_fwd_params) when it checked one, and leaves tot_len
