@@ -33,6 +33,14 @@ pub const SVC_FLAG_SOURCE_RANGES: u16 = 1 << 8;
 /// agent's `--dsr-dispatch`). Neither: the agent's mode.
 pub const SVC_FLAG_FORWARD_SNAT: u16 = 1 << 9;
 pub const SVC_FLAG_FORWARD_DSR: u16 = 1 << 10;
+/// A NodePort on 127.0.0.1 or ::1: the node's own processes reach it
+/// through the socket hooks, as kube-proxy's iptables mode serves
+/// localhost NodePorts and Cilium's socket LB does. Only sockets of the
+/// host's network namespace (a pod's loopback is its own), and never a
+/// packet: one arriving from outside addressed to a loopback address is
+/// left to the stack, which drops it as a martian (CVE-2020-8558, which
+/// kube-proxy's route_localnet opened).
+pub const SVC_FLAG_HOST_LOOPBACK: u16 = 1 << 11;
 
 /// The data of an `LB4_SRC_RANGES` key (an LPM trie: the kernel's
 /// `bpf_lpm_trie_key` is a 32-bit prefix length followed by this). The

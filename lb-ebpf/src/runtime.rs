@@ -24,6 +24,15 @@ pub fn outside_host_namespace(netns_cookie: u64) -> bool {
     netns_cookie != host
 }
 
+/// Is this socket in the host's network namespace (the agent's, whose
+/// cookie it writes at start)? False while no cookie was written.
+#[inline(always)]
+pub fn in_host_namespace(netns_cookie: u64) -> bool {
+    let host = u64::from(config(CFG_HOST_NETNS_COOKIE_HI)) << 32
+        | u64::from(config(CFG_HOST_NETNS_COOKIE_LO));
+    host != 0 && netns_cookie == host
+}
+
 #[inline(always)]
 pub fn tracing() -> bool {
     config(CFG_TRACE) != 0

@@ -1026,3 +1026,43 @@ services:
     }
     assert!(spread.len() >= 2, "clients are still spread: {spread:?}");
 }
+
+/// A localhost NodePort (127.0.0.1:<nodePort>, which the node's own
+/// processes reach through the socket hooks) is never served to a packet:
+/// one arriving from outside for 127.0.0.1 passes tc and XDP untouched, for
+/// the stack to drop as a martian (what kube-proxy's route_localnet let
+/// through, CVE-2020-8558), while the same NodePort on the node's address
+/// is forwarded.
+#[test]
+fn a_packet_to_a_localhost_nodeport_is_left_to_the_stack_by_tc_and_xdp() {
+    let mut dp = Dataplane::new(&unique("np_localhost"));
+    let ctx = lb::source::file::parse::FileContext {
+        nodeport_addresses: vec![NODE_IP.into(), Ipv4Addr::LOCALHOST.into()],
+        ..Default::default()
+    };
+    dp.apply(&parse_with(SERVICES, &ctx).expect("services file"));
+    let flags = dp
+        .reconciler
+        .state()
+        .frontends()
+        .find(|(k, _)| k.address == std::net::IpAddr::V4(Ipv4Addr::LOCALHOST) && k.port == 30002)
+        .expect("a frontend at 127.0.0.1:30002")
+        .1
+        .flags;
+    assert_ne!(flags & lb_common::service::SVC_FLAG_HOST_LOOPBACK, 0);
+    let to_loopback = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        CLIENT_IP,
+        Ipv4Addr::LOCALHOST,
+        40100,
+        30002,
+        SYN,
+        b"",
+    );
+    let (rc, out) = dp.tc_ingress(&to_loopback);
+    assert_eq!((rc, &out), (TC_ACT_OK, &to_loopback), "tc");
+    let (rc, out) = dp.xdp(&to_loopback);
+    assert_eq!((rc, &out), (XDP_PASS, &to_loopback), "XDP");
+    assert_eq!(dp.tc_ingress(&syn_to(30002, 40101)).0, TC_ACT_REDIRECT);
+}

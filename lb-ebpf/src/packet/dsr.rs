@@ -15,7 +15,10 @@ use lb_common::{
     conntrack::{CtValue, CT_F_CLOSING, CT_F_DSR, CT_F_DSR_ENCAP, CT_REVERSE},
     drop::DropReason,
     nodeport::{DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, DSR_OPT_LEN, DSR_OPT_TYPE},
-    service::{SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_LOAD_BALANCER, SVC_FLAG_NODE_PORT},
+    service::{
+        SCOPE_ALL, SVC_FLAG_EXTERNAL_IP, SVC_FLAG_HOST_LOOPBACK, SVC_FLAG_LOAD_BALANCER,
+        SVC_FLAG_NODE_PORT,
+    },
 };
 
 use super::{
@@ -203,9 +206,12 @@ pub fn learn<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     let (vip, vport) = (f.dsr_addr, f.dsr_port);
     let key = I::service_key(vip, vport, f.proto, SCOPE_ALL);
     let svc = match I::service(&key) {
+        // Never a localhost NodePort: replies rewritten to come from
+        // 127.0.0.1 would leave the node (SVC_FLAG_HOST_LOOPBACK).
         Some(svc)
             if svc.flags & (SVC_FLAG_NODE_PORT | SVC_FLAG_LOAD_BALANCER | SVC_FLAG_EXTERNAL_IP)
-                != 0 =>
+                != 0
+                && svc.flags & SVC_FLAG_HOST_LOOPBACK == 0 =>
         {
             Some(svc)
         }

@@ -22,6 +22,9 @@ pub(super) fn frontend<I: Ip>(f: &Flow<I>, is_from_pod: bool) -> Frontend<I::Key
     match select::lookup_service::<I>(&key) {
         Lookup::NotService => Frontend::None,
         Lookup::UnknownPort => Frontend::UnknownPort,
+        // A localhost NodePort serves the node's sockets only; a packet to
+        // it from outside is the stack's to drop (SVC_FLAG_HOST_LOOPBACK).
+        Lookup::Service(svc) if svc.flags & SVC_FLAG_HOST_LOOPBACK != 0 => Frontend::None,
         // Pods on this node are clients on the node: they use every
         // endpoint, as kube-proxy sends pods' traffic to an
         // externalTrafficPolicy: Local service to the cluster-wide ones.

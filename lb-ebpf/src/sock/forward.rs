@@ -14,7 +14,9 @@ use lb_common::{
     drop::{Direction, DropReason},
     event::{Event, EVENT_TRACE, HOOK_CONNECT4, HOOK_CONNECT6, HOOK_SENDMSG4, HOOK_SENDMSG6},
     proto,
-    service::{ServiceValue, SVC_FLAG_AFFINITY, SVC_FLAG_FOREIGN_EXTERNAL_IP},
+    service::{
+        ServiceValue, SVC_FLAG_AFFINITY, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_HOST_LOOPBACK,
+    },
 };
 
 use super::{
@@ -120,6 +122,13 @@ fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: Addr6, dest:
         // CVE-2020-8554: an external IP the node does not own is the real
         // address it looks like, for every socket.
         Lookup::Service(svc) if svc.flags & SVC_FLAG_FOREIGN_EXTERNAL_IP != 0 => return ALLOW,
+        // A localhost NodePort is the host's: a pod's 127.0.0.1 and ::1
+        // are its own loopback.
+        Lookup::Service(svc)
+            if svc.flags & SVC_FLAG_HOST_LOOPBACK != 0 && !runtime::in_host_namespace(netns) =>
+        {
+            return ALLOW
+        }
         Lookup::Service(svc) => svc,
     };
     let picked = if keeps_choice(hook, protocol, &svc) {
