@@ -31,6 +31,7 @@ async fn start(api: &FakeApiServer) -> Watch {
         node_eligibility: Default::default(),
         default_algorithm: Default::default(),
         changes: Default::default(),
+        local_addresses: None,
     };
     Watch {
         rx,

@@ -104,6 +104,7 @@ fn an_agent_over_fake_maps_follows_its_file_keeps_the_last_good_state_and_stops_
         Source::File {
             path: path.clone(),
             context,
+            follow: None,
         },
         Endpoints {
             metrics: addr,

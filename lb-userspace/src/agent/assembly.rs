@@ -40,7 +40,12 @@ pub const WORKER_STOP_WAIT: Duration = Duration::from_millis(800);
 /// Where the agent's changes come from.
 pub enum Source {
     /// Standalone mode: a services file, followed as it changes.
-    File { path: PathBuf, context: FileContext },
+    File {
+        path: PathBuf,
+        context: FileContext,
+        /// The node's addresses as they change (None: read once).
+        follow: Option<crate::source::file::Follow>,
+    },
     /// Kubernetes mode: the apiservers, the first that answers watched.
     Kubernetes {
         servers: Vec<ApiServer>,
@@ -181,8 +186,12 @@ impl<M: LbMaps + Send + 'static> Agent<M> {
         let (tx, events) = mpsc::channel(64);
         let (reload_tx, reload_rx) = mpsc::channel(1);
         match source {
-            Source::File { path, context } => {
-                tokio::spawn(source::file::run(path, context, tx, reload_rx));
+            Source::File {
+                path,
+                context,
+                follow,
+            } => {
+                tokio::spawn(source::file::run(path, context, tx, reload_rx, follow));
             }
             Source::Kubernetes { servers, watch } => {
                 info!(node = %watch.node_name, apiservers = servers.len(), "following the apiserver");

@@ -18,6 +18,7 @@
 //!   the parts together and turns signals into control messages.
 //!
 //! The binary (src/bin/lb-agent.rs) only parses the command line.
+pub mod addresses;
 pub mod assembly;
 pub mod flags;
 pub mod mailbox;

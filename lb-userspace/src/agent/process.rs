@@ -51,6 +51,31 @@ fn node_addresses() -> anyhow::Result<std::collections::BTreeSet<std::net::IpAdd
         .collect())
 }
 
+/// Follows this node's addresses (`super::addresses`), or says loudly why
+/// it cannot: NodePorts then stay on the addresses read at start.
+fn follow_addresses() -> Option<tokio::sync::watch::Receiver<super::addresses::Addresses>> {
+    match super::addresses::follow(node_addresses) {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            warn!("{e:#}: NodePorts stay on the addresses read at start and do not follow changes");
+            None
+        }
+    }
+}
+
+/// Standalone mode: the services file's context made again when the
+/// node's addresses change (the devices' addresses, read afresh).
+fn file_follow(args: &RunArgs, devices: &[String]) -> Option<crate::source::file::Follow> {
+    let addresses = follow_addresses()?;
+    let flags = args.source.nodeport_addresses.clone();
+    let devices = devices.to_vec();
+    let algorithm: crate::model::Algorithm = args.service.lb_algorithm.into();
+    Some(crate::source::file::Follow {
+        addresses,
+        context: Box::new(move || source::file::node_context(&flags, &devices, algorithm)),
+    })
+}
+
 /// Standalone mode: NodePorts listen on the devices' addresses (filtered
 /// like kube-proxy's --nodeport-addresses).
 fn file_context(
@@ -78,17 +103,25 @@ fn mode(
 ) -> anyhow::Result<Mode> {
     Ok(match plan {
         SourcePlan::File(path) => Mode::File(path),
-        SourcePlan::Kubernetes { node_name } => Mode::Kubernetes(WatchConfig {
-            node_name,
-            nodeports: NodePortAddresses::from_flags(
-                &args.source.nodeport_addresses,
-                node_addresses()?.into_iter().collect(),
-            ),
-            debounce: args.source.min_sync_period,
-            node_eligibility: node_eligibility.clone(),
-            default_algorithm: args.service.lb_algorithm.into(),
-            changes: Default::default(),
-        }),
+        SourcePlan::Kubernetes { node_name } => {
+            let local_addresses = follow_addresses();
+            let local = match &local_addresses {
+                Some(rx) => rx.borrow().clone(),
+                None => node_addresses()?,
+            };
+            Mode::Kubernetes(WatchConfig {
+                node_name,
+                nodeports: NodePortAddresses::from_flags(
+                    &args.source.nodeport_addresses,
+                    local.into_iter().collect(),
+                ),
+                local_addresses,
+                debounce: args.source.min_sync_period,
+                node_eligibility: node_eligibility.clone(),
+                default_algorithm: args.service.lb_algorithm.into(),
+                changes: Default::default(),
+            })
+        }
     })
 }
 
@@ -239,7 +272,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let udp_scans = Arc::new(crate::agent::worker::UdpScans::default());
     let worker = worker(&cfg, reconciler, &metrics, external_ips, udp_scans.clone());
     let source = match mode {
+        // The follower first: a change after the context is read is heard.
         Mode::File(path) => Source::File {
+            follow: file_follow(&args, &devices),
             context: file_context(&args, &devices)?,
             path,
         },

@@ -325,6 +325,9 @@ fn build_frontend(
     {
         flags |= SVC_FLAG_FOREIGN_EXTERNAL_IP;
     }
+    if fe.kind == FrontendKind::NodePort && fe.address.is_loopback() {
+        flags |= lb_common::service::SVC_FLAG_HOST_LOOPBACK;
+    }
     // LB4_SRC_RANGES or LB6_SRC_RANGES by the frontend's family (the model
     // keeps only ranges of that family).
     let source_ranges: BTreeSet<Cidr> = fe.source_ranges.iter().copied().collect();

@@ -1,7 +1,9 @@
 //! Which of this node's addresses serve NodePorts, for both sources: the
 //! `--nodeport-addresses` flag (kube-proxy's) applied to the node's
-//! addresses. In Kubernetes mode the node's primary addresses are its
-//! InternalIPs; in standalone mode, the first IPv4 and the first global
+//! addresses (every local address in Kubernetes mode, every address of the
+//! --devices in standalone mode, followed as they change), with 127.0.0.1
+//! and ::1 for the node's own processes. `primary`: in Kubernetes mode the
+//! node's InternalIPs; in standalone mode, the first IPv4 and the first
 //! IPv6 address of the --devices, in their order.
 use std::net::IpAddr;
 
@@ -54,6 +56,14 @@ impl NodePortAddresses {
         }
     }
 
+    /// The same flags over other local addresses (they changed at run time).
+    pub fn with_local(&self, local: Vec<IpAddr>) -> Self {
+        Self {
+            local: local.into_iter().filter(serves_nodeports).collect(),
+            ..self.clone()
+        }
+    }
+
     /// `primary` stands alone, as in kube-proxy: with CIDRs beside it, say
     /// which one is meant.
     pub fn check_flags(flags: &[NodePortAddr]) -> Result<(), String> {
@@ -82,12 +92,26 @@ impl NodePortAddresses {
         } else {
             listed.to_vec()
         };
+        // Localhost NodePorts for the node's own processes (kube-proxy's
+        // iptables mode serves 127.0.0.1, Cilium's socket LB both): not with
+        // `primary`, and with CIDRs only where one holds them. The programs
+        // serve them to sockets of the host's namespace alone, never to
+        // packets (SVC_FLAG_HOST_LOOPBACK).
+        if !self.primary && !out.is_empty() {
+            out.extend(LOOPBACK);
+        }
         out.retain(|ip| self.cidrs.is_empty() || self.cidrs.iter().any(|c| c.contains(ip)));
         out.sort();
         out.dedup();
         out
     }
 }
+
+/// The loopback addresses localhost NodePorts listen on.
+pub const LOOPBACK: [IpAddr; 2] = [
+    IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+    IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+];
 
 fn serves_nodeports(a: &IpAddr) -> bool {
     match a {
@@ -105,7 +129,7 @@ mod tests {
     }
 
     #[test]
-    fn no_flag_takes_every_local_address_but_loopback_and_link_local() {
+    fn no_flag_takes_every_local_address_but_link_local_and_adds_localhost() {
         let n = NodePortAddresses::from_flags(
             &[],
             ips(&[
@@ -116,7 +140,26 @@ mod tests {
                 "169.254.0.1",
             ]),
         );
-        assert_eq!(n.pick(&[], &[]), ips(&["192.168.1.10", "fd00::10"]));
+        assert_eq!(
+            n.pick(&[], &[]),
+            ips(&["127.0.0.1", "192.168.1.10", "::1", "fd00::10"])
+        );
+    }
+
+    #[test]
+    fn localhost_nodeports_only_where_a_cidr_holds_them_never_with_primary_or_no_address() {
+        let local = ips(&["192.168.1.10", "fd00::10"]);
+        let flags: Vec<NodePortAddr> = vec!["127.0.0.0/8".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, local.clone());
+        assert_eq!(n.pick(&[], &[]), ips(&["127.0.0.1"]));
+        let flags: Vec<NodePortAddr> = vec!["192.168.0.0/16".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, local.clone());
+        assert_eq!(n.pick(&[], &[]), ips(&["192.168.1.10"]));
+        let flags: Vec<NodePortAddr> = vec!["primary".parse().unwrap()];
+        let n = NodePortAddresses::from_flags(&flags, local.clone());
+        assert_eq!(n.pick(&local, &[]), local);
+        // A node whose addresses are unknown serves no NodePort at all.
+        assert!(NodePortAddresses::default().pick(&[], &[]).is_empty());
     }
 
     #[test]
@@ -146,7 +189,10 @@ mod tests {
     #[test]
     fn local_addresses_win_over_the_listed_ones_and_primary_skips_v6_link_local_and_loopback() {
         let n = NodePortAddresses::from_flags(&[], ips(&["192.168.1.10"]));
-        assert_eq!(n.pick(&[], &ips(&["10.9.9.9"])), ips(&["192.168.1.10"]));
+        assert_eq!(
+            n.pick(&[], &ips(&["10.9.9.9"])),
+            ips(&["127.0.0.1", "192.168.1.10", "::1"])
+        );
         let flags: Vec<NodePortAddr> = vec!["primary".parse().unwrap()];
         let n = NodePortAddresses::from_flags(&flags, Vec::new());
         let primary = ips(&["127.0.0.1", "fe80::1", "::1", "fd00::10", "192.168.1.10"]);
@@ -158,7 +204,7 @@ mod tests {
         let n = NodePortAddresses::default();
         assert_eq!(
             n.pick(&[], &ips(&["192.168.1.10", "192.168.1.10"])),
-            ips(&["192.168.1.10"])
+            ips(&["127.0.0.1", "192.168.1.10", "::1"])
         );
     }
 }

@@ -1,7 +1,8 @@
 //! rtnetlink, just what finding pod-facing devices and checking a veth
 //! for native XDP need: a dump of the links (index, name, kind, a veth's
 //! peer, XDP attached), one link of another namespace by its id, and a
-//! socket that hears links appear and go (RTMGRP_LINK). Layouts from include/uapi/linux/rtnetlink.h and
+//! socket that hears links appear and go (RTMGRP_LINK), and one that hears
+//! addresses change (RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR). Layouts from include/uapi/linux/rtnetlink.h and
 //! if_link.h. Written here rather than pulling in the rtnetlink crate's
 //! async stack for two messages.
 use std::{
@@ -17,6 +18,9 @@ const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
 const RTMGRP_LINK: u32 = 1;
+/// Address changes of either family (rtnetlink.h: RTMGRP_IPV4_IFADDR,
+/// RTMGRP_IPV6_IFADDR).
+const RTMGRP_IFADDR: u32 = 0x10 | 0x100;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINK: u16 = 5;
 const IFLA_LINKINFO: u16 = 18;
@@ -277,6 +281,51 @@ impl LinkWatch {
             });
         })?;
         Ok(out)
+    }
+}
+
+/// A socket that hears addresses come and go on any device of this
+/// namespace (RTM_NEWADDR, RTM_DELADDR). It says only that something
+/// changed: the reader reads the addresses again (getifaddrs), which a
+/// missed or coalesced message cannot then get wrong.
+pub struct AddressWatch {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+impl AddressWatch {
+    pub fn open() -> io::Result<Self> {
+        Ok(Self {
+            fd: socket(RTMGRP_IFADDR)?,
+            buf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    /// Blocks until an address changes, then drains what else is queued.
+    /// An overrun socket (ENOBUFS: changes were lost) counts as a change.
+    pub fn wait(&mut self) -> io::Result<()> {
+        loop {
+            match recv(&self.fd, &mut self.buf) {
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        loop {
+            // SAFETY: buf is valid for its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                return Ok(());
+            }
+        }
     }
 }
 

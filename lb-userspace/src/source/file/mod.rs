@@ -45,10 +45,13 @@ pub fn node_context(
     devices: &[String],
     default_algorithm: Algorithm,
 ) -> anyhow::Result<services_file::FileContext> {
+    // Every address of the devices, device by device (kube-proxy serves
+    // NodePorts on every local address): secondary ones and those added
+    // later (`Follow`) too.
+    let all = sys::netdev::all_addresses()?;
     let mut addresses = Vec::new();
     for dev in devices {
-        addresses.extend(sys::netdev::ipv4_address(dev)?.map(std::net::IpAddr::V4));
-        addresses.extend(sys::netdev::ipv6_address(dev)?.map(std::net::IpAddr::V6));
+        addresses.extend(all.iter().filter(|(name, _)| name == dev).map(|(_, a)| *a));
     }
     NodePortAddresses::check_flags(flags).map_err(anyhow::Error::msg)?;
     let nodeports = NodePortAddresses::from_flags(flags, addresses.clone());
@@ -205,16 +208,44 @@ async fn settle(path: &Path, quiet: std::time::Duration) {
     }
 }
 
+/// This node's addresses as they change, and how to make the context
+/// again from them (the devices' addresses, --nodeport-addresses).
+pub struct Follow {
+    pub addresses: tokio::sync::watch::Receiver<crate::agent::addresses::Addresses>,
+    pub context: Box<dyn Fn() -> anyhow::Result<services_file::FileContext> + Send>,
+}
+
+/// The context after the next change of the node's addresses; None when it
+/// could not be made (said) or the follower stopped (then `follow` is
+/// cleared: the context stays as it is).
+async fn next_context(follow: &mut Option<Follow>) -> Option<services_file::FileContext> {
+    let f = follow.as_mut()?;
+    if f.addresses.changed().await.is_err() {
+        *follow = None;
+        return None;
+    }
+    f.addresses.borrow_and_update();
+    match (f.context)() {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            tracing::warn!("this node's addresses changed, but reading them again failed: {e:#}; NodePorts stay where they were");
+            None
+        }
+    }
+}
+
 /// The file source as a task: a full model at start and after every change
-/// (inotify) or `reload` request (SIGHUP); an error event when the file
-/// cannot be read or is invalid.
+/// (inotify) or `reload` request (SIGHUP), and after a change of this
+/// node's addresses that moves its NodePorts (`follow`); an error event
+/// when the file cannot be read or is invalid.
 pub async fn run(
     path: PathBuf,
     ctx: services_file::FileContext,
     tx: mpsc::Sender<super::SourceEvent>,
     reload: mpsc::Receiver<()>,
+    follow: Option<Follow>,
 ) {
-    run_settling(path, ctx, tx, reload, SETTLE_QUIET).await;
+    run_settling(path, ctx, tx, reload, follow, SETTLE_QUIET).await;
 }
 
 /// How long a file written in place must stay unchanged to be read.
@@ -224,9 +255,10 @@ const SETTLE_QUIET: std::time::Duration = std::time::Duration::from_millis(10);
 /// slow test machine cannot pass it between two writes).
 async fn run_settling(
     path: PathBuf,
-    ctx: services_file::FileContext,
+    mut ctx: services_file::FileContext,
     tx: mpsc::Sender<super::SourceEvent>,
     mut reload: mpsc::Receiver<()>,
+    mut follow: Option<Follow>,
     quiet: std::time::Duration,
 ) {
     use super::SourceEvent;
@@ -274,10 +306,26 @@ async fn run_settling(
         if tx.send(event).await.is_err() {
             return;
         }
-        hup = tokio::select! {
-            Some(()) = changes.recv() => false,
-            Some(()) = reload.recv() => true,
-            else => return,
+        hup = loop {
+            tokio::select! {
+                Some(()) = changes.recv() => break false,
+                Some(()) = reload.recv() => break true,
+                new = next_context(&mut follow), if follow.is_some() => match new {
+                    // The whole model again, parsed afresh: the cache's
+                    // services carry the old NodePort addresses.
+                    Some(new) if new != ctx => {
+                        tracing::info!(addresses = ?new.nodeport_addresses, "this node's addresses changed: NodePorts follow");
+                        ctx = new;
+                        cache = FileCache::default();
+                        break true;
+                    }
+                    _ => {}
+                },
+                // The agent stops (with `follow`, the branches above may
+                // never all end).
+                () = tx.closed() => return,
+                else => return,
+            }
         };
         observed = std::time::Instant::now();
         // SIGHUP, or a write in place: wait for the file to settle. (A
@@ -351,6 +399,7 @@ mod tests {
             Default::default(),
             tx,
             reload,
+            None,
             quiet,
         ));
         (source, events, hup)

@@ -62,6 +62,9 @@ struct Filed {
 pub struct Store {
     node_name: String,
     nodeports: NodePortAddresses,
+    /// This node's Node as last seen: its addresses are picked again when
+    /// the node's own addresses change (`set_local_addresses`).
+    node_object: Option<Node>,
     node: NodeContext,
     /// The services that are for us (not headless, ExternalName or another
     /// proxy's), as records: what the translation reads, parsed.
@@ -123,6 +126,7 @@ impl Store {
         Self {
             node_name: node_name.to_string(),
             nodeports,
+            node_object: None,
             node: NodeContext {
                 name: node_name.to_string(),
                 nodeport_addresses: Vec::new(),
@@ -333,6 +337,7 @@ impl Store {
             Event::Apply(n) | Event::InitApply(n) => {
                 if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
                     self.set_node_addresses(node_addresses(&n, &self.nodeports));
+                    self.node_object = Some(n.clone());
                     let zone = n
                         .metadata
                         .labels
@@ -347,6 +352,7 @@ impl Store {
             Event::Delete(n) => {
                 if n.metadata.name.as_deref() == Some(self.node_name.as_str()) {
                     self.set_node_addresses(Vec::new());
+                    self.node_object = None;
                     self.eligible = Some(false);
                 }
             }
@@ -370,12 +376,29 @@ impl Store {
         self.eligible
     }
 
-    fn set_node_addresses(&mut self, addresses: Vec<IpAddr>) {
-        if addresses != self.node.nodeport_addresses {
-            self.node.nodeport_addresses = addresses;
-            // NodePort frontends of every service may change.
-            self.dirty.extend(self.services.keys().cloned());
+    /// This node's own addresses changed (an address added to a device or
+    /// removed): the NodePorts follow, picked again from the Node as last
+    /// seen. True when the NodePort addresses changed.
+    pub fn set_local_addresses(&mut self, local: Vec<IpAddr>) -> bool {
+        self.nodeports = self.nodeports.with_local(local);
+        match &self.node_object {
+            Some(n) => {
+                let picked = node_addresses(n, &self.nodeports);
+                self.set_node_addresses(picked)
+            }
+            None => false,
         }
+    }
+
+    /// True when they changed.
+    fn set_node_addresses(&mut self, addresses: Vec<IpAddr>) -> bool {
+        if addresses == self.node.nodeport_addresses {
+            return false;
+        }
+        self.node.nodeport_addresses = addresses;
+        // NodePort frontends of every service may change.
+        self.dirty.extend(self.services.keys().cloned());
+        true
     }
 
     /// Warnings gathered since the last call.
@@ -836,7 +859,11 @@ mod tests {
             panic!("full model expected")
         };
         let fe = &model.services[&n("a")].frontends;
-        assert_eq!(fe.len(), 2, "ClusterIP and NodePort on the node address");
+        assert_eq!(
+            fe.len(),
+            3,
+            "ClusterIP, and NodePorts on the node address and on 127.0.0.1"
+        );
         assert_eq!(fe[0].backends.len(), 1);
         assert!(s.take_output().is_none());
     }
@@ -945,11 +972,17 @@ mod tests {
             panic!()
         };
         let fe = &changes[0].1.as_ref().unwrap().frontends;
+        // The two node addresses and 127.0.0.1 (a localhost NodePort; no
+        // ::1 for an IPv4 service).
+        let mut nodeports: Vec<IpAddr> = fe
+            .iter()
+            .filter(|f| f.kind == crate::model::FrontendKind::NodePort)
+            .map(|f| f.address)
+            .collect();
+        nodeports.sort();
         assert_eq!(
-            fe.iter()
-                .filter(|f| f.kind == crate::model::FrontendKind::NodePort)
-                .count(),
-            2
+            nodeports,
+            ["10.0.0.5", "127.0.0.1", "192.168.1.10"].map(|a| a.parse::<IpAddr>().unwrap())
         );
 
         let mut s = Store::new(
@@ -964,5 +997,46 @@ mod tests {
             s.node().nodeport_addresses,
             vec!["10.0.0.5".parse::<IpAddr>().unwrap()]
         );
+    }
+
+    /// An address added to the node at run time serves NodePorts, one
+    /// removed stops: the NodePort addresses are picked again from the
+    /// Node as last seen, and every service is sent again.
+    #[test]
+    fn the_nodes_own_addresses_changing_moves_its_nodeport_addresses() {
+        let ips = |l: &[&str]| -> Vec<IpAddr> { l.iter().map(|a| a.parse().unwrap()).collect() };
+        let mut s = Store::new(
+            "node-a",
+            NodePortAddresses::from_flags(&[], ips(&["192.168.1.10"])),
+        );
+        s.on_service(Event::Init);
+        s.on_service(Event::InitApply(svc("a", "10.96.0.1", &[])));
+        s.on_service(Event::InitDone);
+        s.on_slice(Event::Init);
+        s.on_slice(Event::InitDone);
+        s.on_node(Event::Init);
+        s.on_node(Event::InitApply(node(&["192.168.1.10"])));
+        s.on_node(Event::InitDone);
+        assert!(s.take_output().is_some());
+        assert_eq!(
+            s.node().nodeport_addresses,
+            ips(&["127.0.0.1", "192.168.1.10", "::1"])
+        );
+        s.set_local_addresses(ips(&["192.168.1.10", "192.168.1.11", "fe80::1"]));
+        assert_eq!(
+            s.node().nodeport_addresses,
+            ips(&["127.0.0.1", "192.168.1.10", "192.168.1.11", "::1"])
+        );
+        assert!(s.has_output(), "the services are sent again");
+        s.take_output();
+        s.set_local_addresses(ips(&["192.168.1.11"]));
+        assert_eq!(
+            s.node().nodeport_addresses,
+            ips(&["127.0.0.1", "192.168.1.11", "::1"])
+        );
+        // The same addresses again: nothing to send.
+        s.take_output();
+        s.set_local_addresses(ips(&["192.168.1.11"]));
+        assert!(!s.has_output());
     }
 }

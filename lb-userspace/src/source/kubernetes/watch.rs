@@ -29,7 +29,10 @@
 //! agent converges within seconds of the apiserver's return; the price is
 //! a list per resource per outage, and nothing is pruned until it is
 //! complete.
-use std::time::{Duration, Instant};
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
@@ -92,6 +95,9 @@ pub struct WatchConfig {
     pub default_algorithm: crate::model::Algorithm,
     /// Counts the objects the watches deliver.
     pub changes: ObjectChanges,
+    /// This node's own addresses as they change (`agent::addresses`):
+    /// NodePorts follow them. None: read once at start.
+    pub local_addresses: Option<tokio::sync::watch::Receiver<crate::agent::addresses::Addresses>>,
 }
 
 /// Services and EndpointSlices the watches delivered, list items included:
@@ -162,6 +168,7 @@ pub async fn run(servers: Vec<ApiServer>, cfg: WatchConfig, tx: mpsc::Sender<Sou
     assert!(!servers.is_empty(), "at least one apiserver");
     let mut store = Store::new(&cfg.node_name, cfg.nodeports.clone())
         .with_default_algorithm(cfg.default_algorithm);
+    let mut addresses = cfg.local_addresses.clone();
     let mut current = 0;
     // Apiservers left in a row without one having answered.
     let mut silent = 0;
@@ -169,7 +176,16 @@ pub async fn run(servers: Vec<ApiServer>, cfg: WatchConfig, tx: mpsc::Sender<Sou
     loop {
         let server = &servers[current];
         tracing::info!(server = %server.url, "watching the apiserver");
-        match watch(server, servers.len() > 1, &cfg, &mut store, &tx).await {
+        match watch(
+            server,
+            servers.len() > 1,
+            &cfg,
+            &mut store,
+            &mut addresses,
+            &tx,
+        )
+        .await
+        {
             Ended::Closed => return,
             Ended::Recovered {
                 after,
@@ -251,6 +267,7 @@ async fn watch(
     failover: bool,
     cfg: &WatchConfig,
     store: &mut Store,
+    addresses: &mut Option<tokio::sync::watch::Receiver<crate::agent::addresses::Addresses>>,
     tx: &mpsc::Sender<SourceEvent>,
 ) -> Ended {
     let client = server.client.clone();
@@ -362,6 +379,18 @@ async fn watch(
                     if tx.send(watch_error("nodes", &e)).await.is_err() { return Ended::Closed }
                 }
             },
+            changed = async { addresses.as_mut().unwrap().changed().await }, if addresses.is_some() => {
+                match changed {
+                    Ok(()) => {
+                        let local: Vec<IpAddr> = addresses.as_mut().unwrap().borrow_and_update().iter().copied().collect();
+                        if store.set_local_addresses(local) {
+                            tracing::info!(nodeports = ?store.node().nodeport_addresses, "this node's addresses changed: NodePorts follow");
+                        }
+                    }
+                    // The follower stopped (it said why): read once at start from now on.
+                    Err(_) => *addresses = None,
+                }
+            }
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
                 let observed = first_change.take().unwrap_or_else(Instant::now);
                 for w in store.take_warnings() {
