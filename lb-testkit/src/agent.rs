@@ -51,6 +51,27 @@ pub struct Agent {
     pub startup_timeout: Duration,
     /// The log line that says a start is done ("reconciled" normally).
     pub ready_log: &'static str,
+    /// Run with only these capabilities (setpriv's names: bpf, net_admin,
+    /// ...), as a container with a capability list would; None: root's.
+    pub capabilities: Option<Vec<String>>,
+}
+
+/// A command that runs `binary` with only `caps` (setpriv's names): the
+/// bounding set is cut to them, so root's exec keeps only them
+/// (capabilities(7): P'(permitted) = P(inheritable) & F(inheritable) |
+/// F(permitted) & P(bounding), with the inheritable set emptied).
+pub fn with_only_capabilities(binary: &Path, caps: &[String]) -> Command {
+    let mut bounding = String::from("-all");
+    for c in caps {
+        bounding.push_str(",+");
+        bounding.push_str(c);
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.arg("--inh-caps=-all")
+        .arg(format!("--bounding-set={bounding}"))
+        .arg("--")
+        .arg(binary);
+    cmd
 }
 
 /// A loopback port nobody listens on right now.
@@ -73,6 +94,19 @@ impl Agent {
     /// Starts the agent and waits for its first reconcile.
     pub fn start(services: &Path, cgroup: &Path, pin_dir: &Path) -> Self {
         Self::start_with(services, cgroup, pin_dir, &[])
+    }
+
+    /// Like `start`, with only the capabilities `caps` (setpriv's names).
+    pub fn start_with_capabilities(
+        services: &Path,
+        cgroup: &Path,
+        pin_dir: &Path,
+        caps: &[&str],
+    ) -> Self {
+        let mut agent = Self::unspawned(file_source(services), cgroup, pin_dir, &[], None);
+        agent.capabilities = Some(caps.iter().map(ToString::to_string).collect());
+        agent.spawn();
+        agent
     }
 
     pub fn start_with(services: &Path, cgroup: &Path, pin_dir: &Path, extra_args: &[&str]) -> Self {
@@ -238,6 +272,7 @@ impl Agent {
             netns,
             startup_timeout: STARTUP,
             ready_log: "reconciled",
+            capabilities: None,
         }
     }
 
@@ -285,7 +320,10 @@ impl Agent {
     fn spawn(&mut self) {
         let _ = std::fs::remove_file(&self.log);
         let log = std::fs::File::create(&self.log).unwrap();
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match &self.capabilities {
+            Some(caps) => with_only_capabilities(&self.binary, caps),
+            None => Command::new(&self.binary),
+        };
         if let Some(ns) = &self.netns {
             crate::netns::exec_in(&mut cmd, ns).expect("netns");
         }

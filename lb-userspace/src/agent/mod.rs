@@ -23,6 +23,7 @@ pub mod assembly;
 pub mod flags;
 pub mod mailbox;
 pub mod plan;
+pub mod privileges;
 pub mod process;
 pub mod router;
 pub mod settings;

@@ -248,6 +248,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mode = mode(source_plan, &args, &node_eligibility)?;
     // Checked before anything is installed: a bad flag changes nothing.
     let settings = args.start_settings(sys::fs::own_netns_cookie()?)?;
+    // And so is a missing capability: refused whole, not half installed.
+    super::privileges::check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

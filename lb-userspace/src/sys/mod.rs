@@ -1,5 +1,6 @@
 //! Thin wrappers over kernel interfaces that aya does not expose.
 pub mod bpf;
+pub mod caps;
 pub mod fs;
 pub mod heap;
 pub mod netdev;
