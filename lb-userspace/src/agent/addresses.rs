@@ -18,7 +18,7 @@ pub type Addresses = BTreeSet<IpAddr>;
 const SETTLE: Duration = Duration::from_millis(50);
 
 /// Starts following: the addresses `read` gives now, then after every
-/// change. The thread ends when every receiver is gone; an error of the
+/// change. The thread ends within a second of every receiver being gone; an error of the
 /// netlink socket ends it too, said loudly (the addresses then stay as
 /// they were last read).
 pub fn follow(
@@ -32,9 +32,15 @@ pub fn follow(
     std::thread::Builder::new()
         .name("addresses".into())
         .spawn(move || loop {
-            if let Err(e) = socket.wait() {
-                warn!("listening for address changes failed ({e}): NodePorts keep the addresses read last and no longer follow this node's");
-                return;
+            match socket.wait(Duration::from_secs(1)) {
+                // Nothing changed: still wanted?
+                Ok(false) if tx.is_closed() => return,
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => {
+                    warn!("listening for address changes failed ({e}): NodePorts keep the addresses read last and no longer follow this node's");
+                    return;
+                }
             }
             std::thread::sleep(SETTLE);
             match read() {

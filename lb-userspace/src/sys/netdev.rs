@@ -53,9 +53,12 @@ pub fn all_addresses() -> anyhow::Result<Vec<(String, std::net::IpAddr)>> {
         // SAFETY: a node of the list getifaddrs returned.
         let ifa = unsafe { &*cur };
         // SAFETY: ifa_name is a NUL-terminated string of the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+        // glibc names an IPv4 address by its label (IFA_LABEL), "eth0:vip"
+        // for `ip addr add ... label eth0:vip`; a device name never holds a
+        // ':' (dev_valid_name, net/core/dev.c), so what precedes it is the
+        // device.
+        let name = name.split(':').next().unwrap_or_default().to_string();
         if !ifa.ifa_addr.is_null() {
             // SAFETY: the family says which sockaddr it is.
             let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });

@@ -301,9 +301,29 @@ impl AddressWatch {
         })
     }
 
-    /// Blocks until an address changes, then drains what else is queued.
-    /// An overrun socket (ENOBUFS: changes were lost) counts as a change.
-    pub fn wait(&mut self) -> io::Result<()> {
+    /// Waits up to `timeout` for an address change, then drains what else
+    /// is queued: true when something changed. An overrun socket (ENOBUFS:
+    /// changes were lost) counts as a change, so the caller reads every
+    /// address again.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the call.
+        match unsafe { libc::poll(&mut pfd, 1, ms) } {
+            0 => return Ok(false),
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::Interrupted => Ok(false),
+                    _ => Err(e),
+                };
+            }
+            _ => {}
+        }
         loop {
             match recv(&self.fd, &mut self.buf) {
                 Ok(_) => break,
@@ -323,7 +343,7 @@ impl AddressWatch {
                 )
             };
             if n <= 0 {
-                return Ok(());
+                return Ok(true);
             }
         }
     }
