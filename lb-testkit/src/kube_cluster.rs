@@ -224,7 +224,7 @@ pub fn install_agent_on_nodes(cp: &ControlPlane, nodes: &[Node]) -> Vec<AgentPin
 
 /// `helm install lb-agent deploy/helm/lb-agent` with the test's settings
 /// as `--set` values, checked in the rendered objects before the
-/// privileged agent is installed.
+/// agent is installed.
 fn helm_install(cp: &ControlPlane, node: &Node, pins: &AgentPins) {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/lb-agent");
     let chart = chart.display().to_string();
@@ -291,7 +291,7 @@ patches:
         ),
     )
     .unwrap();
-    // The privileged agent sees the host's /sys/fs/cgroup: make sure the
+    // The agent sees the host's /sys/fs/cgroup: make sure the
     // overlay took before anything runs.
     let rendered = cp.kubectl(&["kustomize", &dir.display().to_string()]);
     for want in [

@@ -2,7 +2,7 @@
 //! installed for real with `dpkg -i`: its files and conffiles, the systemd
 //! unit checked by `systemd-analyze verify`, the unit's ExecStart run as
 //! systemd would run it (systemd is not PID 1 on the test machines) with its
-//! EnvironmentFile, real traffic through a service address, then
+//! EnvironmentFile and capability bounding set, real traffic through a service address, then
 //! `dpkg --purge`, whose remove script takes the data path down (pins gone,
 //! programs detached). Needs root; the package must not be installed
 //! already (the test installs and purges it).
@@ -168,7 +168,13 @@ fn debian_package_installs_a_unit_whose_execstart_serves_traffic_and_purge_takes
     assert_eq!(env["LB_PIN_DIR"], w.pins.path.display().to_string());
     let mut argv = exec.split_whitespace();
     let log = std::env::temp_dir().join(format!("lb-deb-{}.log", w.tag));
-    let mut agent = Command::new(argv.next().unwrap())
+    // With the unit's capability bounding set, as systemd applies it.
+    let caps: Vec<String> = value("CapabilityBoundingSet")
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_lowercase())
+        .collect();
+    let program = std::path::PathBuf::from(argv.next().unwrap());
+    let mut agent = lb_testkit::agent::with_only_capabilities(&program, &caps)
         .args(argv)
         .envs(&env)
         .env("NO_COLOR", "1")

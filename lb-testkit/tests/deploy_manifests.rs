@@ -134,7 +134,8 @@ fn cluster_role_is_read_only_on_services_endpointslices_and_nodes() {
 }
 
 #[test]
-fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_name() {
+fn daemonset_runs_on_the_host_network_unprivileged_with_listed_capabilities_bpffs_cgroup2_and_node_name(
+) {
     let ds = find("DaemonSet");
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], true);
@@ -155,7 +156,28 @@ fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_nam
         (probe["path"].as_str(), probe["port"].as_u64()),
         (Some("/livez"), Some(10256))
     );
-    assert_eq!(agent["securityContext"]["privileged"], true);
+    // Not privileged: every capability dropped but the ones the agent
+    // checks for at start (agent::privileges), read-only root.
+    let sc = &agent["securityContext"];
+    assert_eq!(sc["privileged"], false, "{sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{sc}");
+    assert_eq!(
+        sc["capabilities"]["drop"],
+        serde_json::json!(["ALL"]),
+        "{sc}"
+    );
+    let added: Vec<String> = sc["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| format!("CAP_{}", c.as_str().unwrap()))
+        .collect();
+    let needed: Vec<String> = lb::agent::privileges::NEEDS
+        .iter()
+        .map(|n| n.name.to_string())
+        .collect();
+    assert_eq!(added, needed, "the chart adds what the agent checks for");
     let env = agent["env"].as_array().unwrap();
     assert!(env
         .iter()
@@ -177,6 +199,10 @@ fn daemonset_runs_privileged_on_the_host_network_with_bpffs_cgroup2_and_node_nam
         "init step mounts bpffs: {init}"
     );
     assert_eq!(init["volumeMounts"][0]["mountPropagation"], "Bidirectional");
+    assert!(
+        mounts.contains(&"/run/lb"),
+        "the status file needs a writable /run/lb: {mounts:?}"
+    );
     assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/healthz");
 }
 

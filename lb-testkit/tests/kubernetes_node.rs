@@ -16,7 +16,7 @@ use std::{
 use lb_testkit::{
     k8s::{ControlPlane, ADVERTISE},
     kube_cluster::{Cluster, Install},
-    node::BUSYBOX_IMAGE,
+    node::{BUSYBOX_IMAGE, POD_SERVER_IMAGE},
     unique,
 };
 
@@ -55,6 +55,35 @@ spec:
   terminationGracePeriodSeconds: 0
   containers:
     - {name: client, image: BUSYBOX, command: [sleep, "100000"]}
+"#;
+
+/// A UDP Service with one backend pod (nothing needs to answer: the
+/// client's connect() is what socket LB translates), and its client: a
+/// connected socket held open (lb-pod-server --hold-udp).
+const UDP_BACKEND: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: udp-back, namespace: default, labels: {app: udp-back}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+    - {name: sleep, image: BUSYBOX, command: [sleep, "100000"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: udp, namespace: default}
+spec:
+  selector: {app: udp-back}
+  ports: [{port: 9053, targetPort: 9053, protocol: UDP}]
+"#;
+const UDP_CLIENT: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: udp-client, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+    - {name: client, image: POD_SERVER, args: [--hold-udp, TARGET]}
 "#;
 
 /// `kubectl exec client -- sh -c SCRIPT`.
@@ -222,6 +251,60 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         "echo | nc -w 2 10.96.0.1 443 >/dev/null 2>&1; echo rc=$?",
     );
     assert!(opened.contains("rc=0"), "kubernetes ClusterIP: {opened}");
+
+    // A connected UDP socket in the client pod, to a UDP Service's one
+    // backend, then the backend goes: the agent (not privileged, with the
+    // chart's capability list) reaches into the pod's network namespace
+    // through /proc/<pid>/ns/net and destroys the socket.
+    cp.apply(&UDP_BACKEND.replace("BUSYBOX", BUSYBOX_IMAGE));
+    cp.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/udp-back",
+        "--timeout=120s",
+    ]);
+    let udp_ip = cp.kubectl(&["get", "svc", "udp", "-o", "jsonpath={.spec.clusterIP}"]);
+    let udp_ip = udp_ip.trim();
+    let udp_frontend = format!("{udp_ip}:9053/UDP");
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || {
+            lbctl(&["service", "get", &udp_frontend]).contains("(active)")
+        }),
+        "{udp_frontend}:\n{}",
+        lbctl(&["service", "list"])
+    );
+    cp.apply(
+        &UDP_CLIENT
+            .replace("POD_SERVER", POD_SERVER_IMAGE)
+            .replace("TARGET", &format!("{udp_ip}:9053")),
+    );
+    // Until the container starts, `kubectl logs` fails: no log yet.
+    let client_log = || cp.kubectl_try(&["logs", "udp-client"]).unwrap_or_default();
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(120), || client_log()
+            .contains("connected to")),
+        "the UDP client never connected: {}",
+        client_log()
+    );
+    cp.kubectl(&[
+        "delete",
+        "pod",
+        "udp-back",
+        "--grace-period=0",
+        "--wait=true",
+    ]);
+    assert!(
+        lb_testkit::wait_until(Duration::from_secs(60), || client_log()
+            .contains("aborted: ")),
+        "the client's socket to the removed backend was not destroyed: {}\nagent:\n{}",
+        client_log(),
+        cp.kubectl(&["-n", "kube-system", "logs", "ds/lb-agent", "-c", "agent"])
+    );
+    let agent_log = cp.kubectl(&["-n", "kube-system", "logs", "ds/lb-agent", "-c", "agent"]);
+    assert!(
+        !agent_log.contains("connected UDP sockets to removed backends: "),
+        "a namespace was refused to the agent:\n{agent_log}"
+    );
 
     // A rolling update of the agent under traffic: the kernel keeps
     // translating while the pod is replaced. The load runs from before the

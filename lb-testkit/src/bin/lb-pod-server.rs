@@ -11,13 +11,19 @@
 //! answers every line with "<name> <line>". On SIGTERM it keeps serving for
 //! `--drain` seconds (default 0), as a backend that delays its shutdown until
 //! the proxies stopped sending it new connections, then exits.
+//!
+//!   lb-pod-server --hold-udp ADDR:PORT
+//!
+//! is a client instead: a resolver's UDP socket, connected once and read
+//! until the kernel aborts it (a proxy destroying a socket pinned to a
+//! removed backend); it prints "aborted: <error>" and exits.
 use std::net::SocketAddr;
 
 use lb_testkit::{servers, traffic};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lb-pod-server [--name NAME] [--tcp PORT] [--udp PORT] [--bulk PORT] [--echo PORT] [--drain SECS]"
+        "usage: lb-pod-server [--name NAME] [--tcp PORT] [--udp PORT] [--bulk PORT] [--echo PORT] [--drain SECS]\n       lb-pod-server --hold-udp ADDR:PORT"
     );
     std::process::exit(2)
 }
@@ -36,6 +42,7 @@ fn main() {
             "--echo" => echo = Some(port()),
             "--name" => name = Some(value()),
             "--drain" => drain = value().parse().unwrap_or_else(|_| usage()),
+            "--hold-udp" => hold_udp(value().parse().unwrap_or_else(|_| usage())),
             _ => usage(),
         }
     }
@@ -78,4 +85,22 @@ fn main() {
     std::thread::sleep(std::time::Duration::from_secs(drain));
     // The servers' threads stop with the process.
     std::process::exit(0)
+}
+
+/// Connects a UDP socket to `target` and reads until it fails.
+fn hold_udp(target: SocketAddr) -> ! {
+    let socket = std::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))
+        .and_then(|s| s.connect(target).map(|()| s))
+        .unwrap_or_else(|e| {
+            eprintln!("lb-pod-server: connecting to {target}: {e}");
+            std::process::exit(1)
+        });
+    println!("connected to {target}");
+    let mut buf = [0u8; 512];
+    loop {
+        if let Err(e) = socket.recv(&mut buf) {
+            println!("aborted: {e}");
+            std::process::exit(0)
+        }
+    }
 }
