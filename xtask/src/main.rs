@@ -72,9 +72,9 @@ fn main() {
             .and_then(|_| previous::check_head_relinked())
             .and_then(|_| testbed())
             .and_then(|_| e2e_suite())
-            .and_then(|_| deb())
+            .and_then(|_| deb(DebProfile::Dev))
             .and_then(|_| test(&args[1..])),
-        Some("deb") => setup::run().and_then(|_| deb()),
+        Some("deb") => setup::run().and_then(|_| deb(DebProfile::Release)),
         Some("previous") => setup::run()
             .and_then(|_| previous::build())
             .and_then(|_| build())
@@ -378,15 +378,35 @@ fn conformance(extra: &[String]) -> anyhow::Result<()> {
     result
 }
 
-/// The Debian package (lb-userspace's [package.metadata.deb]): a release
-/// build, the shell completions it ships, then cargo-deb.
-fn deb() -> anyhow::Result<()> {
+/// Which build the Debian package takes its binaries from.
+#[derive(Clone, Copy, PartialEq)]
+enum DebProfile {
+    /// `cargo xtask deb`: what users install.
+    Release,
+    /// `cargo xtask test`: the debug build the tests just made, so CI does
+    /// not compile the workspace a second time (minutes on two cores) to
+    /// test packaging, which does not depend on the optimisation level.
+    /// cargo-deb 3.8 warns that it may refuse the dev profile one day; it
+    /// is pinned (setup.rs), and the test package is never shipped.
+    Dev,
+}
+
+/// The Debian package (lb-userspace's [package.metadata.deb]): the build,
+/// the shell completions it ships, then cargo-deb. cargo-deb maps the
+/// assets' `target/release/` to the chosen profile's directory.
+fn deb(profile: DebProfile) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    run(cmd(
-        "cargo",
-        &["build", "--release", "-p", "lb-userspace", "--bins"],
-    ))?;
-    let release = root().join("target/release");
+    let (cargo_profile, dir) = match profile {
+        DebProfile::Release => ("release", "target/release"),
+        DebProfile::Dev => ("dev", "target/debug"),
+    };
+    if profile == DebProfile::Release {
+        run(cmd(
+            "cargo",
+            &["build", "--release", "-p", "lb-userspace", "--bins"],
+        ))?;
+    } // Dev: `build()` (`cargo build --bins`, the workspace) made them just now.
+    let release = root().join(dir);
     let completions = release.join("completions");
     std::fs::create_dir_all(&completions)?;
     for bin in ["lbctl", "lb-agent"] {
@@ -408,7 +428,15 @@ fn deb() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&out_dir);
     let mut c = cmd(
         "cargo",
-        &["deb", "-p", "lb-userspace", "--no-build", "--output"],
+        &[
+            "deb",
+            "-p",
+            "lb-userspace",
+            "--no-build",
+            "--profile",
+            cargo_profile,
+            "--output",
+        ],
     );
     c.arg(&out_dir);
     run(c)?;
