@@ -619,3 +619,27 @@ pub fn try_http_request(addr: std::net::SocketAddr, path: &str) -> std::io::Resu
         body: body.to_string(),
     })
 }
+
+/// Asserts that an agent's log reports no network namespace it could not
+/// reach when destroying UDP sockets, beyond those root itself cannot open
+/// on this machine (the sandbox's PID 1: docs/testbed.md). An agent short
+/// of CAP_SYS_ADMIN or CAP_SYS_PTRACE is refused many more.
+pub fn assert_no_namespace_refused(log: &str) {
+    let refused_to_root = lb::sockets::namespaces().refused;
+    for line in log
+        .lines()
+        .filter(|l| l.contains("connected UDP sockets to removed backends: "))
+    {
+        let counted = line.split("removed backends: ").nth(1).and_then(|rest| {
+            rest.split_once(" processes' network namespaces could not be opened")
+                .and_then(|(n, _)| n.trim().parse::<usize>().ok())
+        });
+        match counted {
+            Some(n) if n <= refused_to_root => {}
+            _ => panic!(
+                "the agent was refused a network namespace (root is refused {refused_to_root} \
+                 here):\n{line}\n{log}"
+            ),
+        }
+    }
+}

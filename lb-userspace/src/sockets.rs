@@ -42,14 +42,38 @@ pub struct Report {
     pub errors: Vec<String>,
 }
 
-/// One path per network namespace on the node.
-pub fn namespaces() -> Vec<PathBuf> {
+/// The node's network namespaces, one path each, and the ones that could
+/// not be looked at.
+#[derive(Debug, Default)]
+pub struct Namespaces {
+    pub paths: Vec<PathBuf>,
+    /// `/proc/<pid>/ns/net` refused other than by the process exiting:
+    /// the kernel's ptrace access check without CAP_SYS_PTRACE, or a
+    /// security module. Counted, and the first named, never skipped
+    /// silently: a namespace not visited keeps its sockets.
+    pub refused: usize,
+    pub first_refusal: Option<String>,
+}
+
+/// Every network namespace on the node: those of all processes, and the
+/// named ones under /run/netns.
+pub fn namespaces() -> Namespaces {
     let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
-    let mut consider = |p: PathBuf| {
-        if let Ok(m) = std::fs::metadata(&p) {
+    let mut out = Namespaces::default();
+    let mut consider = |p: PathBuf| match std::fs::metadata(&p) {
+        Ok(m) => {
             if seen.insert((m.dev(), m.ino())) {
-                out.push(p);
+                out.paths.push(p);
+            }
+        }
+        // The process exited since the listing.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) => {}
+        Err(e) => {
+            out.refused += 1;
+            if out.first_refusal.is_none() {
+                out.first_refusal = Some(format!("{}: {e}", p.display()));
             }
         }
     };
@@ -131,7 +155,16 @@ pub fn terminate_udp(pin_dir: &Path, gone: &[(IpAddr, u16)]) -> anyhow::Result<R
     }
     let revnat = RevNat::open(pin_dir)?;
     let gone: BTreeSet<(IpAddr, u16)> = gone.iter().map(|(a, p)| (gone_key(*a), *p)).collect();
-    for ns in namespaces() {
+    let all = namespaces();
+    if let Some(first) = &all.first_refusal {
+        report.errors.push(format!(
+            "{} processes' network namespaces could not be opened, their sockets were not \
+             looked at (first: {first}); the agent needs CAP_SYS_PTRACE and no security \
+             module confining it",
+            all.refused
+        ));
+    }
+    for ns in all.paths {
         report.namespaces += 1;
         // setns() moves the calling thread: a thread of its own per namespace.
         let found = std::thread::scope(|scope| {
