@@ -178,6 +178,19 @@ fn daemonset_runs_on_the_host_network_unprivileged_with_listed_capabilities_bpff
         .map(|n| n.name.to_string())
         .collect();
     assert_eq!(added, needed, "the chart adds what the agent checks for");
+    // Unprivileged, the runtime's default confinement would refuse pinning
+    // and pods' namespaces on SELinux and AppArmor nodes: lifted for the
+    // agent container, as privileged would have.
+    assert_eq!(
+        sc["seLinuxOptions"],
+        serde_json::json!({"level": "s0", "type": "spc_t"}),
+        "{sc}"
+    );
+    assert_eq!(
+        sc["appArmorProfile"],
+        serde_json::json!({"type": "Unconfined"}),
+        "{sc}"
+    );
     let env = agent["env"].as_array().unwrap();
     assert!(env
         .iter()
@@ -530,6 +543,13 @@ fn helm_refuses_bad_values_naming_the_field() {
         (
             &["k8sServiceHost=a", "metrics.address=10.0.0.1:9967"][..],
             "metrics",
+        ),
+        (
+            &[
+                "k8sServiceHost=a",
+                "securityContext.capabilities.agent={CAP_BPF}",
+            ][..],
+            "agent",
         ),
     ] {
         let err = helm("template", sets).expect_err(&format!("{sets:?} was accepted"));

@@ -8,9 +8,11 @@
 //!
 //! CAP_SYS_ADMIN would satisfy the kernel's checks for CAP_BPF and
 //! CAP_PERFMON too (`bpf_capable()` and `perfmon_capable()` fall back to it,
-//! include/linux/capability.h); they are still required by name, as
-//! Cilium's chart lists them, so that the set stays right the day
-//! CAP_SYS_ADMIN is no longer needed for pods' sockets.
+//! include/linux/capability.h), so today a list without those two would
+//! work. They are still required by name (Cilium's chart keeps them
+//! commented out, relying on CAP_SYS_ADMIN): the list then says what each
+//! operation needs, and stays right the day CAP_SYS_ADMIN is no longer
+//! needed for pods' sockets (a socket iterator with bpf_sock_destroy).
 use crate::sys::caps::{self, CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE};
 
 /// A capability and what needs it. The words are the chart's comments.
@@ -35,7 +37,7 @@ pub const NEEDS: &[Need] = &[
     Need {
         cap: CAP_PERFMON,
         name: "CAP_PERFMON",
-        why: "the verifier's pointer rules: without it the programs are checked as unprivileged ones (Spectre v1 masking of pointer arithmetic) and some are refused",
+        why: "the verifier's pointer rules (CAP_SYS_ADMIN grants them too): without either, the programs are checked as unprivileged ones (Spectre v1 masking of pointer arithmetic) and refused",
     },
     Need {
         cap: CAP_SYS_ADMIN,
