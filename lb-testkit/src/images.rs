@@ -139,8 +139,20 @@ fn build(dir: &Path) -> Vec<(&'static str, PathBuf)> {
             ],
         ),
     ];
+    // `cargo xtask image` builds deploy/Dockerfile for real and runs its
+    // node test with the archive in place of the assembled agent image.
+    let built_agent = std::env::var_os("LB_AGENT_IMAGE_ARCHIVE").map(PathBuf::from);
     let mut out = Vec::new();
     for (image, args) in specs {
+        if let (AGENT_IMAGE, Some(archive)) = (image, &built_agent) {
+            assert!(
+                archive.exists(),
+                "LB_AGENT_IMAGE_ARCHIVE={}: no such file (`cargo xtask image` writes it)",
+                archive.display()
+            );
+            out.push((image, archive.clone()));
+            continue;
+        }
         let tar = dir.join(format!("{}.tar", image.replace(['/', ':'], "_")));
         let res = Command::new(&lbimage)
             .arg(format!("--ref={image}"))

@@ -1,6 +1,7 @@
 //! cargo xtask: set up the machine, build, run the demo, the tests and the
 //! benchmarks. Deliberately free of project dependencies: it must compile on a
 //! fresh machine before anything it installs (bpf-linker, LLVM) exists.
+mod image;
 mod previous;
 mod setup;
 mod stack;
@@ -44,6 +45,9 @@ tasks:
           rustfmt or clippy is missing. CI runs it before the tests
   deb     the Debian package for standalone mode (release build, shell completions,
           cargo-deb) into target/debian/
+  image   deploy/Dockerfile built unchanged with buildah (the debian:bookworm bases made with
+          mmdebstrap: no registry here) into target/image/lb-agent.tar, its size reported,
+          then run as the DaemonSet on a test node. Not in `test` (CI's hour)
   manifests
           render deploy/kubernetes from the Helm chart deploy/helm/lb-agent (the chart is
           the source; a test fails when the two differ)
@@ -91,6 +95,10 @@ fn main() {
             .and_then(|_| e2e_suite())
             .and_then(|_| conformance(&args[1..])),
         Some("manifests") => testbed().and_then(|_| manifests()),
+        Some("image") => setup::run()
+            .and_then(|_| build())
+            .and_then(|_| testbed())
+            .and_then(|_| image::run_image()),
         Some("stack") => build().and_then(|_| stack::run(&root())),
         Some("bench") => setup::run().and_then(|_| bench(&args[1..])),
         Some("soak") => setup::run()
