@@ -199,16 +199,18 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
                 reason,
                 message,
             } => {
+                // Counted before it is logged: whoever reads the line (an
+                // operator, a test) then finds the counter moved already.
+                self.metrics.source_error(source, reason, message.clone());
                 error!("{message}; keeping the last good state in the maps");
-                self.metrics.source_error(source, reason, message);
             }
             SourceEvent::Warning {
                 source,
                 reason,
                 message,
             } => {
-                warn!("{message}");
                 self.metrics.source_warning(source, reason);
+                warn!("{message}");
             }
             SourceEvent::Full { .. } | SourceEvent::Changes { .. } => {}
         }
