@@ -204,8 +204,20 @@ pub fn terminate_udp(pin_dir: &Path, gone: &[(IpAddr, u16)]) -> anyhow::Result<R
             Ok(d) => report.destroyed += d.len(),
             // A process that exited between the listing and the visit.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // A named namespace being deleted: `ip netns del` unmounts it
+            // first, leaving for a moment the mode-000 file `ip netns add`
+            // mounted it on (iproute2's netns_add): open() refuses it
+            // without CAP_DAC_OVERRIDE, setns() refuses it as no namespace.
+            Err(_) if placeholder(&ns) => {}
             Err(e) => report.errors.push(format!("{}: {e}", ns.display())),
         }
     }
     Ok(report)
+}
+
+/// Whether `path` is the mode-000 file a named namespace is mounted on (a
+/// namespace file itself, nsfs, is readable by all).
+fn placeholder(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o777 == 0)
 }
