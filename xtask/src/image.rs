@@ -168,7 +168,16 @@ fn base(name: &str, dpkg_opts: &[&str], out_dir: &Path) -> anyhow::Result<()> {
         "{}.rootfs.tar",
         name.rsplit('/').next().unwrap_or(name).replace(':', "_")
     ));
-    let mut strap = cmd("mmdebstrap", &["--variant=minbase"]);
+    // The merged-/usr layout made by mmdebstrap's hook, as debootstrap and
+    // Debian's images make it: minbase alone pulls in the usrmerge package
+    // and with it perl (about 30 MB).
+    let mut strap = cmd(
+        "mmdebstrap",
+        &[
+            "--variant=minbase",
+            "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+        ],
+    );
     for o in dpkg_opts {
         strap.arg(format!("--dpkgopt={o}"));
     }
