@@ -48,12 +48,7 @@ fn with_only_its_listed_capabilities_the_agent_translates_and_destroys_a_udp_soc
         Agent::start_with_capabilities(&w.services, &w.cgroup.path, &w.pins.path, &caps);
 
     // It really runs with those and no others.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid().unwrap())).unwrap();
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
-        .unwrap();
+    let eff = lb::sys::caps::effective_of(&agent.pid().unwrap().to_string()).unwrap();
     let want: u64 = NEEDS.iter().map(|n| 1u64 << n.cap).sum();
     assert_eq!(eff, want, "the agent's effective capabilities: {eff:#x}");
 

@@ -15,8 +15,14 @@ pub const CAP_BPF: u32 = 39;
 
 /// The effective set of this process.
 pub fn effective() -> std::io::Result<u64> {
-    parse_status(&std::fs::read_to_string("/proc/self/status")?)
-        .ok_or_else(|| std::io::Error::other("/proc/self/status has no readable CapEff line"))
+    effective_of("self")
+}
+
+/// The effective set of process `pid` ("self" for this one).
+pub fn effective_of(pid: &str) -> std::io::Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    parse_status(&std::fs::read_to_string(&path)?)
+        .ok_or_else(|| std::io::Error::other(format!("{path} has no readable CapEff line")))
 }
 
 fn parse_status(status: &str) -> Option<u64> {
