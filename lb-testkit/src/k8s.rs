@@ -654,3 +654,44 @@ pub fn install_manifests(cp: &ControlPlane) -> String {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
     cp.kubectl(&["apply", "--server-side", "-k", &dir.display().to_string()])
 }
+
+/// A Deployment `web` of `replicas` busybox httpd pods (each answers its
+/// pod name on 8080), a Service `web` of `service_type` on port 80 for
+/// them, and a pod `client` to fetch from: the node tests' workload.
+pub fn web_backends(replicas: usize, service_type: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata: {{labels: {{app: web}}}}
+    spec:
+      containers:
+        - name: httpd
+          image: {image}
+          command: [sh, -c, "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+          readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: {service_type}
+  selector: {{app: web}}
+  ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: client, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+    - {{name: client, image: {image}, command: [sleep, "100000"]}}
+"#,
+        image = crate::node::BUSYBOX_IMAGE
+    )
+}

@@ -11,41 +11,8 @@ use std::time::Duration;
 use lb_testkit::{
     k8s::ControlPlane,
     kube_cluster::{Cluster, Install},
-    node::BUSYBOX_IMAGE,
     unique,
 };
-
-const BACKENDS: &str = r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web, namespace: default}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-        - name: httpd
-          image: BUSYBOX
-          command: [sh, -c, "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
-          readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080, protocol: TCP}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: client, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 0
-  containers:
-    - {name: client, image: BUSYBOX, command: [sleep, "100000"]}
-"#;
 
 /// `kubectl exec` in the agent's container; None when the command failed.
 fn in_agent(cp: &ControlPlane, args: &[&str]) -> Option<String> {
@@ -111,7 +78,7 @@ fn the_image_built_from_the_dockerfile_runs_as_the_daemonset_unprivileged_and_se
         "{security}"
     );
 
-    cp.apply(&BACKENDS.replace("BUSYBOX", BUSYBOX_IMAGE));
+    cp.apply(&lb_testkit::k8s::web_backends(2, "ClusterIP"));
     cp.kubectl(&["rollout", "status", "deploy/web", "--timeout=180s"]);
     cp.kubectl(&[
         "wait",

@@ -24,39 +24,6 @@ use lb_testkit::{
 /// range of the test's own, with no route anywhere.
 const LB_IP: &str = "10.255.1.1";
 
-const BACKENDS: &str = r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web, namespace: default}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-        - name: httpd
-          image: BUSYBOX
-          command: [sh, -c, "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
-          readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec:
-  type: LoadBalancer
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080, protocol: TCP}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: client, namespace: default}
-spec:
-  terminationGracePeriodSeconds: 0
-  containers:
-    - {name: client, image: BUSYBOX, command: [sleep, "100000"]}
-"#;
-
 /// A UDP Service with one backend pod (nothing needs to answer: the
 /// client's connect() is what socket LB translates), and its client: a
 /// connected socket held open (lb-pod-server --hold-udp).
@@ -139,7 +106,7 @@ fn pods_reach_clusterip_nodeport_and_loadbalancer_services_through_the_agent_ins
         "no connect4 hook on the node's cgroup:\n{attached}"
     );
 
-    cp.apply(&BACKENDS.replace("BUSYBOX", BUSYBOX_IMAGE));
+    cp.apply(&lb_testkit::k8s::web_backends(3, "LoadBalancer"));
     cp.kubectl(&["rollout", "status", "deploy/web", "--timeout=180s"]);
     cp.kubectl(&[
         "wait",
@@ -404,7 +371,7 @@ fn helm_installed_agent_serves_a_cluster_ip_a_helm_upgrade_rolls_it_to_maglev_an
 ) {
     let cluster = Cluster::start_installed(&unique("helm"), "lbtest-node", Install::Helm);
     let cp = &cluster.cp;
-    cp.apply(&BACKENDS.replace("BUSYBOX", BUSYBOX_IMAGE));
+    cp.apply(&lb_testkit::k8s::web_backends(3, "LoadBalancer"));
     cp.kubectl(&["rollout", "status", "deploy/web", "--timeout=180s"]);
     cp.kubectl(&[
         "wait",
