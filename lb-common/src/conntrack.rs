@@ -27,6 +27,10 @@ pub const CT_F_HOST: u16 = 1 << 5;
 /// outer header to the backend (`DSR_DISPATCH_IPIP`); `nat_addr` holds the
 /// outer source (this node's address on the route's device).
 pub const CT_F_DSR_ENCAP: u16 = 1 << 6;
+/// `CT_SERVICE`: the frontend counted its traffic when the flow started
+/// (`SVC_FLAG_STATS`): its packets are counted in `LB_SVC_STATS` under
+/// `service_id` without looking the frontend up again.
+pub const CT_F_COUNTED: u16 = 1 << 7;
 
 /// Default lifetimes of conntrack entries without traffic, in seconds (the
 /// agent can change them: `LB_CONFIG[CFG_CT_*]`). The values are Cilium's

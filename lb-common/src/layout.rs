@@ -79,6 +79,7 @@ layouts! {
     sock::UdpChoice { address: crate::Addr6, port: u16, slot: u16, backend_id: u32, used: u32 },
     sock::UdpChoices { entries: [crate::sock::UdpChoice; crate::sock::UDP_CHOICES], next: u32, pad: u32 },
     sock::SockTcpSlot { cookie: u64, peer: crate::sock::SockPeer, pad: u32 },
+    stats::ServiceStats { packets: u64, bytes: u64, flows: u64, connects: u64 },
 }
 
 /// FNV-1a, 64 bits: a hash with no dependency, stable across builds.
@@ -103,12 +104,12 @@ pub const RECORDED_VERSION: u32 = 2;
 /// again when their 16-bit `pad` became `backends_gen`: the same bytes, and
 /// the 0 every older entry holds there means "never checked", so pinned
 /// conntrack of this version reads right (a new version would have made
-/// every upgrade drop it). SockTcpSlot joined with LB_SOCK_TCP. Backend6,
+/// every upgrade drop it). SockTcpSlot joined with LB_SOCK_TCP, ServiceStats with LB_SVC_STATS. Backend6,
 /// RevNat6 and Service6Key were recorded again when their address became
 /// `Addr6` (four words instead of 16 bytes): the same bytes at the same
 /// offsets and the same size; only the Rust alignment went from 2 to 4,
 /// which no pinned map sees.
-pub const RECORDED: [(&str, u64); 31] = [
+pub const RECORDED: [(&str, u64); 32] = [
     ("AffinityKey", 0xae7692cdde92f917),
     ("AffinityValue", 0xb90e3ef7df6cb90e),
     ("AffinityMatchKey", 0x6446390e934adce6),
@@ -142,6 +143,7 @@ pub const RECORDED: [(&str, u64); 31] = [
     ("UdpChoice", 0x25b6a2c7ebf25d0c),
     ("UdpChoices", 0xc5c3e61d58566a91),
     ("SockTcpSlot", 0xbed9e560cc7ef78f),
+    ("ServiceStats", 0x38a297f827a59841),
 ];
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod nodeport;
 pub mod revnat;
 pub mod service;
 pub mod sock;
+pub mod stats;
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol` and IP headers.
 pub mod proto {

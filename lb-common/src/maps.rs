@@ -35,6 +35,7 @@ pub const LB4_SRC_RANGES: &str = "LB4_SRC_RANGES";
 pub const LB6_SRC_RANGES: &str = "LB6_SRC_RANGES";
 pub const LB4_FE_FILTER: &str = "LB4_FE_FILTER";
 pub const LB_BACKENDS_GEN: &str = "LB_BACKENDS_GEN";
+pub const LB_SVC_STATS: &str = "LB_SVC_STATS";
 
 /// Names that say the wrong family, renamed with the next layout version
 /// (a pin's name is what a running data path and a rollback open, so it
@@ -60,6 +61,9 @@ pub const DEFAULT_FRAGS_MAX: u32 = 8_192;
 pub const DEFAULT_SOURCE_RANGES_MAX: u32 = 16_384;
 /// Services that can use Maglev at once (the outer map of LB_MAGLEV).
 pub const DEFAULT_MAGLEV_MAX: u32 = 16_384;
+/// Frontends whose traffic is counted (`LB_SVC_STATS`): both families'
+/// frontends, each family's services map holding up to `DEFAULT_SERVICES_MAX`.
+pub const DEFAULT_SVC_STATS_MAX: u32 = 2 * DEFAULT_SERVICES_MAX;
 /// Default Maglev table size: a prime, about 100 × a typical backend count
 /// (the paper's M ≥ 100·N keeps the imbalance within a few percent).
 pub const DEFAULT_MAGLEV_M: u32 = 16_381;

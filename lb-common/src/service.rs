@@ -41,6 +41,9 @@ pub const SVC_FLAG_FORWARD_DSR: u16 = 1 << 10;
 /// left to the stack, which drops it as a martian (CVE-2020-8558, which
 /// kube-proxy's route_localnet opened).
 pub const SVC_FLAG_HOST_LOOPBACK: u16 = 1 << 11;
+/// The programs count this frontend's traffic in `LB_SVC_STATS`
+/// (`--service-stats on`, the default): without it they skip the lookup.
+pub const SVC_FLAG_STATS: u16 = 1 << 12;
 
 /// The data of an `LB4_SRC_RANGES` key (an LPM trie: the kernel's
 /// `bpf_lpm_trie_key` is a 32-bit prefix length followed by this). The

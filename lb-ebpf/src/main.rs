@@ -33,6 +33,8 @@ mod runtime;
 mod select;
 #[cfg(target_arch = "bpf")]
 mod sock;
+#[cfg(target_arch = "bpf")]
+mod stats;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

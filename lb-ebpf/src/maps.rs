@@ -3,7 +3,7 @@
 use aya_ebpf::{
     btf_maps,
     macros::{btf_map, map},
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use lb_common::Addr6;
 use lb_common::{
@@ -19,13 +19,14 @@ use lb_common::{
     maps::{
         DEFAULT_AFFINITY_MAX, DEFAULT_BACKENDS_MAX, DEFAULT_CT_MAX, DEFAULT_DEVICES_MAX,
         DEFAULT_FRAGS_MAX, DEFAULT_MAGLEV_MAX, DEFAULT_REVNAT_MAX, DEFAULT_SERVICES_MAX,
-        DEFAULT_SOCK_REVNAT_MAX, DEFAULT_SOURCE_RANGES_MAX,
+        DEFAULT_SOCK_REVNAT_MAX, DEFAULT_SOURCE_RANGES_MAX, DEFAULT_SVC_STATS_MAX,
     },
     revnat::{
         RevNat4, RevNat6, SockRevNat4Key, SockRevNat4Value, SockRevNat6Key, SockRevNat6Value,
     },
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
     sock::{sock_tcp_slots, SockTcpSlot},
+    stats::ServiceStats,
 };
 
 /// Agent-written maps are not preallocated: memory follows use, so capacities
@@ -133,6 +134,13 @@ pub static LB_SOCK_COOKIES: Array<u8> = Array::pinned(SOCK_COOKIE_SLOTS, 0);
 /// generation skips the backend lookup (`packet::known_flow`).
 #[map]
 pub static LB_BACKENDS_GEN: Array<u32> = Array::pinned(1, 0);
+
+/// Traffic per frontend (`lb_common::stats`): service id → this CPU's
+/// counts, entries made and deleted by the agent with the frontend's
+/// reverse-NAT entry (not preallocated: memory follows the frontends).
+#[map]
+pub static LB_SVC_STATS: PerCpuHashMap<u32, ServiceStats> =
+    PerCpuHashMap::pinned(DEFAULT_SVC_STATS_MAX, BPF_F_NO_PREALLOC);
 
 /// sessionAffinity: service id → the id its clients' memory is kept under,
 /// shared by the frontends of one service port; written by the agent.

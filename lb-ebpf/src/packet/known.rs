@@ -41,6 +41,13 @@ pub(super) fn known_flow<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
                 ct.backends_gen = gen;
             }
             frag::remember(f);
+            if ct.flags & CT_F_COUNTED != 0 {
+                // SAFETY: per-CPU scratch; fields of their own.
+                unsafe {
+                    (*sp).stats_service = ct.service_id;
+                    (*sp).stats_new_flow = 0;
+                }
+            }
             if ct.flags & CT_F_LOCAL != 0 {
                 return forward_local(ctx, f, ct);
             }

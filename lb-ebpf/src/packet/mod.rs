@@ -82,7 +82,7 @@ use lb_common::{
     service::{
         ServiceValue, ALG_MAGLEV, SCOPE_ALL, SCOPE_LOCAL, SVC_FLAG_AFFINITY,
         SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_FORWARD_DSR, SVC_FLAG_FORWARD_SNAT,
-        SVC_FLAG_HOST_LOOPBACK, SVC_FLAG_TWO_SCOPES,
+        SVC_FLAG_HOST_LOOPBACK, SVC_FLAG_STATS, SVC_FLAG_TWO_SCOPES,
     },
 };
 
@@ -134,6 +134,12 @@ pub struct Scratch<I: Ip> {
     /// The ICMP or ICMPv6 error `Action::SEND_ICMP` asks for, and for which service.
     pub icmp_error: u32,
     pub icmp_service: u32,
+    /// The frontend whose traffic this packet counts as (`stats`), set by
+    /// `known_flow` and `pick`, 0 for none; and whether it starts its flow.
+    /// Counted once the verdict is known, so a packet XDP punts to tc is
+    /// counted there only.
+    pub stats_service: u32,
+    pub stats_new_flow: u32,
 }
 
 #[inline(always)]
@@ -222,6 +228,9 @@ pub trait Hook: Pkt {
     /// The L3 length of what goes on the wire per packet: one segment of a
     /// GSO packet, the whole packet otherwise.
     fn wire_len<I: Ip>(&self, f: &Flow<I>) -> u16;
+    /// The packets on the wire this one stands for: a GRO/GSO skb's
+    /// segments, 1 otherwise.
+    fn segments(&self) -> u32;
     /// Inserts `len` bytes after the 20-byte IPv4 base header.
     fn grow_ip_options(&self, len: u32) -> bool;
     /// Removes `len` bytes after the 20-byte IPv4 base header.
@@ -346,6 +355,9 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
         }
         Parsed::Invalid(ports) => return reject_unless_passable(ctx, f, ports),
     }
+    // SAFETY: per-CPU scratch; fields of their own (a previous run's value
+    // must not be counted again).
+    unsafe { (*s).stats_service = 0 };
 
     // On a backend's node: a DSR request carries the frontend.
     if f.dsr_port != 0 {
@@ -374,10 +386,30 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
     if a == Action::NEXT {
         a = new_flow(ctx, f);
     }
+    if a != Action::PUNT {
+        count_frontend(ctx, s);
+    }
     if a == Action::SEND_ICMP {
         return send_icmp(ctx, s);
     }
     a
+}
+
+/// Counts the packet for the frontend `known_flow` or `pick` found (none
+/// when the frontend does not count, `SVC_FLAG_STATS`). Its bytes as on
+/// the wire: a GRO/GSO packet's segments each carry the headers again.
+#[inline(always)]
+fn count_frontend<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) {
+    // SAFETY: per-CPU scratch, used by this program run only.
+    let (service_id, new_flow, f) =
+        unsafe { ((*s).stats_service, (*s).stats_new_flow, &(*s).flow) };
+    if service_id == 0 {
+        return;
+    }
+    let segments = ctx.segments();
+    let headers = ((f.ip_len & I::IP_LEN_MASK) + f.l4_len) as u32;
+    let bytes = u32::from(f.tot_len) + (segments - 1) * headers;
+    crate::stats::count_packet(service_id, segments, bytes, new_flow != 0);
 }
 
 /// The ICMP or ICMPv6 error a deeper step left in the scratch map, sent

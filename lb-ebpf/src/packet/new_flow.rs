@@ -170,6 +170,14 @@ pub(super) fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     } else if svc.flags & SVC_FLAG_FORWARD_SNAT != 0 {
         flags |= CT_F_SNAT;
     }
+    if svc.flags & SVC_FLAG_STATS != 0 {
+        flags |= CT_F_COUNTED;
+        // SAFETY: per-CPU scratch; fields of their own.
+        unsafe {
+            (*sp).stats_service = svc.service_id;
+            (*sp).stats_new_flow = 1;
+        }
+    }
     *ct = CtValue {
         backend_id,
         service_id: svc.service_id,

@@ -96,6 +96,12 @@ impl Hook for Tc<'_> {
         }
     }
     #[inline(always)]
+    fn segments(&self) -> u32 {
+        // SAFETY: reading a field of the context the program was given.
+        let segs = unsafe { (*self.ctx.skb.skb).gso_segs };
+        segs.max(1)
+    }
+    #[inline(always)]
     fn change_tail(&self, len: u32) -> bool {
         // SAFETY: the helper takes the program's own context.
         unsafe { bpf_skb_change_tail(self.ctx.as_ptr().cast(), len, 0) == 0 }

@@ -68,6 +68,10 @@ impl Hook for Xdp<'_> {
         f.tot_len
     }
     #[inline(always)]
+    fn segments(&self) -> u32 {
+        1
+    }
+    #[inline(always)]
     fn change_tail(&self, _len: u32) -> bool {
         false
     }

@@ -16,6 +16,7 @@ use lb_common::{
     proto,
     service::{
         ServiceValue, SVC_FLAG_AFFINITY, SVC_FLAG_FOREIGN_EXTERNAL_IP, SVC_FLAG_HOST_LOOPBACK,
+        SVC_FLAG_STATS,
     },
 };
 
@@ -182,6 +183,9 @@ fn forward<F: SockFamily>(ctx: &SockAddrContext, hook: u8, address: Addr6, dest:
 
     dest.write(&sa, baddr, bport);
     bump(CNT_SOCK_TRANSLATIONS);
+    if svc.flags & SVC_FLAG_STATS != 0 {
+        crate::stats::count_connect(svc.service_id);
+    }
     if runtime::tracing() {
         let mut e = event::<F>(ctx, hook, protocol, address, dport);
         e.kind = EVENT_TRACE;

@@ -115,6 +115,12 @@ pub struct ServiceArgs {
     /// node is served either way. docs/security.md weighs the two.
     #[arg(long, value_enum, default_value_t = ExternalIpsArg::Translate, env = "LB_EXTERNAL_IPS_IN_CLUSTER")]
     pub external_ips_in_cluster: ExternalIpsArg,
+    /// Count each frontend's traffic in the data path (`lbctl service list
+    /// --stats`, `lbctl top`, the lb_service_* metrics): `on`, the default,
+    /// or `off`, which leaves the programs without the counters' lookup.
+    /// Memory: 32 bytes per frontend per possible CPU.
+    #[arg(long, value_enum, default_value_t = Switch::On, env = "LB_SERVICE_STATS")]
+    pub service_stats: Switch,
     /// How often a long reconcile logs how far it got.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration, env = "LB_RECONCILE_PROGRESS_EVERY")]
     pub reconcile_progress_every: Duration,
@@ -271,6 +277,19 @@ impl From<AlgorithmArg> for crate::model::Algorithm {
             AlgorithmArg::Random => Self::Random,
             AlgorithmArg::Maglev => Self::Maglev,
         }
+    }
+}
+
+/// A feature turned on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Switch::On
     }
 }
 

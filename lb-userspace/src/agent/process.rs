@@ -403,7 +403,17 @@ fn restore(
         external_ips_in_cluster = ?external_ips,
         "external IPs for the node's sockets and pods"
     );
-    let maps = BpfMaps::open(&cfg.pin_dir)?;
+    let mut maps = BpfMaps::open(&cfg.pin_dir)?;
+    // Frontends from before this agent (pins of a build without per-service
+    // counters, or a crash between a frontend's two writes) get their
+    // stats entry now; entries of no frontend go.
+    let (made, deleted) = maps.adopt_service_stats()?;
+    if made + deleted > 0 {
+        info!(
+            made,
+            deleted, "per-service counters adopted for the frontends in the maps"
+        );
+    }
     let reconciler = Reconciler::restore(maps)?
         .with_config(crate::desired::BuildConfig {
             maglev_m: args.maglev_table_size,
@@ -414,6 +424,7 @@ fn restore(
                 Default::default()
             }),
             maglev_seed: crate::desired::maglev::Seed::from_text(&args.maglev_hash_seed),
+            service_stats: args.service_stats.is_on(),
         })
         .with_cancel(cancel)
         .with_progress_every(args.reconcile_progress_every);

@@ -80,6 +80,21 @@ enum Command {
         #[command(subcommand)]
         command: MaglevCommand,
     },
+    /// The busiest frontends now (connects, flows, packets and bits per
+    /// second, from the data path's counters), refreshed until Ctrl-C.
+    Top {
+        /// Time between refreshes.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        /// Exit after this many refreshes (as top -n).
+        #[arg(short = 'n', long)]
+        count: Option<usize>,
+        /// Frontends shown.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long, value_enum, default_value_t = cli::top::SortBy::Connects)]
+        sort: cli::top::SortBy,
+    },
     /// Run-time settings of the programs (log level, tracing, event rate).
     Config {
         #[command(subcommand)]
@@ -90,7 +105,13 @@ enum Command {
 #[derive(Subcommand)]
 enum ServiceCommand {
     /// List every frontend with its backends.
-    List,
+    List {
+        /// What the data path counted per frontend instead of the
+        /// backends: connects (socket path), flows, packets and bytes
+        /// (packet path), since the frontend was made.
+        #[arg(long)]
+        stats: bool,
+    },
     /// One service, by id or frontend (10.96.0.10:80, 10.96.0.10:80/TCP, [fd00::10]:53/UDP).
     Get { service: String },
 }
@@ -185,8 +206,9 @@ fn run() -> anyhow::Result<()> {
         Command::Service { command } => {
             let state = BpfMaps::open(&cli.pin_dir)?.dump()?;
             let rows = cli::service_list::rows(&state);
+            let with_stats = matches!(command, ServiceCommand::List { stats: true });
             let rows: Vec<_> = match command {
-                ServiceCommand::List => rows.iter().collect(),
+                ServiceCommand::List { .. } => rows.iter().collect(),
                 ServiceCommand::Get { service } => {
                     let found = cli::service_list::find(&rows, &service);
                     if found.is_empty() {
@@ -195,8 +217,15 @@ fn run() -> anyhow::Result<()> {
                     found
                 }
             };
-            let rows: Vec<_> = rows.into_iter().cloned().collect();
+            let mut rows: Vec<_> = rows.into_iter().cloned().collect();
+            if with_stats {
+                let stats = lb::maps::stats::read(&cli.pin_dir)?;
+                cli::service_list::add_stats(&mut rows, &stats);
+            }
             match out {
+                Output::Table if with_stats => {
+                    print!("{}", cli::service_list::render_stats_table(&rows));
+                }
                 Output::Table => print!("{}", cli::service_list::render_table(&rows)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
             }
@@ -282,6 +311,12 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Command::Monitor { kind, count } => monitor(&cli.pin_dir, kind, count, out)?,
+        Command::Top {
+            interval,
+            count,
+            limit,
+            sort,
+        } => top(&cli.pin_dir, interval, count, limit, sort, out)?,
         Command::Status | Command::Version | Command::Completion { .. } => unreachable!(),
     }
     Ok(())
@@ -339,6 +374,72 @@ fn monitor(
         config.set(CFG_TRACE, previous_trace)?;
     }
     result
+}
+
+/// `lbctl top`: reads the counters every `interval` and shows the rates
+/// since the reading before; on a terminal each refresh replaces the last,
+/// elsewhere (a pipe, `-o json`: one object per line) they follow each other.
+fn top(
+    pin_dir: &std::path::Path,
+    interval: std::time::Duration,
+    count: Option<usize>,
+    limit: usize,
+    sort: cli::top::SortBy,
+    out: Output,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let Some(stats) = lb::maps::stats::StatsMap::open(pin_dir)? else {
+        bail!("the data path at {} has no per-service counters (LB_SVC_STATS): it is from an older release; restart lb-agent with this release", pin_dir.display());
+    };
+    let maps = BpfMaps::open(pin_dir)?;
+    let clear = out == Output::Table && std::io::stdout().is_terminal();
+    let mut before = stats.read_all()?;
+    let mut at = std::time::Instant::now();
+    let mut shown = 0usize;
+    while count.is_none_or(|c| shown < c) {
+        // Sleep in short steps so Ctrl-C is not kept waiting.
+        let until = at + interval;
+        while std::time::Instant::now() < until && !STOP.load(Ordering::Relaxed) {
+            std::thread::sleep(
+                (until - std::time::Instant::now()).min(std::time::Duration::from_millis(100)),
+            );
+        }
+        if STOP.load(Ordering::Relaxed) {
+            break;
+        }
+        let now = stats.read_all()?;
+        let now_at = std::time::Instant::now();
+        let secs = (now_at - at).as_secs_f64();
+        // The frontends are read each time: services come and go.
+        let frontends = cli::service_list::rows(&maps.dump()?);
+        let all = cli::top::rows(&frontends, &before, &now, secs, sort, usize::MAX);
+        let rows = &all[..all.len().min(limit)];
+        let mut lock = std::io::stdout().lock();
+        match out {
+            Output::Table => {
+                if clear {
+                    let _ = write!(lock, "\x1b[H\x1b[2J");
+                }
+                let _ = write!(lock, "{}", cli::top::render(rows, secs, all.len(), sort));
+                if !clear {
+                    let _ = writeln!(lock);
+                }
+            }
+            Output::Json => {
+                let line = serde_json::json!({ "interval_s": secs, "active": all.len(), "frontends": rows });
+                let _ = writeln!(lock, "{line}");
+            }
+        }
+        let _ = lock.flush();
+        (before, at) = (now, now_at);
+        shown += 1;
+    }
+    Ok(())
 }
 
 fn check_access(pin_dir: &std::path::Path) -> anyhow::Result<()> {

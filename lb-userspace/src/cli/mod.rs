@@ -6,6 +6,7 @@ pub mod drops;
 pub mod maglev;
 pub mod service_list;
 pub mod status;
+pub mod top;
 pub mod version;
 
 /// Output format of every lbctl command.

@@ -40,6 +40,76 @@ pub struct ServiceRow {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub foreign_external_ip: bool,
     pub backends: Vec<BackendRow>,
+    /// `--stats`: what the data path counted for the frontend
+    /// (LB_SVC_STATS); None without `--stats`, or for a frontend without
+    /// counters (`--service-stats off`, or a data path without them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<StatsRow>,
+}
+
+/// A frontend's counts, summed over CPUs (`lb_common::stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatsRow {
+    /// Socket path: connect() and unconnected sendmsg() calls translated.
+    pub connects: u64,
+    /// Packet path: flows started (conntrack entries made).
+    pub flows: u64,
+    /// Packet path: packets of clients' flows, as on the wire.
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl From<lb_common::stats::ServiceStats> for StatsRow {
+    fn from(s: lb_common::stats::ServiceStats) -> Self {
+        Self {
+            connects: s.connects,
+            flows: s.flows,
+            packets: s.packets,
+            bytes: s.bytes,
+        }
+    }
+}
+
+/// Adds each row's counts (by service id); a frontend the map has no
+/// entry for keeps None.
+pub fn add_stats(
+    rows: &mut [ServiceRow],
+    stats: &std::collections::BTreeMap<u32, lb_common::stats::ServiceStats>,
+) {
+    for r in rows {
+        r.stats = stats.get(&r.id).map(|s| StatsRow::from(*s));
+    }
+}
+
+/// `lbctl service list --stats`: one line per frontend with its counts
+/// ("-": not counted).
+pub fn render_stats_table(rows: &[ServiceRow]) -> String {
+    let mut table = vec![[
+        "ID".to_string(),
+        "Frontend".into(),
+        "Service Type".into(),
+        "Connects".into(),
+        "Flows".into(),
+        "Packets".into(),
+        "Bytes".into(),
+    ]];
+    for r in rows {
+        let cells = match r.stats {
+            Some(s) => [s.connects, s.flows, s.packets, s.bytes].map(|n| n.to_string()),
+            None => std::array::from_fn(|_| "-".to_string()),
+        };
+        let [c, f, p, b] = cells;
+        table.push([
+            r.id.to_string(),
+            r.frontend.to_string(),
+            r.kind.to_string(),
+            c,
+            f,
+            p,
+            b,
+        ]);
+    }
+    super::align(&table)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -158,6 +228,7 @@ pub fn rows(state: &MapState) -> Vec<ServiceRow> {
                     & lb_common::service::SVC_FLAG_FOREIGN_EXTERNAL_IP
                     != 0,
                 backends,
+                stats: None,
             }
         })
         .collect();

@@ -69,6 +69,9 @@ pub struct BuildConfig {
     pub node_addresses: std::sync::Arc<std::collections::BTreeSet<std::net::IpAddr>>,
     /// The cluster-wide seed of the Maglev tables (`--maglev-hash-seed`).
     pub maglev_seed: maglev::Seed,
+    /// Frontends are marked `SVC_FLAG_STATS`: the programs count their
+    /// traffic (`--service-stats`).
+    pub service_stats: bool,
 }
 
 impl Default for BuildConfig {
@@ -78,6 +81,7 @@ impl Default for BuildConfig {
             external_ips_in_cluster: ExternalIpsInCluster::default(),
             node_addresses: Default::default(),
             maglev_seed: maglev::Seed::default(),
+            service_stats: true,
         }
     }
 }
@@ -333,6 +337,9 @@ fn build_frontend(
     let source_ranges: BTreeSet<Cidr> = fe.source_ranges.iter().copied().collect();
     if !source_ranges.is_empty() {
         flags |= SVC_FLAG_SOURCE_RANGES;
+    }
+    if cfg.service_stats {
+        flags |= lb_common::service::SVC_FLAG_STATS;
     }
     flags |= match fe.forwarding {
         None => 0,

@@ -39,6 +39,9 @@ pub struct BpfMaps {
     /// (the move failed, or the run of deletes stopped at a failure): moved
     /// before anything else is written, and by `settle`.
     gen_due: bool,
+    /// `LB_SVC_STATS`: a frontend's entry follows its reverse-NAT entry
+    /// (`stats`). None: pins of a build without it.
+    stats: Option<super::stats::StatsMap>,
     capacity: MapSizes,
 }
 
@@ -124,6 +127,7 @@ impl BpfMaps {
             config: Array::try_from(open_pinned(pin_dir, names::LB_CONFIG)?)?,
             backends_gen,
             gen_due: false,
+            stats: super::stats::StatsMap::open(pin_dir)?,
             capacity,
         })
     }
@@ -250,7 +254,42 @@ impl BpfMaps {
             map: op.map_name(),
             op: format!("{op:?}"),
             source,
-        })
+        })?;
+        self.follow_stats(std::slice::from_ref(op))
+            .map_err(|(_, e)| e)
+    }
+
+    /// The stats entries that come and go with reverse-NAT entries
+    /// (`stats`), after `ops` landed. On failure: the operation whose
+    /// entry failed, and the error.
+    fn follow_stats(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
+        let Some(stats) = &mut self.stats else {
+            return Ok(());
+        };
+        for (i, op) in ops.iter().enumerate() {
+            stats.follow(op).map_err(|source| {
+                (
+                    i,
+                    MapWriteError {
+                        map: names::LB_SVC_STATS,
+                        op: format!("the stats entry of {op:?}"),
+                        source,
+                    },
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Makes `LB_SVC_STATS` agree with the frontends in the maps (at
+    /// start: `stats::StatsMap::adopt`). Returns (made, deleted).
+    pub fn adopt_service_stats(&mut self) -> anyhow::Result<(usize, usize)> {
+        let Some(stats) = &mut self.stats else {
+            return Ok((0, 0));
+        };
+        let mut ids = self.families.v4.revnat_ids()?;
+        ids.extend(self.families.v6.revnat_ids()?);
+        stats.adopt(&ids)
     }
 
     /// A new inner table, filled in one batch, then swapped in for the old
@@ -322,6 +361,9 @@ impl LbMaps for BpfMaps {
                                 source,
                             },
                         )));
+                    }
+                    if let Err((done, e)) = self.follow_stats(&ops[i..end]) {
+                        return Err(self.failing((i + done, e)));
                     }
                 }
                 _ => {

@@ -21,6 +21,7 @@ use lb_common::{
     },
     service::{Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6},
     sock::{sock_tcp_slots, SockPeers, SockTcpSlot, UdpChoices},
+    stats::ServiceStats,
 };
 
 use aya::maps::MapType;
@@ -117,8 +118,14 @@ const fn btf(
     }
 }
 
+/// A map with an entry per frontend of either family: twice a family's
+/// services map (`DEFAULT_SVC_STATS_MAX` at the default size).
+fn both_families(services: u32) -> u32 {
+    services.saturating_mul(2)
+}
+
 /// Every pinned map of the object, in the order `lbctl status` lists them.
-pub const CATALOG: [MapSpec; 31] = [
+pub const CATALOG: [MapSpec; 32] = [
     synced(
         names::LB4_SERVICES,
         V4,
@@ -216,6 +223,14 @@ pub const CATALOG: [MapSpec; 31] = [
         BOTH,
         kv::<AffinityMatchKey, u8>(),
         Capacity::Sized(SizeFlag::Services),
+    ),
+    // One entry per frontend of either family (maps::stats).
+    spec(
+        names::LB_SVC_STATS,
+        MapType::PerCpuHash,
+        BOTH,
+        kv::<u32, ServiceStats>(),
+        Capacity::DerivedFrom(SizeFlag::Services, both_families),
     ),
     // One entry per frontend at most: the services map's size holds them.
     spec(

@@ -275,6 +275,15 @@ impl<L: Layout> FamilyMaps<L> {
         }
     }
 
+    /// The service ids with a reverse-NAT entry: this family's frontends.
+    pub fn revnat_ids(&self) -> anyhow::Result<Vec<u32>> {
+        let n = L::FAMILY.names();
+        self.revnat
+            .keys()
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("reading {}", n.revnat))
+    }
+
     /// Adds this family's entries to the lists `MapState::from_entries` takes.
     pub fn dump_into(
         &self,

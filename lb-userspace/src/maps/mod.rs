@@ -15,6 +15,7 @@ pub mod fake;
 pub mod family;
 pub mod sizes;
 pub mod state;
+pub mod stats;
 
 use std::{net::IpAddr, sync::Arc};
 

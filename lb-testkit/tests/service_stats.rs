@@ -1,0 +1,230 @@
+//! Per-frontend counters (LB_SVC_STATS) against what really crossed the
+//! data path, on the real kernel: exact connect counts on the socket path
+//! (TCP, unconnected and connected UDP), flows, packets and bytes of real
+//! bulk traffic (GRO-merged on tc, frame by frame on XDP) on the packet
+//! path, `lbctl top` during traffic, and `--service-stats off`.
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use lb_testkit::{
+    agent::Agent,
+    cluster::{Cluster, Options, NODE_A, POD_B},
+    servers, traffic, unique,
+    world::World,
+};
+use serde_json::Value;
+
+/// The `lbctl service list --stats` row of the frontend at `address:port`.
+fn stats_of(agent: &Agent, address: &str, port: u16) -> Value {
+    let rows = agent.lbctl_json(&["service", "list", "--stats"]);
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["frontend"]["address"] == address && r["frontend"]["port"] == port)
+        .unwrap_or_else(|| panic!("no frontend {address}:{port} in {rows:#}"))
+        .clone()
+}
+
+fn count(row: &Value, field: &str) -> u64 {
+    row["stats"][field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no stats.{field} in {row:#}"))
+}
+
+const SOCKET_SERVICES: &str = "services:
+  - name: web
+    clusterIPs: [10.96.0.10]
+    ports: [{port: 80, targetPort: 8080}]
+    backends: [{address: 10.250.0.11}, {address: 10.250.0.12}, {address: 10.250.0.13}]
+  - name: dns
+    clusterIPs: [10.96.0.53]
+    ports: [{port: 53, protocol: UDP, targetPort: 5353}]
+    backends: [{address: 10.250.0.11}, {address: 10.250.0.12}, {address: 10.250.0.13}]
+";
+
+#[test]
+fn socket_path_counts_each_translated_connect_and_unconnected_send_per_frontend_exactly() {
+    let w = World::new("stats_sock", 3);
+    let _tcp = w.tcp_servers(8080, false);
+    let _udp = w.udp_servers(5353, false);
+    w.write_services(SOCKET_SERVICES);
+    let agent = w.start_agent();
+
+    let ok = |mode: &str, target: &str, n: usize| {
+        let attempts = w.probe(mode, target, n);
+        assert!(attempts.iter().all(|a| a.ok), "{mode}: {attempts:?}");
+    };
+    ok("tcp", "10.96.0.10:80", 2000);
+    // Unconnected UDP: every sendto() is translated (and counted); a
+    // connected socket once, at connect().
+    ok("udp", "10.96.0.53:53", 300);
+    ok("udp-connected", "10.96.0.53:53", 200);
+
+    let web = stats_of(&agent, "10.96.0.10", 80);
+    let dns = stats_of(&agent, "10.96.0.53", 53);
+    assert_eq!(count(&web, "connects"), 2000, "{web:#}");
+    assert_eq!(count(&dns, "connects"), 500, "{dns:#}");
+    // No packet of theirs met the packet path (no device here).
+    for row in [&web, &dns] {
+        assert_eq!(
+            count(row, "flows") + count(row, "packets") + count(row, "bytes"),
+            0,
+            "{row:#}"
+        );
+    }
+
+    // lbctl top during traffic: the busy frontend with a rate that the
+    // connects made in the interval account for; the idle one left out.
+    let pins = w.pins.path.clone();
+    let top = std::thread::spawn(move || {
+        let out = std::process::Command::new(lb_testkit::sibling_bin("lbctl"))
+            .args([
+                "top",
+                "-n",
+                "1",
+                "--interval",
+                "3s",
+                "-o",
+                "json",
+                "--pin-dir",
+            ])
+            .arg(&pins)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    ok("tcp", "10.96.0.10:80", 500);
+    let line = top.join().unwrap();
+    let sample: Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    let frontends = sample["frontends"].as_array().unwrap();
+    assert_eq!(frontends.len(), 1, "only web had traffic: {sample:#}");
+    assert_eq!(frontends[0]["frontend"], "10.96.0.10:80/TCP");
+    let made =
+        frontends[0]["connects_per_s"].as_f64().unwrap() * sample["interval_s"].as_f64().unwrap();
+    assert!(
+        (1.0..=500.5).contains(&made),
+        "top saw {made} connects in its interval, of the 500 made: {sample:#}"
+    );
+    assert_eq!(count(&stats_of(&agent, "10.96.0.10", 80), "connects"), 2500);
+}
+
+#[test]
+fn with_service_stats_off_nothing_is_counted_and_translation_still_works() {
+    let w = World::new("stats_off", 3);
+    let _tcp = w.tcp_servers(8080, false);
+    w.write_services(SOCKET_SERVICES);
+    let agent = Agent::start_with(
+        &w.services,
+        &w.cgroup.path,
+        &w.pins.path,
+        &["--service-stats", "off"],
+    );
+    let attempts = w.probe("tcp", "10.96.0.10:80", 50);
+    assert!(attempts.iter().all(|a| a.ok), "{attempts:?}");
+    let web = stats_of(&agent, "10.96.0.10", 80);
+    assert_eq!(count(&web, "connects"), 0, "{web:#}");
+    let table = agent.lbctl(&["service", "list", "--stats"]);
+    assert!(table.contains("Connects"), "{table}");
+}
+
+fn packet_services() -> String {
+    let pb = POD_B[0];
+    format!(
+        r#"
+services:
+  - name: names
+    type: NodePort
+    clusterIPs: ["10.96.0.2"]
+    ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]
+    backends: [{{address: "{pb}"}}]
+  - name: bulk
+    type: NodePort
+    clusterIPs: ["10.96.0.3"]
+    ports: [{{port: 80, targetPort: 9000, nodePort: 30090}}]
+    backends: [{{address: "{pb}"}}]
+"#
+    )
+}
+
+/// Through node A (SNAT to node B's pod): 2 000 connections are 2 000
+/// flows, and a 2 s bulk upload's packets and bytes are what was on the
+/// wire: every byte the client sent, each segment's headers once.
+fn packets_and_bytes_are_what_the_wire_carried(tag: &str, xdp: bool) {
+    let opts = Options {
+        gro: true,
+        full_checksums: xdp,
+        xdp_ready: xdp,
+        ..Default::default()
+    };
+    let mut c = Cluster::with(&unique(tag), &opts);
+    let pb = POD_B[0];
+    let _servers = [
+        servers::tcp(&c.pod_b.name, SocketAddr::from((pb, 8080)), "b0"),
+        traffic::bulk_server(&c.pod_b.name, SocketAddr::from((pb, 9000))),
+    ];
+    let mut args = vec!["--lb-mode", "snat"];
+    if xdp {
+        args.extend(["--acceleration", "native"]);
+    }
+    let services = packet_services();
+    Cluster::start(&mut c.a, &services, &args);
+    Cluster::start(&mut c.b, &services, &args);
+    let client = c.client.name.clone();
+    let node = IpAddr::V4(NODE_A);
+    let a = c.a.agent.as_ref().unwrap();
+    let na = NODE_A.to_string();
+
+    let churn = traffic::churn(&client, SocketAddr::from((node, 30081)), 2000);
+    assert_eq!(churn.failed, 0, "{:?}", churn.errors);
+    let names = stats_of(a, &na, 30081);
+    assert_eq!(count(&names, "flows"), 2000, "xdp {xdp}: {names:#}");
+    // Each connection: at least the SYN, the handshake's ACK and the FIN's.
+    assert!(count(&names, "packets") >= 3 * 2000, "{names:#}");
+    assert_eq!(
+        count(&names, "connects"),
+        0,
+        "the client is not on the node"
+    );
+
+    let up = traffic::upload(&client, SocketAddr::from((node, 30090)), 5, 2000).unwrap();
+    let bulk = stats_of(a, &na, 30090);
+    let (packets, bytes) = (count(&bulk, "packets"), count(&bulk, "bytes"));
+    assert_eq!(count(&bulk, "flows"), 1, "{bulk:#}");
+    // IPv4 20 + TCP 32 (timestamps) per segment: what is left is payload
+    // (the SYN's 8 bytes of options more, and retransmissions).
+    let payload = bytes.saturating_sub(packets * 52);
+    eprintln!(
+        "xdp {xdp}: upload of {} bytes counted as {packets} packets, {bytes} bytes ({payload} payload)",
+        up.bytes
+    );
+    assert!(
+        payload >= up.bytes && payload <= up.bytes + up.bytes / 50 + 65_536,
+        "xdp {xdp}: {payload} payload bytes counted for an upload of {}: {bulk:#}",
+        up.bytes
+    );
+    // Segments, not merged packets: at most one MSS (1448 at MTU 1500) each.
+    let mss = 1448;
+    assert!(
+        packets >= up.bytes / mss && packets <= up.bytes / mss * 13 / 10 + 2000,
+        "xdp {xdp}: {packets} packets for {} bytes: {bulk:#}",
+        up.bytes
+    );
+}
+
+#[test]
+fn tc_counts_flows_and_each_gro_segment_with_its_bytes_under_bulk_traffic() {
+    packets_and_bytes_are_what_the_wire_carried("stats_tc", false);
+}
+
+#[test]
+fn xdp_counts_flows_packets_and_bytes_under_bulk_traffic() {
+    packets_and_bytes_are_what_the_wire_carried("stats_xdp", true);
+}
