@@ -344,6 +344,7 @@ pub fn one_backend(from: IpAddr, from_port: u16, to: IpAddr, to_port: u16, local
             }],
         }],
         health_check_node_port: None,
+        metrics: false,
     }
 }
 

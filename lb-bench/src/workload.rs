@@ -139,6 +139,7 @@ pub fn service(s: &Svc, kind: FrontendKind) -> Service {
                 .collect(),
         }],
         health_check_node_port: None,
+        metrics: false,
     }
 }
 

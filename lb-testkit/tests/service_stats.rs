@@ -2,7 +2,8 @@
 //! data path, on the real kernel: exact connect counts on the socket path
 //! (TCP, unconnected and connected UDP), flows, packets and bytes of real
 //! bulk traffic (GRO-merged on tc, frame by frame on XDP) on the packet
-//! path, `lbctl top` during traffic, and `--service-stats off`.
+//! path, `lbctl top` during traffic, the opt-in lb_service_* metrics, and
+//! `--service-stats off`.
 use std::{
     net::{IpAddr, SocketAddr},
     time::Duration,
@@ -35,6 +36,7 @@ fn count(row: &Value, field: &str) -> u64 {
 
 const SOCKET_SERVICES: &str = "services:
   - name: web
+    metrics: true
     clusterIPs: [10.96.0.10]
     ports: [{port: 80, targetPort: 8080}]
     backends: [{address: 10.250.0.11}, {address: 10.250.0.12}, {address: 10.250.0.13}]
@@ -114,10 +116,20 @@ fn socket_path_counts_each_translated_connect_and_unconnected_send_per_frontend_
         "top saw {made} connects in its interval, of the 500 made: {sample:#}"
     );
     assert_eq!(count(&stats_of(&agent, "10.96.0.10", 80), "connects"), 2500);
+
+    // The metrics: web opted in (metrics: true), dns did not.
+    let (status, body) = agent.http_get("/metrics");
+    assert_eq!(status, 200);
+    let series = r#"lb_service_connects_total{namespace="default",service="web",frontend="10.96.0.10:80/TCP",type="ClusterIP"} 2500"#;
+    assert!(body.contains(series), "no {series} in\n{body}");
+    assert!(
+        !body.contains(r#"service="dns""#),
+        "dns did not opt in:\n{body}"
+    );
 }
 
 #[test]
-fn with_service_stats_off_nothing_is_counted_and_translation_still_works() {
+fn with_service_stats_off_frontends_have_no_counters_and_translation_still_works() {
     let w = World::new("stats_off", 3);
     let _tcp = w.tcp_servers(8080, false);
     w.write_services(SOCKET_SERVICES);
@@ -129,10 +141,16 @@ fn with_service_stats_off_nothing_is_counted_and_translation_still_works() {
     );
     let attempts = w.probe("tcp", "10.96.0.10:80", 50);
     assert!(attempts.iter().all(|a| a.ok), "{attempts:?}");
+    // No entry at all: no memory, and lbctl says "not counted" ("-").
     let web = stats_of(&agent, "10.96.0.10", 80);
-    assert_eq!(count(&web, "connects"), 0, "{web:#}");
+    assert!(web["stats"].is_null(), "{web:#}");
     let table = agent.lbctl(&["service", "list", "--stats"]);
-    assert!(table.contains("Connects"), "{table}");
+    let line = table
+        .lines()
+        .find(|l| l.contains("10.96.0.10:80/TCP"))
+        .unwrap();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cells[cells.len() - 4..], ["-"; 4], "{table}");
 }
 
 fn packet_services() -> String {

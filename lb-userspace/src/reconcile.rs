@@ -42,6 +42,18 @@ use crate::{
 /// often, unless told otherwise.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
+/// A frontend whose counters the metrics export, with its labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricFrontend {
+    pub service_id: u32,
+    pub namespace: String,
+    pub name: String,
+    /// `10.96.0.10:80/TCP`, `[fd00::10]:53/UDP`.
+    pub frontend: String,
+    /// ClusterIP, NodePort, LoadBalancer, ExternalIP.
+    pub kind: &'static str,
+}
+
 /// What one reconcile did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReconcileStats {
@@ -84,6 +96,9 @@ pub struct Reconciler<M: LbMaps> {
     held: HashMap<ServiceName, SmallVec<[SvcKey; 1]>>,
     /// Services that were refused and wait for a retry.
     pending: BTreeSet<ServiceName>,
+    /// Services of the target whose counters are exported as metrics
+    /// (`Service::metrics`), kept as the target changes.
+    metric_services: BTreeSet<ServiceName>,
     needs_full_sync: bool,
     cfg: BuildConfig,
     /// UDP backends deleted from the maps since the last `take_removed_udp`.
@@ -113,6 +128,7 @@ impl<M: LbMaps> Reconciler<M> {
             holder: HashMap::default(),
             held: HashMap::default(),
             pending: BTreeSet::new(),
+            metric_services: BTreeSet::new(),
             needs_full_sync: true,
             cfg: BuildConfig::default(),
             removed_udp: Vec::new(),
@@ -227,6 +243,28 @@ impl<M: LbMaps> Reconciler<M> {
         &self.target
     }
 
+    /// The frontends in the maps of services that export their counters
+    /// (`Service::metrics`): the few the metrics name, found without a
+    /// scan of every service.
+    pub fn metric_frontends(&self) -> Vec<MetricFrontend> {
+        let mut out = Vec::new();
+        for name in &self.metric_services {
+            for key in self.held.get(name).into_iter().flatten() {
+                let Some(master) = self.state.services.get(key) else {
+                    continue;
+                };
+                out.push(MetricFrontend {
+                    service_id: master.service_id,
+                    namespace: name.namespace().to_string(),
+                    name: name.name().to_string(),
+                    frontend: crate::cli::service_list::frontend_text(key),
+                    kind: crate::cli::service_list::type_name(master.flags),
+                });
+            }
+        }
+        out
+    }
+
     /// Services refused by the last reconcile, waiting for a retry.
     pub fn pending(&self) -> &BTreeSet<ServiceName> {
         &self.pending
@@ -250,6 +288,13 @@ impl<M: LbMaps> Reconciler<M> {
         self.had_input = true;
         let dirty = self.target.changed_services(&model);
         self.target = model;
+        self.metric_services = self
+            .target
+            .services
+            .iter()
+            .filter(|(_, s)| s.metrics)
+            .map(|(n, _)| n.clone())
+            .collect();
         self.run(dirty)
     }
 
@@ -261,6 +306,11 @@ impl<M: LbMaps> Reconciler<M> {
         self.had_input = true;
         let mut dirty = BTreeSet::new();
         for (name, svc) in changes {
+            if svc.as_ref().is_some_and(|s| s.metrics) {
+                self.metric_services.insert(name.clone());
+            } else {
+                self.metric_services.remove(&name);
+            }
             let changed = match svc {
                 Some(mut s) => {
                     s.shrink_to_fit();

@@ -309,6 +309,30 @@ fn the_forwarding_mode_annotation_reaches_external_frontends_and_a_bad_one_is_wa
     }
 }
 
+/// `lb.dev/metrics: "true"` opts the service's counters into the metrics;
+/// "false" or no annotation keeps them out, anything else is warned about.
+#[test]
+fn the_metrics_annotation_opts_a_service_in_and_a_bad_value_is_warned() {
+    let (mut svc, slices) = local_only();
+    for (value, want, warned) in [
+        (Some("true"), true, false),
+        (Some(" true "), true, false),
+        (Some("false"), false, false),
+        (None, false, false),
+        (Some("yes"), false, true),
+    ] {
+        svc.metadata.annotations = value.map(|v| {
+            [("lb.dev/metrics".to_string(), v.to_string())]
+                .into_iter()
+                .collect()
+        });
+        let t = translate(&svc, slices.iter(), &node());
+        assert_eq!(t.service.unwrap().metrics, want, "{value:?}");
+        let w = t.warnings.iter().any(|w| w.reason == "invalid-annotation");
+        assert_eq!(w, warned, "{value:?}: {:?}", t.warnings);
+    }
+}
+
 #[test]
 fn a_maglev_service_takes_its_table_size_from_the_annotation_and_a_bad_one_is_warned_and_ignored() {
     let (mut svc, slices) = local_only();

@@ -44,6 +44,7 @@ fn service(vip: u32, port: u16, backends: &[u8]) -> Service {
                 .collect(),
         }],
         health_check_node_port: None,
+        metrics: false,
     }
 }
 
@@ -1220,6 +1221,7 @@ fn affinity_groups_join_the_frontends_of_one_service_port_and_go_with_them() {
             fe("10.96.0.1", 8080, FrontendKind::ClusterIP, 8080, 2),
         ],
         health_check_node_port: None,
+        metrics: false,
     };
     let mut m = cluster(3);
     m.services.insert(name(100), sticky);

@@ -228,9 +228,9 @@ pub trait Hook: Pkt {
     /// The L3 length of what goes on the wire per packet: one segment of a
     /// GSO packet, the whole packet otherwise.
     fn wire_len<I: Ip>(&self, f: &Flow<I>) -> u16;
-    /// The packets on the wire this one stands for: a GRO/GSO skb's
-    /// segments, 1 otherwise.
-    fn segments(&self) -> u32;
+    /// The packets on the wire this one, with `payload` bytes after its
+    /// headers, stands for: a GRO/GSO skb's segments, 1 otherwise.
+    fn segments(&self, payload: u32) -> u32;
     /// Inserts `len` bytes after the 20-byte IPv4 base header.
     fn grow_ip_options(&self, len: u32) -> bool;
     /// Removes `len` bytes after the 20-byte IPv4 base header.
@@ -386,7 +386,10 @@ fn ingress_of<C: Hook, I: Ip>(ctx: &C) -> Action {
     if a == Action::NEXT {
         a = new_flow(ctx, f);
     }
-    if a != Action::PUNT {
+    // Counted when forwarded (as Katran counts a VIP's packets): not when
+    // punted to tc, which counts it, nor dropped or answered with an ICMP
+    // error (`lbctl drops` counts those).
+    if a != Action::PUNT && a != Action::DROP && a != Action::SEND_ICMP {
         count_frontend(ctx, s);
     }
     if a == Action::SEND_ICMP {
@@ -406,8 +409,8 @@ fn count_frontend<C: Hook, I: Ip>(ctx: &C, s: *mut Scratch<I>) {
     if service_id == 0 {
         return;
     }
-    let segments = ctx.segments();
     let headers = ((f.ip_len & I::IP_LEN_MASK) + f.l4_len) as u32;
+    let segments = ctx.segments(u32::from(f.tot_len).saturating_sub(headers));
     let bytes = u32::from(f.tot_len) + (segments - 1) * headers;
     crate::stats::count_packet(service_id, segments, bytes, new_flow != 0);
 }

@@ -175,7 +175,7 @@ pub(super) fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         // SAFETY: per-CPU scratch; fields of their own.
         unsafe {
             (*sp).stats_service = svc.service_id;
-            (*sp).stats_new_flow = 1;
+            (*sp).stats_new_flow = 0; // until its entries are in (`flow_made`)
         }
     }
     *ct = CtValue {
@@ -191,6 +191,17 @@ pub(super) fn pick<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     };
     frag::remember(f);
     Action::NEXT
+}
+
+/// A new flow's conntrack entries are in: counted, and (when its frontend
+/// counts, `count_frontend`) a flow of its frontend.
+#[inline(always)]
+fn flow_made<I: Ip>() {
+    bump(CNT_CT_CREATED);
+    if let Some(sp) = scratch::<I>() {
+        // SAFETY: per-CPU scratch; a field of its own.
+        unsafe { (*sp).stats_new_flow = 1 };
+    }
 }
 
 /// Backend on this node (or any backend, for a pod's packet): DNAT here,
@@ -235,7 +246,7 @@ pub(super) fn new_local<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
     if !ct::put::<I>(rkey, rct) || !ct::put::<I>(fkey, ct) {
         return drop_packet(ctx, f, DropReason::CtFull, ct.service_id);
     }
-    bump(CNT_CT_CREATED);
+    flow_made::<I>();
     let rewritten = if hairpin {
         nat::dnat_snat(ctx, f, &baddr, bport, &src, sport)
     } else {
@@ -332,7 +343,7 @@ pub(super) fn new_remote<C: Hook, I: Ip>(ctx: &C, f: &Flow<I>) -> Action {
         }
         return drop_packet(ctx, f, DropReason::CtFull, service_id);
     }
-    bump(CNT_CT_CREATED);
+    flow_made::<I>();
     let a = rewrite_remote(ctx, f, ct);
     if a != Action::NEXT {
         return a;

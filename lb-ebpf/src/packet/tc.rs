@@ -96,10 +96,16 @@ impl Hook for Tc<'_> {
         }
     }
     #[inline(always)]
-    fn segments(&self) -> u32 {
+    fn segments(&self, payload: u32) -> u32 {
+        // From the segment size, not gso_segs: a packet from an untrusted
+        // source (SKB_GSO_DODGY: virtio_net, tun) has gso_segs 0 until the
+        // stack recounts it on egress (net/core/dev.c, qdisc_pkt_len_init).
         // SAFETY: reading a field of the context the program was given.
-        let segs = unsafe { (*self.ctx.skb.skb).gso_segs };
-        segs.max(1)
+        let gso_size = unsafe { (*self.ctx.skb.skb).gso_size };
+        if gso_size == 0 {
+            return 1;
+        }
+        payload.div_ceil(gso_size).max(1)
     }
     #[inline(always)]
     fn change_tail(&self, len: u32) -> bool {

@@ -68,7 +68,7 @@ impl Hook for Xdp<'_> {
         f.tot_len
     }
     #[inline(always)]
-    fn segments(&self) -> u32 {
+    fn segments(&self, _payload: u32) -> u32 {
         1
     }
     #[inline(always)]

@@ -403,16 +403,23 @@ fn restore(
         external_ips_in_cluster = ?external_ips,
         "external IPs for the node's sockets and pods"
     );
-    let mut maps = BpfMaps::open(&cfg.pin_dir)?;
+    let mut maps = BpfMaps::open(&cfg.pin_dir)?.with_service_stats(args.service_stats.is_on());
     // Frontends from before this agent (pins of a build without per-service
     // counters, or a crash between a frontend's two writes) get their
-    // stats entry now; entries of no frontend go.
-    let (made, deleted) = maps.adopt_service_stats()?;
-    if made + deleted > 0 {
-        info!(
-            made,
-            deleted, "per-service counters adopted for the frontends in the maps"
-        );
+    // stats entry now; entries of no frontend go (all, with
+    // --service-stats off). Counters never keep services from the maps.
+    match maps.adopt_service_stats() {
+        Ok((0, 0)) => {}
+        Ok((made, deleted)) => {
+            info!(
+                made,
+                deleted, "per-service counters adopted for the frontends in the maps"
+            );
+        }
+        Err(e) => warn!(
+            "{}: {e:#}; per-service counters may be missing until the next start",
+            lb_common::maps::LB_SVC_STATS
+        ),
     }
     let reconciler = Reconciler::restore(maps)?
         .with_config(crate::desired::BuildConfig {

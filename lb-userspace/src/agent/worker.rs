@@ -224,6 +224,13 @@ impl<M: LbMaps + Send + 'static> Worker<M> {
     ) -> bool {
         let r = &self.reconciler;
         let target = r.target();
+        // Whatever the result: what landed is in the maps.
+        let exported = Arc::new(r.metric_frontends());
+        if let Ok(mut f) = self.metrics.service_frontends.lock() {
+            if **f != *exported {
+                *f = exported;
+            }
+        }
         match result {
             Ok(stats) => {
                 self.metrics.reconciled(

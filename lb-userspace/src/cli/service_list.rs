@@ -141,6 +141,16 @@ fn proto_name(p: u8) -> String {
     Protocol::from_number(p).map_or_else(|| format!("proto-{p}"), |p| p.as_str().to_string())
 }
 
+/// A frontend as lbctl writes it: `10.96.0.10:80/TCP`, `[fd00::10]:53/UDP`.
+pub fn frontend_text(key: &crate::maps::SvcKey) -> String {
+    Endpoint {
+        address: key.address.to_string(),
+        port: key.port,
+        protocol: proto_name(key.proto),
+    }
+    .to_string()
+}
+
 pub fn type_name(flags: u16) -> &'static str {
     if flags & SVC_FLAG_CLUSTER_IP != 0 {
         "ClusterIP"

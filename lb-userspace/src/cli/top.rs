@@ -24,8 +24,10 @@ pub enum SortBy {
 pub struct TopRow {
     pub id: u32,
     pub frontend: String,
+    /// The service type; ", local" for the node-local view of an
+    /// externalTrafficPolicy: Local frontend (its own id and counters).
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub kind: String,
     pub connects_per_s: f64,
     pub flows_per_s: f64,
     pub packets_per_s: f64,
@@ -58,7 +60,11 @@ pub fn rows(
             let row = TopRow {
                 id: f.id,
                 frontend: f.frontend.to_string(),
-                kind: f.kind,
+                kind: if f.local_view {
+                    format!("{}, local", f.kind)
+                } else {
+                    f.kind.to_string()
+                },
                 connects_per_s: rate(n.connects, b.connects, secs),
                 flows_per_s: rate(n.flows, b.flows, secs),
                 packets_per_s: rate(n.packets, b.packets, secs),
@@ -127,7 +133,7 @@ pub fn render(rows: &[TopRow], secs: f64, active: usize, sort: SortBy) -> String
         table.push([
             r.id.to_string(),
             r.frontend.clone(),
-            r.kind.to_string(),
+            r.kind.clone(),
             si(r.connects_per_s),
             si(r.flows_per_s),
             si(r.packets_per_s),

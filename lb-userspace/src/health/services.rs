@@ -249,6 +249,7 @@ mod tests {
                 backends,
             }],
             health_check_node_port: hc,
+            metrics: false,
         }
     }
 

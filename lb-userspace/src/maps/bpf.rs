@@ -42,6 +42,9 @@ pub struct BpfMaps {
     /// `LB_SVC_STATS`: a frontend's entry follows its reverse-NAT entry
     /// (`stats`). None: pins of a build without it.
     stats: Option<super::stats::StatsMap>,
+    /// A stats entry could not be made or deleted: `settle` makes the map
+    /// agree with the frontends again.
+    stats_due: bool,
     capacity: MapSizes,
 }
 
@@ -128,6 +131,7 @@ impl BpfMaps {
             backends_gen,
             gen_due: false,
             stats: super::stats::StatsMap::open(pin_dir)?,
+            stats_due: false,
             capacity,
         })
     }
@@ -255,41 +259,64 @@ impl BpfMaps {
             op: format!("{op:?}"),
             source,
         })?;
-        self.follow_stats(std::slice::from_ref(op))
-            .map_err(|(_, e)| e)
-    }
-
-    /// The stats entries that come and go with reverse-NAT entries
-    /// (`stats`), after `ops` landed. On failure: the operation whose
-    /// entry failed, and the error.
-    fn follow_stats(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
-        let Some(stats) = &mut self.stats else {
-            return Ok(());
-        };
-        for (i, op) in ops.iter().enumerate() {
-            stats.follow(op).map_err(|source| {
-                (
-                    i,
-                    MapWriteError {
-                        map: names::LB_SVC_STATS,
-                        op: format!("the stats entry of {op:?}"),
-                        source,
-                    },
-                )
-            })?;
-        }
+        self.follow_stats(std::slice::from_ref(op));
         Ok(())
     }
 
-    /// Makes `LB_SVC_STATS` agree with the frontends in the maps (at
-    /// start: `stats::StatsMap::adopt`). Returns (made, deleted).
+    /// The stats entries that come and go with reverse-NAT entries
+    /// (`stats`), after `ops` landed. A failure is warned about and leaves
+    /// the map to `settle`: it never fails the writes themselves.
+    fn follow_stats(&mut self, ops: &[MapOp]) {
+        let Some(stats) = &mut self.stats else {
+            return;
+        };
+        for op in ops {
+            if let Err(e) = stats.follow(op) {
+                tracing::warn!(
+                    "{}: the stats entry of {op:?}: {e}; made again at the next run",
+                    names::LB_SVC_STATS
+                );
+                self.stats_due = true;
+            }
+        }
+    }
+
+    /// `--service-stats`: whether frontends get counters (off: none, and
+    /// those in the map go at `adopt_service_stats`).
+    pub fn with_service_stats(mut self, on: bool) -> Self {
+        if let Some(stats) = &mut self.stats {
+            stats.set_enabled(on);
+        }
+        self
+    }
+
+    /// Makes `LB_SVC_STATS` agree with the frontends in the maps
+    /// (`stats::StatsMap::adopt`): at start, and after a stats write
+    /// failed. Returns (made, deleted).
     pub fn adopt_service_stats(&mut self) -> anyhow::Result<(usize, usize)> {
         let Some(stats) = &mut self.stats else {
             return Ok((0, 0));
         };
         let mut ids = self.families.v4.revnat_ids()?;
         ids.extend(self.families.v6.revnat_ids()?);
-        stats.adopt(&ids)
+        let done = stats.adopt(&ids)?;
+        self.stats_due = false;
+        Ok(done)
+    }
+
+    /// A stats repair still due, tried now (warned about, never failing).
+    fn settle_stats(&mut self) {
+        if self.stats_due {
+            match self.adopt_service_stats() {
+                Ok((made, deleted)) => {
+                    tracing::info!(made, deleted, "{} repaired", names::LB_SVC_STATS);
+                }
+                Err(e) => tracing::warn!(
+                    "{}: {e:#}; tried again at the next run",
+                    names::LB_SVC_STATS
+                ),
+            }
+        }
     }
 
     /// A new inner table, filled in one batch, then swapped in for the old
@@ -352,6 +379,8 @@ impl LbMaps for BpfMaps {
             match run {
                 Some(r) if end - i > 1 => {
                     if let Err((done, source)) = self.write_run(r, &ops[i..end]) {
+                        // What landed brings its stats entries along.
+                        self.follow_stats(&ops[i..i + done.min(end - i)]);
                         let failed = &ops[i + done.min(end - i - 1)];
                         return Err(self.failing((
                             i + done,
@@ -362,9 +391,7 @@ impl LbMaps for BpfMaps {
                             },
                         )));
                     }
-                    if let Err((done, e)) = self.follow_stats(&ops[i..end]) {
-                        return Err(self.failing((i + done, e)));
-                    }
+                    self.follow_stats(&ops[i..end]);
                 }
                 _ => {
                     if let Err(e) = self.apply_one(&ops[i]) {
@@ -392,6 +419,7 @@ impl LbMaps for BpfMaps {
     }
 
     fn settle(&mut self) -> Result<(), MapWriteError> {
+        self.settle_stats();
         self.settle_backends_gen()
     }
 

@@ -7,7 +7,8 @@
 //! one's reverse-NAT entry never changes) and deletes it with it, and no
 //! operation of the diff has to name it. At start the agent makes the two
 //! agree (`adopt`): pins from a build without the map, or a crash between
-//! the two writes.
+//! the two writes; and again after any stats write failed. A stats write
+//! never fails a reconcile: counters must not hold back service changes.
 use std::{collections::BTreeMap, io, path::Path};
 
 use anyhow::Context as _;
@@ -23,6 +24,9 @@ use super::{
 pub struct StatsMap {
     map: PerCpuHashMap<MapData, u32, ServiceStats>,
     cpus: usize,
+    /// Frontends get entries (`--service-stats on`); off, none is made and
+    /// `adopt` deletes them all.
+    enabled: bool,
 }
 
 impl StatsMap {
@@ -33,7 +37,16 @@ impl StatsMap {
         }
         let map = PerCpuHashMap::try_from(open_pinned(pin_dir, names::LB_SVC_STATS)?)?;
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-        Ok(Some(Self { map, cpus }))
+        Ok(Some(Self {
+            map,
+            cpus,
+            enabled: true,
+        }))
+    }
+
+    /// `--service-stats off`: no entries.
+    pub fn set_enabled(&mut self, on: bool) {
+        self.enabled = on;
     }
 
     fn zeros(&self) -> io::Result<PerCpuValues<ServiceStats>> {
@@ -63,7 +76,7 @@ impl StatsMap {
     /// The entry an operation brings along, after it landed.
     pub fn follow(&mut self, op: &MapOp) -> io::Result<()> {
         match op {
-            MapOp::UpsertRevNat(id, _) => self.create(*id),
+            MapOp::UpsertRevNat(id, _) if self.enabled => self.create(*id),
             MapOp::DeleteRevNat(id, _) => self.delete(*id),
             _ => Ok(()),
         }
@@ -78,6 +91,7 @@ impl StatsMap {
             .keys()
             .collect::<Result<_, _>>()
             .context("reading the keys of LB_SVC_STATS")?;
+        let frontends = if self.enabled { frontends } else { &[] };
         let want: std::collections::HashSet<u32> = frontends.iter().copied().collect();
         let mut deleted = 0;
         for id in have.iter().filter(|id| !want.contains(id)) {
@@ -93,6 +107,21 @@ impl StatsMap {
             made += 1;
         }
         Ok((made, deleted))
+    }
+
+    /// One frontend's counts, summed over the CPUs; None without an entry.
+    pub fn get(&self, service_id: u32) -> anyhow::Result<Option<ServiceStats>> {
+        match self.map.get(&service_id, 0) {
+            Ok(values) => {
+                let mut sum = ServiceStats::default();
+                for v in values.iter() {
+                    sum.add(v);
+                }
+                Ok(Some(sum))
+            }
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).context("reading LB_SVC_STATS"),
+        }
     }
 
     /// Every frontend's counts, summed over the CPUs.

@@ -1,5 +1,8 @@
 //! Scrape-time collector for the counters the programs keep in per-CPU maps.
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
 
 use aya::maps::{MapData, PerCpuArray};
 use lb_common::{config::*, maps as names};
@@ -9,11 +12,78 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, MetricType},
 };
 
-use crate::maps::bpf::{open_pinned, read_drops};
+use crate::{
+    maps::{
+        bpf::{open_pinned, read_drops},
+        stats::StatsMap,
+    },
+    reconcile::MetricFrontend,
+};
+use lb_common::stats::ServiceStats;
+
+/// The frontends whose counters are exported, with their labels: replaced
+/// whole by the worker, read at each scrape.
+pub type ServiceFrontends = Arc<Mutex<Arc<Vec<MetricFrontend>>>>;
 
 #[derive(Debug)]
 pub struct BpfCollector {
     pub pin_dir: PathBuf,
+    pub service_frontends: ServiceFrontends,
+}
+
+/// The lb_service_* counters: one series per exported frontend and counter,
+/// read by key (a lookup per frontend, whatever the number of services).
+fn encode_service_stats(
+    encoder: &mut DescriptorEncoder,
+    pin_dir: &std::path::Path,
+    frontends: &[MetricFrontend],
+) -> Result<(), std::fmt::Error> {
+    if frontends.is_empty() {
+        return Ok(());
+    }
+    let Ok(Some(map)) = StatsMap::open(pin_dir) else {
+        return Ok(());
+    };
+    let counts: Vec<(&MetricFrontend, ServiceStats)> = frontends
+        .iter()
+        .filter_map(|f| Some((f, map.get(f.service_id).ok()??)))
+        .collect();
+    type Field = fn(&ServiceStats) -> u64;
+    let metrics: [(&str, &str, Field); 4] = [
+        (
+            "service_connects",
+            "Connects and unconnected sends the socket hooks sent to a backend of the frontend (services with lb.dev/metrics: \"true\")",
+            |s| s.connects,
+        ),
+        (
+            "service_flows",
+            "Flows the frontend started on the packet path (tc, XDP)",
+            |s| s.flows,
+        ),
+        (
+            "service_packets",
+            "Packets of clients' flows to the frontend on the packet path, as on the wire",
+            |s| s.packets,
+        ),
+        (
+            "service_bytes",
+            "Bytes (IP header included) of clients' flows to the frontend on the packet path",
+            |s| s.bytes,
+        ),
+    ];
+    for (name, help, field) in metrics {
+        let mut e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (f, s) in &counts {
+            let labels = [
+                ("namespace", f.namespace.as_str()),
+                ("service", f.name.as_str()),
+                ("frontend", f.frontend.as_str()),
+                ("type", f.kind),
+            ];
+            ConstCounter::new(field(s)).encode(e.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 fn read_counters(pin_dir: &std::path::Path) -> anyhow::Result<Vec<(u32, u64)>> {
@@ -27,6 +97,12 @@ fn read_counters(pin_dir: &std::path::Path) -> anyhow::Result<Vec<(u32, u64)>> {
 
 impl Collector for BpfCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let frontends = self
+            .service_frontends
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default();
+        encode_service_stats(&mut encoder, &self.pin_dir, &frontends)?;
         // A scrape while the maps are missing (uninstalled) shows no BPF
         // counters rather than failing the whole scrape.
         if let Ok(drops) = read_drops(&self.pin_dir) {

@@ -71,6 +71,9 @@ pub struct Metrics {
     pub health_check_listen_errors: Counter,
     /// The same syncs and latencies under kube-proxy's names.
     pub kube_proxy: kube_proxy::KubeProxyMetrics,
+    /// The frontends whose counters the lb_service_* metrics export (of
+    /// services that opt in), published by the worker after each run.
+    pub service_frontends: collector::ServiceFrontends,
 }
 
 /// What `/healthz` reports, like kube-proxy's: healthy while every observed
@@ -118,6 +121,7 @@ impl Metrics {
             health: Arc::new(Mutex::new(Health::default())),
             health_check_listen_errors: Counter::default(),
             kube_proxy: Default::default(),
+            service_frontends: Default::default(),
         };
         m.kube_proxy.register(&mut root);
         let registry = root.sub_registry_with_prefix("lb");
@@ -224,7 +228,10 @@ impl Metrics {
             "How long the last sweep took",
             gc.last_duration_ms.clone(),
         );
-        registry.register_collector(Box::new(collector::BpfCollector { pin_dir }));
+        registry.register_collector(Box::new(collector::BpfCollector {
+            pin_dir,
+            service_frontends: m.service_frontends.clone(),
+        }));
         (m, root)
     }
 

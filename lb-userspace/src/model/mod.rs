@@ -162,6 +162,10 @@ pub struct Service {
     /// service health server): 200 while the service has a ready endpoint
     /// on this node.
     pub health_check_node_port: Option<u16>,
+    /// Export its frontends' traffic counters as lb_service_* metrics (the
+    /// `lb.dev/metrics: "true"` annotation, `metrics: true` in the services
+    /// file): opt-in, so the metrics' cardinality is the operator's choice.
+    pub metrics: bool,
 }
 
 impl Service {

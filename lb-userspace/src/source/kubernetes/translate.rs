@@ -55,6 +55,10 @@ pub const ANNOTATION_MAGLEV_TABLE_SIZE: &str = "lb.dev/maglev-table-size";
 /// client's address opts in.
 pub const ANNOTATION_FORWARDING_MODE: &str = "lb.dev/forwarding-mode";
 
+/// `"true"`: the service's frontends' traffic counters are exported as
+/// lb_service_* metrics (opt-in: one series per frontend and counter).
+pub const ANNOTATION_METRICS: &str = "lb.dev/metrics";
+
 /// Kubernetes' default sessionAffinity timeout: 3 hours.
 const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
 
@@ -140,6 +144,8 @@ pub struct ServiceRecord {
     /// node's default (absent, or not one we know: see `Rare`).
     algorithm: Option<Algorithm>,
     health_check_node_port: Option<u16>,
+    /// The metrics annotation says "true".
+    metrics: bool,
     /// What few services have, behind one pointer: the record of a plain
     /// service stays small (56 B instead of 120 B, kept per service).
     rare: Option<Box<Rare>>,
@@ -158,6 +164,9 @@ struct Rare {
     forwarding: Option<ForwardingMode>,
     /// The same annotation when it names none (the agent's mode used).
     unknown_forwarding: Option<Box<str>>,
+    /// A metrics annotation that is neither "true" nor "false", as written
+    /// (warned about; not exported).
+    unknown_metrics: Option<Box<str>>,
     warnings: Box<[Warning]>,
 }
 
@@ -417,6 +426,12 @@ impl ServiceRecord {
                 Some(other) => (None, Some(other.into())),
             };
 
+        let (metrics, unknown_metrics) = match annotation(ANNOTATION_METRICS).map(str::trim) {
+            None | Some("false") => (false, None),
+            Some("true") => (true, None),
+            Some(other) => (false, Some(other.into())),
+        };
+
         let mut ports = Vec::new();
         let mut seen_ports = BTreeSet::new();
         for (i, port) in spec.ports.iter().flatten().enumerate() {
@@ -478,6 +493,7 @@ impl ServiceRecord {
             unknown_algorithm,
             forwarding,
             unknown_forwarding,
+            unknown_metrics,
             warnings: warnings.into_boxed_slice(),
         };
         Some(Self {
@@ -493,6 +509,7 @@ impl ServiceRecord {
                 .flatten()
                 .and_then(|p| u16::try_from(p).ok())
                 .filter(|p| *p != 0),
+            metrics,
             rare: (rare != Rare::default()).then(|| Box::new(rare)),
         })
     }
@@ -529,6 +546,9 @@ pub fn translate_records<'a>(
     }
     if let Some(other) = rare.and_then(|r| r.unknown_forwarding.as_deref()) {
         warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_FORWARDING_MODE}: {other:?} is not snat or dsr; using the agent's --lb-mode"));
+    }
+    if let Some(other) = rare.and_then(|r| r.unknown_metrics.as_deref()) {
+        warn(&mut warnings, "invalid-annotation", format!("{name}: {ANNOTATION_METRICS}: {other:?} is not \"true\" or \"false\"; its counters are not exported"));
     }
     let algorithm = svc.algorithm.unwrap_or(node.default_algorithm);
     let maglev_table_size = match rare.and_then(|r| r.maglev_table_size.as_deref()) {
@@ -576,6 +596,7 @@ pub fn translate_records<'a>(
     let mut service = Service {
         frontends,
         health_check_node_port: svc.health_check_node_port,
+        metrics: svc.metrics,
     };
     // Shrunk here, as it is made: the spare room a shrink gives back is a
     // hole the next service's allocations fill. Shrunk later, when the

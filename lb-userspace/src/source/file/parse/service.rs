@@ -285,6 +285,7 @@ fn to_service(at: &str, spec: &ServiceSpec, ctx: &FileContext) -> Result<Service
     Ok(Service {
         frontends,
         health_check_node_port: None,
+        metrics: spec.metrics,
     })
 }
 

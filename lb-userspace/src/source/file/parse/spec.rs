@@ -52,6 +52,10 @@ pub struct ServiceSpec {
     /// --lb-mode.
     #[serde(default)]
     pub forwarding_mode: Option<crate::model::ForwardingMode>,
+    /// Export this service's per-frontend traffic counters as lb_service_*
+    /// metrics (the `lb.dev/metrics: "true"` annotation in Kubernetes mode).
+    #[serde(default)]
+    pub metrics: bool,
     /// `None` or `ClientIP`, as in a Kubernetes Service.
     #[serde(default)]
     pub session_affinity: Option<String>,
