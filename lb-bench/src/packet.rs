@@ -78,6 +78,10 @@ pub const ESTABLISHED: &str = "established flow (conntrack hit, DNAT writing not
 pub const REWRITE: &str = "established flow (conntrack hit, real DNAT and checksums)";
 pub const MISS: &str = "not a service (passes)";
 pub const EMPTY: &str = "empty program (returns at once), same packet";
+/// The real-DNAT flow again, in alternating rounds with and without the
+/// per-frontend counters (`--service-stats`): what counting costs.
+pub const COUNTED: &str = "established flow, real DNAT, frontend counters on (alternating rounds)";
+pub const UNCOUNTED: &str = "established flow, real DNAT, frontend counters off (alternating rounds)";
 pub const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
 pub const MISS6: &str = "IPv6 not a service (passes)";
 
@@ -104,6 +108,10 @@ struct Prepared {
     ping6: Vec<u8>,
     miss6: Vec<u8>,
     extra: Extra,
+    /// What was applied, and the address pair `ping` goes from and to.
+    model: lb::model::Model,
+    ping_dst: Ipv4Addr,
+    ping_to: Ipv4Addr,
 }
 
 fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
@@ -117,7 +125,11 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         ping6,
         miss6,
         extra,
+        model,
+        ping_dst,
+        ping_to,
     } = prepare(n, new_flows);
+    let mut dp = dp;
     // The kernel reports the mean per run.
     let row = |program, path, per_run: Duration| PacketResult {
         services: n,
@@ -139,6 +151,33 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
         row("tc", MISS6, dp.tc_ingress_timed(&miss6, repeat)),
         row("XDP", MISS6, dp.xdp_timed(&miss6, repeat)),
     ];
+    // What the per-frontend counters cost: the same pair of services, its
+    // flows made before (counted: CT_F_COUNTED) and after (not) a restart
+    // with --service-stats off, timed in alternating rounds (medians), so
+    // drift over the run falls on both alike.
+    dp.restart_with_service_stats(false);
+    dp.apply(&model);
+    let uncounted = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, ping_dst, 40_003, 80, ACK, b"");
+    let (_, once) = dp.tc_ingress(&uncounted);
+    assert_eq!(packets::inspect(&once).daddr, ping_to, "the uncounted flow is DNATed too");
+    dp.xdp(&uncounted);
+    for (program, xdp) in [("tc", false), ("XDP", true)] {
+        let time = |pkt: &[u8]| {
+            if xdp {
+                dp.xdp_timed(pkt, repeat)
+            } else {
+                dp.tc_ingress_timed(pkt, repeat)
+            }
+        };
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            on.push(time(&ping));
+            off.push(time(&uncounted));
+        }
+        out.push(row(program, COUNTED, median(on.into_iter())));
+        out.push(row(program, UNCOUNTED, median(off.into_iter())));
+    }
+
     // The floor: a program that only returns, on the same packet, timed
     // both ways.
     let mut empty_per_run = Vec::new();
@@ -316,6 +355,9 @@ fn prepare(n: usize, new_flows: usize) -> Prepared {
         ping6,
         miss6,
         extra,
+        model,
+        ping_dst: a,
+        ping_to: b,
     }
 }
 

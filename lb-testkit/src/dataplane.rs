@@ -328,6 +328,21 @@ impl Dataplane {
         self.reconciler.reconcile(model).expect("reconcile");
     }
 
+    /// From now on frontends are written with per-frontend counters on or
+    /// off (`--service-stats`): a new reconciler over the same pins, as an
+    /// agent restarted with the flag; its next `apply` is a full sync.
+    pub fn restart_with_service_stats(&mut self, on: bool) {
+        let maps = BpfMaps::open(&self.pins.path)
+            .unwrap()
+            .with_service_stats(on);
+        self.reconciler = Reconciler::restore(maps)
+            .unwrap()
+            .with_config(lb::desired::BuildConfig {
+                service_stats: on,
+                ..Default::default()
+            });
+    }
+
     /// The standard `SERVICES` plus the services of `extra` (a services
     /// file of more services), as this node's services file.
     pub fn apply_with_extra(&mut self, extra: &str) {
