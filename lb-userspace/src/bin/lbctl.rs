@@ -95,11 +95,28 @@ enum Command {
         #[arg(long, value_enum, default_value_t = cli::top::SortBy::Connects)]
         sort: cli::top::SortBy,
     },
+    /// What the packet path does now with a packet from outside of this
+    /// tuple (lbctl trace tcp 203.0.113.7:41000 192.168.1.10:30080): its
+    /// frontend, conntrack entry, source-range verdict, affinity entry,
+    /// Maglev slot or random choice, and the backend or drop reason.
+    /// Reads the pinned maps only.
+    Trace {
+        #[arg(value_enum)]
+        protocol: TraceProtocol,
+        source: std::net::SocketAddr,
+        destination: std::net::SocketAddr,
+    },
     /// Run-time settings of the programs (log level, tracing, event rate).
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TraceProtocol {
+    Tcp,
+    Udp,
 }
 
 #[derive(Subcommand)]
@@ -311,6 +328,22 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Command::Monitor { kind, count } => monitor(&cli.pin_dir, kind, count, out)?,
+        Command::Trace {
+            protocol,
+            source,
+            destination,
+        } => {
+            let protocol = match protocol {
+                TraceProtocol::Tcp => lb::model::Protocol::Tcp,
+                TraceProtocol::Udp => lb::model::Protocol::Udp,
+            };
+            let now = monitor::reader::monotonic_ns();
+            let t = cli::trace::trace(&cli.pin_dir, protocol, source, destination, now)?;
+            match out {
+                Output::Table => print!("{}", cli::trace::render(&t)),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&t)?),
+            }
+        }
         Command::Top {
             interval,
             count,

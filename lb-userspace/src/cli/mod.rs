@@ -7,6 +7,7 @@ pub mod maglev;
 pub mod service_list;
 pub mod status;
 pub mod top;
+pub mod trace;
 pub mod version;
 
 /// Output format of every lbctl command.

@@ -1,0 +1,613 @@
+//! `lbctl trace`: what the packet path (tc ingress or XDP on an external
+//! device) does now with a packet of a given tuple arriving from outside,
+//! worked out from the pinned maps alone, step by step in the programs'
+//! order (lb-ebpf `packet::ingress_of`, `known_flow`, `new_flow::pick`):
+//! the frontend (its node-local view for externalTrafficPolicy: Local), a
+//! live conntrack entry, the source-range check, "no backend", the
+//! sessionAffinity entry, then the Maglev slot or the random choice.
+//!
+//! It reads and never writes: a traced tuple changes no conntrack, affinity
+//! or counter. What it cannot know it says: a random choice names every
+//! backend it could be, and a packet to a port of the SNAT range may be a
+//! reply to a SNAT flow, looked up first by the programs.
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::Context as _;
+use aya::{
+    maps::{lpm_trie::Key as LpmKey, Array, HashMap, HashOfMaps, LpmTrie, MapData},
+    Pod,
+};
+use lb_common::{
+    affinity::{AffinityKey, AffinityMatchKey, AffinityValue, CLIENT_IS_ADDRESS},
+    backend::{Backend4, Backend6, BACKEND_FLAG_LOCAL},
+    config::{CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN},
+    conntrack::{CtKey, CtValue, CT_F_DSR, CT_F_LOCAL, CT_F_SNAT, CT_SERVICE},
+    maps as names,
+    nodeport::{flow_hash, flow_hash6, mode_of, MODE_DSR, MODE_HYBRID},
+    service::{
+        Service4Key, Service6Key, ServiceValue, SourceRange4, SourceRange6, ALG_MAGLEV, SCOPE_ALL,
+        SCOPE_LOCAL, SVC_FLAG_AFFINITY, SVC_FLAG_FORWARD_DSR, SVC_FLAG_FORWARD_SNAT,
+        SVC_FLAG_HOST_LOOPBACK, SVC_FLAG_SOURCE_RANGES, SVC_FLAG_TWO_SCOPES, SVC_FLAG_VIP_MARKER,
+    },
+    Addr6,
+};
+use serde::Serialize;
+
+use crate::{
+    datapath::config::{ConfigSlots as _, RuntimeConfig},
+    maps::{
+        bpf::open_pinned,
+        convert::{backend_from4, backend_from6, ip4_to_map, ip6_to_map},
+        BackendEntry,
+    },
+    model::Protocol,
+};
+
+/// What the data path does with the packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Not for a frontend: left to the stack.
+    Pass,
+    /// Dropped, counted under this reason (`lbctl drops`).
+    Drop,
+    /// Answered with an ICMP port unreachable (no backend at all).
+    Reject,
+    /// Sent to a backend.
+    Forward,
+}
+
+/// Why that backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Because {
+    /// The flow's live conntrack entry.
+    Conntrack,
+    /// The client's sessionAffinity entry.
+    Affinity,
+    /// The flow's Maglev slot.
+    Maglev,
+    /// A new flow of a service choosing at random: one of `candidates`.
+    Random,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceBackend {
+    pub id: u32,
+    pub address: String,
+    pub local: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Trace {
+    pub verdict: Verdict,
+    /// The drop reason (`Verdict::Drop`), as `lbctl drops` names it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_id: Option<u32>,
+    /// The node-local view of an externalTrafficPolicy: Local frontend.
+    pub local_view: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub because: Option<Because>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<TraceBackend>,
+    /// `Because::Maglev`: the slot and the table's size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maglev_slot: Option<(u32, u32)>,
+    /// `Because::Random`: every backend the choice may give.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<TraceBackend>,
+    /// How a remote backend is reached: "snat", "dsr" or "local".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<&'static str>,
+    /// Each step, as a sentence.
+    pub steps: Vec<String>,
+}
+
+impl Trace {
+    fn new() -> Self {
+        Self {
+            verdict: Verdict::Pass,
+            reason: None,
+            service_id: None,
+            local_view: false,
+            because: None,
+            backend: None,
+            maglev_slot: None,
+            candidates: Vec::new(),
+            forwarding: None,
+            steps: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, s: impl Into<String>) {
+        self.steps.push(s.into());
+    }
+
+    fn end(mut self, verdict: Verdict, reason: Option<&'static str>, s: impl Into<String>) -> Self {
+        self.verdict = verdict;
+        self.reason = reason;
+        self.step(s);
+        self
+    }
+}
+
+/// One family's maps and key shapes.
+trait Family {
+    type Addr: Pod + Copy + Eq;
+    type Key: Pod;
+    type Backend: Pod;
+    type Range: Pod;
+    const SERVICES: &'static str;
+    const BACKENDS: &'static str;
+    const CT: &'static str;
+    const SRC_RANGES: &'static str;
+    fn addr(ip: IpAddr) -> Option<Self::Addr>;
+    fn key(addr: Self::Addr, port: u16, proto: u8, scope: u8, slot: u16) -> Self::Key;
+    fn entry(b: &Self::Backend) -> BackendEntry;
+    fn hash(f: &Tuple<Self::Addr>) -> u32;
+    fn client(saddr: Self::Addr) -> u64;
+    fn range(service_id: u32, saddr: Self::Addr) -> LpmKey<Self::Range>;
+}
+
+/// The packet's tuple as the maps keep it (network byte order).
+struct Tuple<A> {
+    saddr: A,
+    daddr: A,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+}
+
+struct V4;
+struct V6;
+
+impl Family for V4 {
+    type Addr = u32;
+    type Key = Service4Key;
+    type Backend = Backend4;
+    type Range = SourceRange4;
+    const SERVICES: &'static str = names::LB4_SERVICES;
+    const BACKENDS: &'static str = names::LB4_BACKENDS;
+    const CT: &'static str = names::LB4_CT;
+    const SRC_RANGES: &'static str = names::LB4_SRC_RANGES;
+    fn addr(ip: IpAddr) -> Option<u32> {
+        match ip {
+            IpAddr::V4(a) => Some(ip4_to_map(a)),
+            IpAddr::V6(_) => None,
+        }
+    }
+    fn key(addr: u32, port: u16, proto: u8, scope: u8, slot: u16) -> Service4Key {
+        Service4Key::new(addr, port, proto, scope, slot)
+    }
+    fn entry(b: &Backend4) -> BackendEntry {
+        backend_from4(b)
+    }
+    fn hash(f: &Tuple<u32>) -> u32 {
+        flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto)
+    }
+    fn client(saddr: u32) -> u64 {
+        CLIENT_IS_ADDRESS | u64::from(saddr)
+    }
+    fn range(service_id: u32, saddr: u32) -> LpmKey<SourceRange4> {
+        LpmKey::new(
+            SourceRange4::prefix_len(32),
+            SourceRange4 {
+                service_id,
+                address: saddr,
+            },
+        )
+    }
+}
+
+impl Family for V6 {
+    type Addr = Addr6;
+    type Key = Service6Key;
+    type Backend = Backend6;
+    type Range = SourceRange6;
+    const SERVICES: &'static str = names::LB6_SERVICES;
+    const BACKENDS: &'static str = names::LB6_BACKENDS;
+    const CT: &'static str = names::LB6_CT;
+    const SRC_RANGES: &'static str = names::LB6_SRC_RANGES;
+    fn addr(ip: IpAddr) -> Option<Addr6> {
+        match ip {
+            IpAddr::V6(a) => Some(ip6_to_map(a)),
+            IpAddr::V4(_) => None,
+        }
+    }
+    fn key(addr: Addr6, port: u16, proto: u8, scope: u8, slot: u16) -> Service6Key {
+        Service6Key::new(addr, port, proto, scope, slot)
+    }
+    fn entry(b: &Backend6) -> BackendEntry {
+        backend_from6(b)
+    }
+    fn hash(f: &Tuple<Addr6>) -> u32 {
+        flow_hash6(f.saddr, f.daddr, f.sport, f.dport, f.proto)
+    }
+    /// As lb-ebpf `family::Ip::client` for IPv6: the address folded to 63 bits.
+    fn client(saddr: Addr6) -> u64 {
+        let hi = u64::from(saddr[0] ^ saddr[2]);
+        let lo = u64::from(saddr[1] ^ saddr[3]);
+        CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
+    }
+    fn range(service_id: u32, saddr: Addr6) -> LpmKey<SourceRange6> {
+        LpmKey::new(
+            SourceRange6::prefix_len(128),
+            SourceRange6 {
+                service_id,
+                address: saddr,
+            },
+        )
+    }
+}
+
+/// Traces a packet of `protocol` from `source` to `destination`, arriving
+/// from outside the node (not from a pod), as a TCP SYN or a UDP datagram.
+pub fn trace(
+    pin_dir: &std::path::Path,
+    protocol: Protocol,
+    source: SocketAddr,
+    destination: SocketAddr,
+    now_ns: u64,
+) -> anyhow::Result<Trace> {
+    match (source.ip(), destination.ip()) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => {
+            trace_in::<V4>(pin_dir, protocol, source, destination, now_ns)
+        }
+        (IpAddr::V6(_), IpAddr::V6(_)) => {
+            trace_in::<V6>(pin_dir, protocol, source, destination, now_ns)
+        }
+        _ => anyhow::bail!(
+            "{source} and {destination} are of two families: give both as IPv4 or both as IPv6"
+        ),
+    }
+}
+
+fn backend_of<F: Family>(
+    backends: &HashMap<MapData, u32, F::Backend>,
+    id: u32,
+) -> Option<TraceBackend> {
+    let b = backends.get(&id, 0).ok()?;
+    let e = F::entry(&b);
+    Some(TraceBackend {
+        id,
+        address: SocketAddr::new(e.address, e.port).to_string(),
+        local: e.flags & BACKEND_FLAG_LOCAL != 0,
+    })
+}
+
+fn trace_in<F: Family>(
+    pin_dir: &std::path::Path,
+    protocol: Protocol,
+    source: SocketAddr,
+    destination: SocketAddr,
+    now_ns: u64,
+) -> anyhow::Result<Trace>
+where
+    CtKey<F::Addr>: Pod,
+    CtValue<F::Addr>: Pod,
+{
+    let services: HashMap<MapData, F::Key, ServiceValue> =
+        HashMap::try_from(open_pinned(pin_dir, F::SERVICES)?)?;
+    let backends: HashMap<MapData, u32, F::Backend> =
+        HashMap::try_from(open_pinned(pin_dir, F::BACKENDS)?)?;
+    let config = RuntimeConfig::open(pin_dir)?;
+    let proto = protocol.number();
+    let t = Tuple {
+        saddr: F::addr(source.ip()).expect("same family"),
+        daddr: F::addr(destination.ip()).expect("same family"),
+        sport: source.port().to_be(),
+        dport: destination.port().to_be(),
+        proto,
+    };
+    let mut tr = Trace::new();
+    let fe = format!("{destination}/{}", protocol.as_str());
+
+    // The frontend (select::lookup_service), then its node-local view.
+    let key = F::key(t.daddr, t.dport, proto, SCOPE_ALL, 0);
+    let Ok(svc) = services.get(&key, 0) else {
+        let marker = F::key(t.daddr, 0, 0, SCOPE_ALL, 0);
+        return Ok(match services.get(&marker, 0) {
+            Ok(m) if m.flags & SVC_FLAG_VIP_MARKER != 0 => tr.end(
+                Verdict::Drop,
+                Some("no-service-port"),
+                format!(
+                    "{} is a service address, but not on port {}/{}: dropped (no-service-port)",
+                    destination.ip(),
+                    destination.port(),
+                    protocol.as_str()
+                ),
+            ),
+            _ => tr.end(
+                Verdict::Pass,
+                None,
+                format!("{fe} is no frontend: left to the stack"),
+            ),
+        });
+    };
+    if svc.flags & SVC_FLAG_HOST_LOOPBACK != 0 {
+        return Ok(tr.end(Verdict::Pass, None, format!("{fe} is a NodePort for the node's own processes only: a packet from outside is the stack's (it drops it as a martian)")));
+    }
+    tr.service_id = Some(svc.service_id);
+    tr.step(format!(
+        "{fe} is frontend {} ({})",
+        svc.service_id,
+        super::service_list::type_name(svc.flags)
+    ));
+    let svc = if svc.flags & SVC_FLAG_TWO_SCOPES != 0 {
+        let local = F::key(t.daddr, t.dport, proto, SCOPE_LOCAL, 0);
+        match services.get(&local, 0) {
+            Ok(l) => {
+                tr.local_view = true;
+                tr.service_id = Some(l.service_id);
+                tr.step(format!("externalTrafficPolicy: Local: traffic from outside uses its node-local view, frontend {}", l.service_id));
+                l
+            }
+            Err(_) => {
+                return Ok(tr.end(
+                    Verdict::Pass,
+                    None,
+                    "its node-local view is missing: left to the stack",
+                ))
+            }
+        }
+    } else {
+        svc
+    };
+
+    // A live conntrack entry keeps the flow on its backend (known_flow).
+    let snat = (
+        config.get(CFG_SNAT_PORT_MIN)?,
+        config.get(CFG_SNAT_PORT_MAX)?,
+    );
+    if (snat.0..=snat.1).contains(&u32::from(destination.port())) {
+        tr.step(format!("port {} is in the SNAT range {}-{}: a reply to a SNAT flow on that port would be taken first", destination.port(), snat.0, snat.1));
+    }
+    let ct: HashMap<MapData, CtKey<F::Addr>, CtValue<F::Addr>> =
+        HashMap::try_from(open_pinned(pin_dir, F::CT)?)?;
+    let ckey = CtKey::new(t.saddr, t.daddr, t.sport, t.dport, proto, CT_SERVICE);
+    if let Ok(entry) = ct.get(&ckey, 0) {
+        let timeouts = crate::conntrack::timeouts(&config)?;
+        let left = crate::conntrack::remaining_s(&ckey, &entry, now_ns, &timeouts);
+        match backend_of::<F>(&backends, entry.backend_id) {
+            Some(b) if left >= 0 => {
+                tr.step(format!("a live conntrack entry ({left} s left without traffic) holds the flow on backend {} {}", b.id, b.address));
+                tr.because = Some(Because::Conntrack);
+                tr.forwarding = Some(if entry.flags & CT_F_LOCAL != 0 {
+                    "local"
+                } else if entry.flags & CT_F_DSR != 0 {
+                    "dsr"
+                } else if entry.flags & CT_F_SNAT != 0 {
+                    "snat"
+                } else {
+                    "local"
+                });
+                tr.backend = Some(b);
+                return Ok(tr.end(Verdict::Forward, None, "forwarded as the flow's first packet was (a TCP SYN on a closing entry would choose again)"));
+            }
+            Some(_) => tr.step("its conntrack entry is expired: a new flow"),
+            None => tr.step(format!(
+                "its conntrack entry names backend {}, which is gone: the flow chooses again",
+                entry.backend_id
+            )),
+        }
+    } else {
+        tr.step("no conntrack entry: a new flow");
+    }
+
+    // loadBalancerSourceRanges (I::admits).
+    if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 {
+        let ranges: LpmTrie<MapData, F::Range, u8> =
+            LpmTrie::try_from(open_pinned(pin_dir, F::SRC_RANGES)?)?;
+        if ranges.get(&F::range(svc.service_id, t.saddr), 0).is_err() {
+            return Ok(tr.end(Verdict::Drop, Some("source-range"), format!("{} is in none of the frontend's loadBalancerSourceRanges: dropped (source-range)", source.ip())));
+        }
+        tr.step(format!(
+            "{} is in the frontend's loadBalancerSourceRanges",
+            source.ip()
+        ));
+    }
+
+    // No backend to choose (new_flow::no_backend).
+    if svc.count == 0 && svc.terminating_count == 0 {
+        if tr.local_view {
+            let all = services.get(&F::key(t.daddr, t.dport, proto, SCOPE_ALL, 0), 0);
+            if all.is_ok_and(|s| s.count > 0 || s.terminating_count > 0) {
+                return Ok(tr.end(Verdict::Drop, Some("no-local-backend"), "no backend on this node (externalTrafficPolicy: Local; other nodes have some): dropped (no-local-backend)"));
+            }
+        }
+        return Ok(tr.end(
+            Verdict::Reject,
+            None,
+            "no backend at all: answered with ICMP port unreachable, as kube-proxy's REJECT",
+        ));
+    }
+
+    // sessionAffinity: the client's last backend (select::remembered).
+    if svc.flags & SVC_FLAG_AFFINITY != 0 {
+        let groups: HashMap<MapData, u32, u32> =
+            HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_GROUP)?)?;
+        let group = groups.get(&svc.service_id, 0).unwrap_or(svc.service_id);
+        let memory: HashMap<MapData, AffinityKey, AffinityValue> =
+            HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY)?)?;
+        let matches: HashMap<MapData, AffinityMatchKey, u8> =
+            HashMap::try_from(open_pinned(pin_dir, names::LB_AFFINITY_MATCH)?)?;
+        let akey = AffinityKey {
+            client: F::client(t.saddr),
+            service_id: group,
+            pad: 0,
+        };
+        match memory.get(&akey, 0) {
+            Ok(a) => {
+                // The programs read bpf_ktime_get_ns (CLOCK_MONOTONIC).
+                let age_s = now_ns.saturating_sub(a.last_used_ns) / 1_000_000_000;
+                let fresh = age_s <= u64::from(svc.affinity_timeout_s);
+                let member = matches
+                    .get(
+                        &AffinityMatchKey {
+                            service_id: svc.service_id,
+                            backend_id: a.backend_id,
+                        },
+                        0,
+                    )
+                    .is_ok();
+                match backend_of::<F>(&backends, a.backend_id) {
+                    Some(b) if fresh && member => {
+                        tr.step(format!("sessionAffinity: {} last used backend {} {} {age_s} s ago (timeout {} s)", source.ip(), b.id, b.address, svc.affinity_timeout_s));
+                        tr.because = Some(Because::Affinity);
+                        tr.forwarding = Some(forwarding(&svc, &b, protocol, &config)?);
+                        tr.backend = Some(b);
+                        return Ok(tr.end(Verdict::Forward, None, "forwarded to it"));
+                    }
+                    _ if !fresh => tr.step(format!("sessionAffinity: the client's entry is {age_s} s old, past the {} s timeout: chosen again", svc.affinity_timeout_s)),
+                    _ => tr.step(format!("sessionAffinity: the client's backend {} may no longer be chosen: chosen again", a.backend_id)),
+                }
+            }
+            Err(_) => tr.step(
+                "sessionAffinity: no entry for the client yet: the choice below is remembered",
+            ),
+        }
+    }
+
+    // The choice: Maglev slot, or random among the selectable slots.
+    if svc.algorithm == ALG_MAGLEV {
+        let m = match svc.maglev_size {
+            0 => config.get(CFG_MAGLEV_M)?,
+            code => lb_common::maps::maglev_size_of(code).unwrap_or(0),
+        };
+        if m == 0 {
+            return Ok(tr.end(
+                Verdict::Drop,
+                Some("maglev-missing"),
+                "the Maglev table's size is unknown: dropped (maglev-missing)",
+            ));
+        }
+        let slot = F::hash(&t) % m;
+        tr.maglev_slot = Some((slot, m));
+        let tables: HashOfMaps<MapData, u32, Array<MapData, u32>> =
+            HashOfMaps::try_from(open_pinned(pin_dir, names::LB_MAGLEV)?)?;
+        let id = tables
+            .get(&svc.service_id, 0)
+            .ok()
+            .and_then(|inner| inner.get(&slot, 0).ok());
+        let Some(id) = id else {
+            return Ok(tr.end(
+                Verdict::Drop,
+                Some("maglev-missing"),
+                format!("Maglev slot {slot} of {m}: no table entry: dropped (maglev-missing)"),
+            ));
+        };
+        let Some(b) = backend_of::<F>(&backends, id) else {
+            return Ok(tr.end(Verdict::Drop, Some("backend-missing"), format!("Maglev slot {slot} of {m} names backend {id}, which is not in the backends map: dropped (backend-missing)")));
+        };
+        tr.step(format!(
+            "Maglev: the flow's hash gives slot {slot} of {m}: backend {} {}",
+            b.id, b.address
+        ));
+        tr.because = Some(Because::Maglev);
+        tr.forwarding = Some(forwarding(&svc, &b, protocol, &config)?);
+        tr.backend = Some(b);
+        return Ok(tr.end(Verdict::Forward, None, "forwarded to it"));
+    }
+    let (first, n, which) = if svc.count > 0 {
+        (1, svc.count, "active")
+    } else {
+        (
+            1 + svc.count,
+            svc.terminating_count,
+            "terminating (no active one)",
+        )
+    };
+    for slot in first..first + n {
+        let Ok(v) = services.get(
+            &F::key(
+                t.daddr,
+                t.dport,
+                proto,
+                if tr.local_view {
+                    SCOPE_LOCAL
+                } else {
+                    SCOPE_ALL
+                },
+                slot,
+            ),
+            0,
+        ) else {
+            continue;
+        };
+        if let Some(b) = backend_of::<F>(&backends, v.backend_id) {
+            tr.candidates.push(b);
+        }
+    }
+    tr.because = Some(Because::Random);
+    let list: Vec<String> = tr
+        .candidates
+        .iter()
+        .map(|b| format!("{} {}", b.id, b.address))
+        .collect();
+    tr.step(format!(
+        "random among the {n} {which} backends: {}",
+        list.join(", ")
+    ));
+    if let Some(b) = tr.candidates.first() {
+        tr.forwarding = Some(forwarding(&svc, b, protocol, &config)?);
+    }
+    if let [only] = tr.candidates.as_slice() {
+        tr.backend = Some(only.clone());
+    }
+    Ok(tr.end(Verdict::Forward, None, "forwarded to the one chosen"))
+}
+
+/// How the packet reaches `b`: DNAT to a local backend, else the
+/// frontend's forwarding mode or the agent's (`--lb-mode`).
+fn forwarding(
+    svc: &ServiceValue,
+    b: &TraceBackend,
+    protocol: Protocol,
+    config: &RuntimeConfig,
+) -> anyhow::Result<&'static str> {
+    if b.local {
+        return Ok("local");
+    }
+    if svc.flags & SVC_FLAG_FORWARD_DSR != 0 {
+        return Ok("dsr");
+    }
+    if svc.flags & SVC_FLAG_FORWARD_SNAT != 0 {
+        return Ok("snat");
+    }
+    let mode = mode_of(
+        config
+            .get(CFG_LB_MODE)
+            .context("reading the agent's --lb-mode")?,
+    );
+    Ok(match mode {
+        MODE_DSR => "dsr",
+        MODE_HYBRID if protocol == Protocol::Udp => "snat",
+        MODE_HYBRID => "dsr",
+        _ => "snat",
+    })
+}
+
+/// The steps, one per line, under the verdict.
+pub fn render(t: &Trace) -> String {
+    let mut out = String::new();
+    for (i, s) in t.steps.iter().enumerate() {
+        out.push_str(&format!("{}. {s}\n", i + 1));
+    }
+    let verdict = match (&t.verdict, &t.backend) {
+        (Verdict::Forward, Some(b)) => format!(
+            "=> forward to backend {} {} ({})",
+            b.id,
+            b.address,
+            t.forwarding.unwrap_or("?")
+        ),
+        (Verdict::Forward, None) => "=> forward to one of the backends above".to_string(),
+        (Verdict::Drop, _) => format!("=> drop ({})", t.reason.unwrap_or("?")),
+        (Verdict::Reject, _) => "=> reject (ICMP port unreachable)".to_string(),
+        (Verdict::Pass, _) => "=> pass to the stack".to_string(),
+    };
+    out.push_str(&verdict);
+    out.push('\n');
+    out
+}
