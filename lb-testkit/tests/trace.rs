@@ -240,3 +240,91 @@ fn trace_names_the_backend_the_ipv6_packet_path_gives_each_of_100_maglev_flows()
     }
     assert_eq!(seen.len(), 3, "{seen:?}");
 }
+
+/// What comes before the frontend: a backend's reply to a SNAT flow is
+/// translated back to the client trace names; a SYN on a closing flow's
+/// tuple chooses again; a flow whose frontend was removed is left to the
+/// stack (the frontend filter's early exit), as trace says.
+#[test]
+fn trace_follows_snat_replies_closing_flows_and_removed_frontends_as_the_packets_do() {
+    let mut dp = Dataplane::with_services(&unique("trace_before"), SERVICES);
+    // A SNAT flow to the remote NodePort, and the backend's reply.
+    // The client on the node's link (the test's namespace has no route
+    // elsewhere for the reply).
+    let client = SocketAddr::from((CLIENT_IP, 43_000));
+    let nodeport = SocketAddr::from((NODE_IP, 30002));
+    let (rc, out) = dp.tc_ingress(&syn(client, nodeport));
+    assert_ne!(rc, TC_ACT_SHOT);
+    let fwd = inspect(&out);
+    let (snat_ip, snat_port) = (fwd.saddr, fwd.sport);
+    let backend = SocketAddr::from((fwd.daddr, fwd.dport));
+    let reply_to = SocketAddr::from((snat_ip, snat_port));
+    let t = trace(&dp, backend, reply_to);
+    assert_eq!(t["because"], "snat-reply", "{t:#}");
+    let reply = packets::tcp(
+        NODE_B_MAC,
+        EXT0_MAC,
+        fwd.daddr,
+        snat_ip,
+        fwd.dport,
+        snat_port,
+        packets::ACK | SYN,
+        b"",
+    );
+    let (rc, back) = dp.tc_ingress(&reply);
+    assert_ne!(rc, TC_ACT_SHOT);
+    let back = inspect(&back);
+    assert_eq!(
+        SocketAddr::from((back.daddr, back.dport)),
+        client,
+        "the reply went to the client"
+    );
+    assert!(
+        t["steps"].to_string().contains(&client.to_string()),
+        "trace names the client {client}: {t:#}"
+    );
+
+    // A closing flow: its FIN seen, a SYN on the tuple chooses again.
+    let web = at("203.0.113.20", 80);
+    let src = at("198.51.100.21", 43_001);
+    sent_to(&dp, &syn(src, web));
+    assert_eq!(trace(&dp, src, web)["because"], "conntrack");
+    let (SocketAddr::V4(s), SocketAddr::V4(d)) = (src, web) else {
+        unreachable!()
+    };
+    let fin = packets::tcp(
+        CLIENT_MAC,
+        EXT0_MAC,
+        *s.ip(),
+        *d.ip(),
+        s.port(),
+        d.port(),
+        packets::FIN | packets::ACK,
+        b"",
+    );
+    dp.tc_ingress(&fin);
+    let t = trace(&dp, src, web);
+    assert_eq!(t["because"], "maglev", "a SYN reopens: {t:#}");
+    assert_eq!(
+        sent_to(&dp, &syn(src, web)),
+        t["backend"]["address"].as_str().unwrap()
+    );
+
+    // The frontend goes; its flow's next packet is left to the stack.
+    let kept = at("198.51.100.22", 43_002);
+    sent_to(&dp, &syn(kept, web));
+    let without_web: String = SERVICES
+        .split("  - name: ")
+        .filter(|s| !s.starts_with("web\n"))
+        .collect::<Vec<_>>()
+        .join("  - name: ");
+    dp.apply(&lb::source::file::parse::parse_with(&without_web, &node_context()).unwrap());
+    let t = trace(&dp, kept, web);
+    assert_eq!(t["verdict"], "pass", "{t:#}");
+    let packet = syn(kept, web);
+    assert_eq!(
+        dp.tc_ingress(&packet),
+        (TC_ACT_OK, packet.clone()),
+        "untouched"
+    );
+}

@@ -20,8 +20,14 @@ use aya::{
 use lb_common::{
     affinity::{AffinityKey, AffinityMatchKey, AffinityValue, CLIENT_IS_ADDRESS},
     backend::{Backend4, Backend6, BACKEND_FLAG_LOCAL},
-    config::{CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORT_MAX, CFG_SNAT_PORT_MIN},
-    conntrack::{CtKey, CtValue, CT_F_DSR, CT_F_LOCAL, CT_F_SNAT, CT_SERVICE},
+    config::{
+        CFG_FRONTEND_FILTER, CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORTS_EVER, CFG_SNAT_PORT_MAX,
+        CFG_SNAT_PORT_MIN,
+    },
+    conntrack::{
+        CtKey, CtValue, CT_F_CLOSING, CT_F_DSR, CT_F_LOCAL, CT_F_SNAT, CT_REVERSE, CT_SERVICE,
+    },
+    filter::{filter_bit, fold6, word_and_mask},
     maps as names,
     nodeport::{flow_hash, flow_hash6, mode_of, MODE_DSR, MODE_HYBRID},
     service::{
@@ -37,7 +43,10 @@ use crate::{
     datapath::config::{ConfigSlots as _, RuntimeConfig},
     maps::{
         bpf::open_pinned,
-        convert::{backend_from4, backend_from6, ip4_to_map, ip6_to_map},
+        convert::{
+            backend_from4, backend_from6, ip4_from_map, ip4_to_map, ip6_from_map, ip6_to_map,
+            port_from_map,
+        },
         BackendEntry,
     },
     model::Protocol,
@@ -69,6 +78,8 @@ pub enum Because {
     Maglev,
     /// A new flow of a service choosing at random: one of `candidates`.
     Random,
+    /// A backend's reply to a SNAT flow, back to its client.
+    SnatReply,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -149,6 +160,12 @@ trait Family {
     fn hash(f: &Tuple<Self::Addr>) -> u32;
     fn client(saddr: Self::Addr) -> u64;
     fn range(service_id: u32, saddr: Self::Addr) -> LpmKey<Self::Range>;
+    /// The address as the frontend filter folds it (`lb_common::filter`).
+    fn fold(a: Self::Addr) -> u32;
+    /// A backend entry's address and port as conntrack keeps them.
+    fn backend_raw(b: &Self::Backend) -> (Self::Addr, u16);
+    /// An address and port as the maps keep them, as a socket address.
+    fn socket(a: Self::Addr, port: u16) -> SocketAddr;
 }
 
 /// The packet's tuple as the maps keep it (network byte order).
@@ -199,6 +216,15 @@ impl Family for V4 {
             },
         )
     }
+    fn fold(a: u32) -> u32 {
+        a
+    }
+    fn backend_raw(b: &Backend4) -> (u32, u16) {
+        (b.address, b.port)
+    }
+    fn socket(a: u32, port: u16) -> SocketAddr {
+        SocketAddr::from((ip4_from_map(a), port_from_map(port)))
+    }
 }
 
 impl Family for V6 {
@@ -239,6 +265,15 @@ impl Family for V6 {
                 address: saddr,
             },
         )
+    }
+    fn fold(a: Addr6) -> u32 {
+        fold6(a)
+    }
+    fn backend_raw(b: &Backend6) -> (Addr6, u16) {
+        (b.address, b.port)
+    }
+    fn socket(a: Addr6, port: u16) -> SocketAddr {
+        SocketAddr::from((ip6_from_map(a), port_from_map(port)))
     }
 }
 
@@ -304,6 +339,86 @@ where
     let mut tr = Trace::new();
     let fe = format!("{destination}/{}", protocol.as_str());
 
+    // The early exit (packet::early_exit): with the frontend filter
+    // trusted, a packet to no frontend's bits and outside every SNAT range
+    // used goes before any lookup.
+    let snat = snat_ports_ever(&config)?;
+    let in_snat = (snat.0..=snat.1).contains(&u32::from(destination.port()));
+    let filter: Array<MapData, u64> = Array::try_from(open_pinned(pin_dir, names::LB4_FE_FILTER)?)?;
+    let filter_has = |port: u16| {
+        let (word, mask) = word_and_mask(filter_bit(F::fold(t.daddr), port));
+        filter.get(&word, 0).map_or(true, |w| w & mask != 0)
+    };
+    if config.get(CFG_FRONTEND_FILTER)? != 0 && !filter_has(t.dport) && !in_snat && !filter_has(0) {
+        return Ok(tr.end(Verdict::Pass, None, format!("{fe}: no frontend there (the frontend filter's bits are clear) and the port is outside the SNAT ranges: left to the stack before any lookup")));
+    }
+
+    // A reply to a SNAT flow and a known flow, before the frontend: a
+    // flow keeps its backend while its entry lives, whatever became of its
+    // frontend (packet::ingress_of; the reply first for a port of the SNAT
+    // range).
+    let ct: HashMap<MapData, CtKey<F::Addr>, CtValue<F::Addr>> =
+        HashMap::try_from(open_pinned(pin_dir, F::CT)?)?;
+    let timeouts = crate::conntrack::timeouts(&config)?;
+    let live = |key: &CtKey<F::Addr>| {
+        ct.get(key, 0)
+            .ok()
+            .filter(|v| !crate::conntrack::expired(key, v, now_ns, &timeouts))
+    };
+    let reply_key = CtKey::new(t.saddr, t.daddr, t.sport, t.dport, proto, CT_REVERSE);
+    let reply = || live(&reply_key).filter(|v| v.flags & CT_F_SNAT != 0);
+    if in_snat {
+        if let Some(r) = reply() {
+            return Ok(snat_reply::<F>(tr, &r));
+        }
+    }
+    let ckey = CtKey::new(t.saddr, t.daddr, t.sport, t.dport, proto, CT_SERVICE);
+    match live(&ckey) {
+        // A SYN on a closing flow's tuple starts a new flow (ct::lookup).
+        Some(e) if proto == Protocol::Tcp.number() && e.flags & CT_F_CLOSING != 0 => {
+            tr.step("its conntrack entry is closing: a SYN on the tuple starts a new flow");
+        }
+        Some(e) => {
+            let gen = backends_gen(pin_dir)?;
+            let same = backends
+                .get(&e.backend_id, 0)
+                .is_ok_and(|b| F::backend_raw(&b) == (e.addr, e.port));
+            if e.backends_gen == gen || same {
+                let b = TraceBackend {
+                    id: e.backend_id,
+                    address: F::socket(e.addr, e.port).to_string(),
+                    local: e.flags & CT_F_LOCAL != 0,
+                };
+                let left = crate::conntrack::remaining_s(&ckey, &e, now_ns, &timeouts);
+                tr.service_id = Some(e.service_id);
+                tr.step(format!("a live conntrack entry of frontend {} ({left} s left without traffic) holds the flow on backend {} {}", e.service_id, b.id, b.address));
+                tr.because = Some(Because::Conntrack);
+                tr.forwarding = Some(if e.flags & CT_F_LOCAL != 0 {
+                    "local"
+                } else if e.flags & CT_F_DSR != 0 {
+                    "dsr"
+                } else if e.flags & CT_F_SNAT != 0 {
+                    "snat"
+                } else {
+                    "local"
+                });
+                tr.backend = Some(b);
+                return Ok(tr.end(
+                    Verdict::Forward,
+                    None,
+                    "forwarded as the flow's first packet was",
+                ));
+            }
+            tr.step(format!("its conntrack entry names backend {}, which is gone (or its id names another backend now): the flow chooses again", e.backend_id));
+        }
+        None => tr.step("no live conntrack entry: a new flow"),
+    }
+    if !in_snat {
+        if let Some(r) = reply() {
+            return Ok(snat_reply::<F>(tr, &r));
+        }
+    }
+
     // The frontend (select::lookup_service), then its node-local view.
     let key = F::key(t.daddr, t.dport, proto, SCOPE_ALL, 0);
     let Ok(svc) = services.get(&key, 0) else {
@@ -356,46 +471,6 @@ where
         svc
     };
 
-    // A live conntrack entry keeps the flow on its backend (known_flow).
-    let snat = (
-        config.get(CFG_SNAT_PORT_MIN)?,
-        config.get(CFG_SNAT_PORT_MAX)?,
-    );
-    if (snat.0..=snat.1).contains(&u32::from(destination.port())) {
-        tr.step(format!("port {} is in the SNAT range {}-{}: a reply to a SNAT flow on that port would be taken first", destination.port(), snat.0, snat.1));
-    }
-    let ct: HashMap<MapData, CtKey<F::Addr>, CtValue<F::Addr>> =
-        HashMap::try_from(open_pinned(pin_dir, F::CT)?)?;
-    let ckey = CtKey::new(t.saddr, t.daddr, t.sport, t.dport, proto, CT_SERVICE);
-    if let Ok(entry) = ct.get(&ckey, 0) {
-        let timeouts = crate::conntrack::timeouts(&config)?;
-        let left = crate::conntrack::remaining_s(&ckey, &entry, now_ns, &timeouts);
-        match backend_of::<F>(&backends, entry.backend_id) {
-            Some(b) if left >= 0 => {
-                tr.step(format!("a live conntrack entry ({left} s left without traffic) holds the flow on backend {} {}", b.id, b.address));
-                tr.because = Some(Because::Conntrack);
-                tr.forwarding = Some(if entry.flags & CT_F_LOCAL != 0 {
-                    "local"
-                } else if entry.flags & CT_F_DSR != 0 {
-                    "dsr"
-                } else if entry.flags & CT_F_SNAT != 0 {
-                    "snat"
-                } else {
-                    "local"
-                });
-                tr.backend = Some(b);
-                return Ok(tr.end(Verdict::Forward, None, "forwarded as the flow's first packet was (a TCP SYN on a closing entry would choose again)"));
-            }
-            Some(_) => tr.step("its conntrack entry is expired: a new flow"),
-            None => tr.step(format!(
-                "its conntrack entry names backend {}, which is gone: the flow chooses again",
-                entry.backend_id
-            )),
-        }
-    } else {
-        tr.step("no conntrack entry: a new flow");
-    }
-
     // loadBalancerSourceRanges (I::admits).
     if svc.flags & SVC_FLAG_SOURCE_RANGES != 0 {
         let ranges: LpmTrie<MapData, F::Range, u8> =
@@ -441,8 +516,9 @@ where
         match memory.get(&akey, 0) {
             Ok(a) => {
                 // The programs read bpf_ktime_get_ns (CLOCK_MONOTONIC).
-                let age_s = now_ns.saturating_sub(a.last_used_ns) / 1_000_000_000;
-                let fresh = age_s <= u64::from(svc.affinity_timeout_s);
+                let age_ns = now_ns.saturating_sub(a.last_used_ns);
+                let age_s = age_ns / 1_000_000_000;
+                let fresh = age_ns <= u64::from(svc.affinity_timeout_s) * 1_000_000_000;
                 let member = matches
                     .get(
                         &AffinityMatchKey {
@@ -519,44 +595,89 @@ where
             "terminating (no active one)",
         )
     };
+    let mut missing = Vec::new();
+    let scope = if tr.local_view {
+        SCOPE_LOCAL
+    } else {
+        SCOPE_ALL
+    };
     for slot in first..first + n {
-        let Ok(v) = services.get(
-            &F::key(
-                t.daddr,
-                t.dport,
-                proto,
-                if tr.local_view {
-                    SCOPE_LOCAL
-                } else {
-                    SCOPE_ALL
-                },
-                slot,
-            ),
-            0,
-        ) else {
-            continue;
-        };
-        if let Some(b) = backend_of::<F>(&backends, v.backend_id) {
-            tr.candidates.push(b);
+        let b = services
+            .get(&F::key(t.daddr, t.dport, proto, scope, slot), 0)
+            .ok()
+            .and_then(|v| backend_of::<F>(&backends, v.backend_id));
+        match b {
+            Some(b) => tr.candidates.push(b),
+            None => missing.push(slot),
         }
     }
     tr.because = Some(Because::Random);
-    let list: Vec<String> = tr
-        .candidates
-        .iter()
-        .map(|b| format!("{} {}", b.id, b.address))
-        .collect();
+    let mut list = Vec::new();
+    let mut modes = std::collections::BTreeSet::new();
+    for b in &tr.candidates {
+        let mode = forwarding(&svc, b, protocol, &config)?;
+        modes.insert(mode);
+        list.push(format!("{} {} ({mode})", b.id, b.address));
+    }
     tr.step(format!(
         "random among the {n} {which} backends: {}",
         list.join(", ")
     ));
-    if let Some(b) = tr.candidates.first() {
-        tr.forwarding = Some(forwarding(&svc, b, protocol, &config)?);
+    if !missing.is_empty() {
+        tr.step(format!("slots {missing:?} name no backend in the backends map: a choice of one is dropped (backend-missing)"));
+    }
+    if tr.candidates.is_empty() {
+        return Ok(tr.end(
+            Verdict::Drop,
+            Some("backend-missing"),
+            "no slot names a backend: dropped (backend-missing)",
+        ));
+    }
+    // One mode for all, or per candidate above.
+    if let [mode] = modes.into_iter().collect::<Vec<_>>().as_slice() {
+        tr.forwarding = Some(mode);
     }
     if let [only] = tr.candidates.as_slice() {
         tr.backend = Some(only.clone());
     }
     Ok(tr.end(Verdict::Forward, None, "forwarded to the one chosen"))
+}
+
+/// A backend's reply to a SNAT flow: translated back to its client.
+fn snat_reply<F: Family>(mut tr: Trace, r: &CtValue<F::Addr>) -> Trace {
+    tr.service_id = Some(r.service_id);
+    tr.because = Some(Because::SnatReply);
+    tr.forwarding = Some("snat");
+    let client = F::socket(r.nat_addr, r.nat_port);
+    tr.step(format!("a reply to a SNAT flow of frontend {}: its reverse conntrack entry gives the client {client}", r.service_id));
+    tr.end(
+        Verdict::Forward,
+        None,
+        format!("translated back and sent to {client}"),
+    )
+}
+
+/// The SNAT port range every flow still in conntrack may use
+/// (`CFG_SNAT_PORTS_EVER`, else the current one), as the early exit reads it.
+fn snat_ports_ever(config: &RuntimeConfig) -> anyhow::Result<(u32, u32)> {
+    let ever = config.get(CFG_SNAT_PORTS_EVER)?;
+    Ok(if ever != 0 {
+        (ever >> 16, ever & 0xffff)
+    } else {
+        (
+            config.get(CFG_SNAT_PORT_MIN)?,
+            config.get(CFG_SNAT_PORT_MAX)?,
+        )
+    })
+}
+
+/// The low 16 bits of the backends' generation, as conntrack keeps them.
+fn backends_gen(pin_dir: &std::path::Path) -> anyhow::Result<u16> {
+    if !pin_dir.join(names::LB_BACKENDS_GEN).exists() {
+        return Ok(0);
+    }
+    let gen: Array<MapData, u32> = Array::try_from(open_pinned(pin_dir, names::LB_BACKENDS_GEN)?)?;
+    Ok(gen.get(&0, 0).context("reading LB_BACKENDS_GEN")? as u16)
 }
 
 /// How the packet reaches `b`: DNAT to a local backend, else the

@@ -37,7 +37,9 @@ pub fn remaining_s<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTim
     life - idle
 }
 
-fn expired<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTimeouts) -> bool {
+/// Whether an entry is past its lifetime at `now_ns`, as the programs
+/// judge it to the nanosecond (`remaining_s` rounds, for display).
+pub fn expired<A>(key: &CtKey<A>, value: &CtValue<A>, now_ns: u64, t: &CtTimeouts) -> bool {
     let life = u64::from(ct_lifetime_s(key.proto, value.flags, t)) * 1_000_000_000;
     now_ns.saturating_sub(value.last_seen_ns) > life
 }
