@@ -81,7 +81,8 @@ pub const EMPTY: &str = "empty program (returns at once), same packet";
 /// The real-DNAT flow again, in alternating rounds with and without the
 /// per-frontend counters (`--service-stats`): what counting costs.
 pub const COUNTED: &str = "established flow, real DNAT, frontend counters on (alternating rounds)";
-pub const UNCOUNTED: &str = "established flow, real DNAT, frontend counters off (alternating rounds)";
+pub const UNCOUNTED: &str =
+    "established flow, real DNAT, frontend counters off (alternating rounds)";
 pub const REWRITE6: &str = "IPv6 established flow (conntrack hit, real DNAT and checksums)";
 pub const MISS6: &str = "IPv6 not a service (passes)";
 
@@ -157,9 +158,15 @@ fn one_scale(n: usize, repeat: u32, new_flows: usize) -> Vec<PacketResult> {
     // drift over the run falls on both alike.
     dp.restart_with_service_stats(false);
     dp.apply(&model);
-    let uncounted = packets::tcp(CLIENT_MAC, EXT0_MAC, CLIENT_IP, ping_dst, 40_003, 80, ACK, b"");
+    let uncounted = packets::tcp(
+        CLIENT_MAC, EXT0_MAC, CLIENT_IP, ping_dst, 40_003, 80, ACK, b"",
+    );
     let (_, once) = dp.tc_ingress(&uncounted);
-    assert_eq!(packets::inspect(&once).daddr, ping_to, "the uncounted flow is DNATed too");
+    assert_eq!(
+        packets::inspect(&once).daddr,
+        ping_to,
+        "the uncounted flow is DNATed too"
+    );
     dp.xdp(&uncounted);
     for (program, xdp) in [("tc", false), ("XDP", true)] {
         let time = |pkt: &[u8]| {

@@ -335,12 +335,13 @@ impl Dataplane {
         let maps = BpfMaps::open(&self.pins.path)
             .unwrap()
             .with_service_stats(on);
-        self.reconciler = Reconciler::restore(maps)
-            .unwrap()
-            .with_config(lb::desired::BuildConfig {
-                service_stats: on,
-                ..Default::default()
-            });
+        self.reconciler =
+            Reconciler::restore(maps)
+                .unwrap()
+                .with_config(lb::desired::BuildConfig {
+                    service_stats: on,
+                    ..Default::default()
+                });
     }
 
     /// The standard `SERVICES` plus the services of `extra` (a services
