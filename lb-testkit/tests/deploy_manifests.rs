@@ -545,6 +545,10 @@ fn helm_refuses_bad_values_naming_the_field() {
             "metrics",
         ),
         (
+            &["k8sServiceHost=a", "metrics.serviceStats=maybe"][..],
+            "serviceStats",
+        ),
+        (
             &[
                 "k8sServiceHost=a",
                 "securityContext.capabilities.agent={CAP_BPF}",
