@@ -434,6 +434,8 @@ fn top(
     let mut before = stats.read_all()?;
     let mut at = std::time::Instant::now();
     let mut shown = 0usize;
+    let mut frontends: Option<Vec<cli::service_list::ServiceRow>> = None;
+    let mut known_ids: Vec<u32> = Vec::new();
     while count.is_none_or(|c| shown < c) {
         // Sleep in short steps so Ctrl-C is not kept waiting.
         let until = at + interval;
@@ -448,9 +450,16 @@ fn top(
         let now = stats.read_all()?;
         let now_at = std::time::Instant::now();
         let secs = (now_at - at).as_secs_f64();
-        // The frontends are read each time: services come and go.
-        let frontends = cli::service_list::rows(&maps.dump()?);
-        let all = cli::top::rows(&frontends, &before, &now, secs, sort, usize::MAX);
+        // The frontends are read again only when the set of counted ones
+        // changed (services came or went): a dump of every map is heavy at
+        // 100 000 services, the counters' keys are not.
+        let ids: Vec<u32> = now.keys().copied().collect();
+        if frontends.is_none() || ids != known_ids {
+            frontends = Some(cli::service_list::rows(&maps.dump()?));
+            known_ids = ids;
+        }
+        let frontends = frontends.as_deref().unwrap_or_default();
+        let all = cli::top::rows(frontends, &before, &now, secs, sort, usize::MAX);
         let rows = &all[..all.len().min(limit)];
         let mut lock = std::io::stdout().lock();
         match out {
