@@ -44,10 +44,21 @@ fn encode_service_stats(
     let Ok(Some(map)) = StatsMap::open(pin_dir) else {
         return Ok(());
     };
-    let counts: Vec<(&MetricFrontend, ServiceStats)> = frontends
-        .iter()
-        .filter_map(|f| Some((f, map.get(f.service_id).ok()??)))
-        .collect();
+    // One series per frontend: an externalTrafficPolicy: Local frontend's
+    // node-local view (an id of its own, the same address and port) is
+    // summed into it, or the exposition would repeat a label set.
+    let mut counts: Vec<(&MetricFrontend, ServiceStats)> = Vec::new();
+    for f in frontends {
+        let Ok(Some(s)) = map.get(f.service_id) else {
+            continue;
+        };
+        match counts.iter_mut().find(|(g, _)| {
+            (&g.namespace, &g.name, &g.frontend) == (&f.namespace, &f.name, &f.frontend)
+        }) {
+            Some((_, sum)) => sum.add(&s),
+            None => counts.push((f, s)),
+        }
+    }
     type Field = fn(&ServiceStats) -> u64;
     let metrics: [(&str, &str, Field); 4] = [
         (
