@@ -4,10 +4,7 @@
 //! bulk traffic (GRO-merged on tc, frame by frame on XDP) on the packet
 //! path, `lbctl top` during traffic, the opt-in lb_service_* metrics, and
 //! `--service-stats off`.
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::net::{IpAddr, SocketAddr};
 
 use lb_testkit::{
     agent::Agent,
