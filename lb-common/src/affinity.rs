@@ -16,6 +16,22 @@
 /// never reach it, so the two kinds of client cannot collide.
 pub const CLIENT_IS_ADDRESS: u64 = 1 << 63;
 
+/// The client of a packet from an IPv4 source (network byte order): the
+/// programs' key, and `lbctl trace`'s to find it.
+#[inline(always)]
+pub const fn address_client4(saddr: u32) -> u64 {
+    CLIENT_IS_ADDRESS | saddr as u64
+}
+
+/// The client of a packet from an IPv6 source: the address folded to the
+/// 63 bits below `CLIENT_IS_ADDRESS`.
+#[inline(always)]
+pub const fn address_client6(saddr: crate::Addr6) -> u64 {
+    let hi = (saddr[0] ^ saddr[2]) as u64;
+    let lo = (saddr[1] ^ saddr[3]) as u64;
+    CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct AffinityKey {

@@ -21,7 +21,6 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    affinity::CLIENT_IS_ADDRESS,
     backend::{Backend4, Backend6},
     conntrack::{CtKey, CtValue},
     nodeport::{flow_hash, flow_hash6},
@@ -170,7 +169,7 @@ impl Ip for V4 {
     }
     #[inline(always)]
     fn client(saddr: u32) -> u64 {
-        CLIENT_IS_ADDRESS | u64::from(saddr)
+        lb_common::affinity::address_client4(saddr)
     }
     #[inline(always)]
     fn flow_hash(f: &Flow<V4>) -> u32 {
@@ -291,9 +290,7 @@ impl Ip for V6 {
     /// backend stays one the service may choose).
     #[inline(always)]
     fn client(saddr: Addr6) -> u64 {
-        let hi = u64::from(saddr[0] ^ saddr[2]);
-        let lo = u64::from(saddr[1] ^ saddr[3]);
-        CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
+        lb_common::affinity::address_client6(saddr)
     }
     #[inline(always)]
     fn flow_hash(f: &Flow<V6>) -> u32 {

@@ -118,7 +118,7 @@ pub struct ServiceArgs {
     /// Count each frontend's traffic in the data path (`lbctl service list
     /// --stats`, `lbctl top`, the lb_service_* metrics): `on`, the default,
     /// or `off`, which leaves the programs without the counters' lookup.
-    /// Memory: 32 bytes per frontend per possible CPU.
+    /// Memory: about 88 bytes plus 32 per possible CPU for each frontend.
     #[arg(long, value_enum, default_value_t = Switch::On, env = "LB_SERVICE_STATS")]
     pub service_stats: Switch,
     /// How often a long reconcile logs how far it got.

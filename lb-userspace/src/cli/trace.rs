@@ -18,7 +18,7 @@ use aya::{
     Pod,
 };
 use lb_common::{
-    affinity::{AffinityKey, AffinityMatchKey, AffinityValue, CLIENT_IS_ADDRESS},
+    affinity::{address_client4, address_client6, AffinityKey, AffinityMatchKey, AffinityValue},
     backend::{Backend4, Backend6, BACKEND_FLAG_LOCAL},
     config::{
         CFG_FRONTEND_FILTER, CFG_LB_MODE, CFG_MAGLEV_M, CFG_SNAT_PORTS_EVER, CFG_SNAT_PORT_MAX,
@@ -205,7 +205,7 @@ impl Family for V4 {
         flow_hash(f.saddr, f.daddr, f.sport, f.dport, f.proto)
     }
     fn client(saddr: u32) -> u64 {
-        CLIENT_IS_ADDRESS | u64::from(saddr)
+        address_client4(saddr)
     }
     fn range(service_id: u32, saddr: u32) -> LpmKey<SourceRange4> {
         LpmKey::new(
@@ -251,11 +251,8 @@ impl Family for V6 {
     fn hash(f: &Tuple<Addr6>) -> u32 {
         flow_hash6(f.saddr, f.daddr, f.sport, f.dport, f.proto)
     }
-    /// As lb-ebpf `family::Ip::client` for IPv6: the address folded to 63 bits.
     fn client(saddr: Addr6) -> u64 {
-        let hi = u64::from(saddr[0] ^ saddr[2]);
-        let lo = u64::from(saddr[1] ^ saddr[3]);
-        CLIENT_IS_ADDRESS | ((hi << 32 | lo) & !CLIENT_IS_ADDRESS)
+        address_client6(saddr)
     }
     fn range(service_id: u32, saddr: Addr6) -> LpmKey<SourceRange6> {
         LpmKey::new(

@@ -112,13 +112,7 @@ impl StatsMap {
     /// One frontend's counts, summed over the CPUs; None without an entry.
     pub fn get(&self, service_id: u32) -> anyhow::Result<Option<ServiceStats>> {
         match self.map.get(&service_id, 0) {
-            Ok(values) => {
-                let mut sum = ServiceStats::default();
-                for v in values.iter() {
-                    sum.add(v);
-                }
-                Ok(Some(sum))
-            }
+            Ok(values) => Ok(Some(sum(&values))),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e).context("reading LB_SVC_STATS"),
         }
@@ -129,14 +123,19 @@ impl StatsMap {
         let mut out = BTreeMap::new();
         // An entry can go between listing its key and reading it.
         for (id, values) in self.map.iter().flatten() {
-            let mut sum = ServiceStats::default();
-            for v in values.iter() {
-                sum.add(v);
-            }
-            out.insert(id, sum);
+            out.insert(id, sum(&values));
         }
         Ok(out)
     }
+}
+
+/// A frontend's counts: its CPUs' values added up.
+fn sum(values: &PerCpuValues<ServiceStats>) -> ServiceStats {
+    let mut total = ServiceStats::default();
+    for v in values.iter() {
+        total.add(v);
+    }
+    total
 }
 
 /// Every frontend's counts from the pins; empty when the data path is
